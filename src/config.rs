@@ -1,0 +1,120 @@
+//! Every setting, as a command-line flag that also reads a `FANLINE_*` environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::fanout::WorkerSettings;
+use crate::store::DynamoConfig;
+use crate::timeline::Settings;
+
+/// Which backend holds the tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// fjall in a local data directory (one process).
+    Embedded,
+    /// Amazon DynamoDB (any number of processes share the tables).
+    Dynamodb,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct Config {
+    /// Address the HTTP server listens on (port 0 picks a free port).
+    #[arg(long, env = "FANLINE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Backend: `embedded` (fjall) or `dynamodb`.
+    #[arg(long, env = "FANLINE_STORE", value_enum, default_value = "embedded")]
+    pub store: StoreKind,
+
+    /// Data directory of the embedded store.
+    #[arg(long, env = "FANLINE_DATA_DIR", default_value = "./fanline-data")]
+    pub data_dir: PathBuf,
+
+    /// DynamoDB endpoint; otherwise `AWS_ENDPOINT_URL` or the SDK default.
+    #[arg(long, env = "FANLINE_DYNAMODB_ENDPOINT")]
+    pub dynamodb_endpoint: Option<String>,
+
+    /// Prefix of the DynamoDB table names.
+    #[arg(long, env = "FANLINE_TABLE_PREFIX", default_value = "fanline-")]
+    pub table_prefix: String,
+
+    /// Fan-out worker tasks in this process (`serve` may use 0 and leave fan-out to
+    /// `fanline worker` processes).
+    #[arg(long, env = "FANLINE_WORKERS", default_value_t = 2)]
+    pub workers: usize,
+
+    /// Largest event payload, in bytes of JSON.
+    #[arg(long, env = "FANLINE_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
+    pub max_payload_bytes: usize,
+
+    /// Milliseconds a worker's lease on a job lasts between checkpoints.
+    #[arg(long, env = "FANLINE_LEASE_MS", default_value_t = 30_000)]
+    pub lease_ms: u64,
+
+    /// Milliseconds an idle worker waits before polling the queue again.
+    #[arg(long, env = "FANLINE_POLL_MS", default_value_t = 500)]
+    pub poll_ms: u64,
+
+    /// Followers delivered per fan-out page (one checkpoint each).
+    #[arg(long, env = "FANLINE_FANOUT_PAGE_SIZE", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub fanout_page_size: u32,
+}
+
+impl Config {
+    /// The defaults, without reading flags or the environment (for tests and tools).
+    pub fn defaults() -> Config {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            config: Config,
+        }
+        // Parse an empty command line with every env lookup masked by the defaults.
+        let matches = <Defaults as clap::CommandFactory>::command()
+            .mut_args(|arg| arg.env(None::<&str>))
+            .get_matches_from(["fanline"]);
+        <Defaults as clap::FromArgMatches>::from_arg_matches(&matches)
+            .map(|defaults| defaults.config)
+            .unwrap_or_else(|err| unreachable!("defaults parse: {err}"))
+    }
+
+    pub fn timeline_settings(&self) -> Settings {
+        Settings {
+            max_payload_bytes: self.max_payload_bytes,
+        }
+    }
+
+    pub fn worker_settings(&self) -> WorkerSettings {
+        WorkerSettings {
+            lease: Duration::from_millis(self.lease_ms),
+            poll_interval: Duration::from_millis(self.poll_ms),
+            page_size: self.fanout_page_size as usize,
+        }
+    }
+
+    pub fn dynamo_config(&self) -> DynamoConfig {
+        DynamoConfig {
+            endpoint: self.dynamodb_endpoint.clone(),
+            table_prefix: self.table_prefix.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let config = Config::defaults();
+        assert_eq!(config.listen, "127.0.0.1:8080".parse().expect("addr"));
+        assert_eq!(config.store, StoreKind::Embedded);
+        assert_eq!(config.data_dir, PathBuf::from("./fanline-data"));
+        assert_eq!(config.table_prefix, "fanline-");
+        assert_eq!(config.max_payload_bytes, 65_536);
+        assert_eq!(config.fanout_page_size, 1000);
+    }
+}

@@ -1,0 +1,116 @@
+//! The one error type of the HTTP layer: a status and a JSON body
+//! `{"error":{"code","message"}}`. Internal errors get a generic message and are logged once.
+
+use axum::Json;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tracing::error;
+
+use crate::store::StoreError;
+use crate::timeline::DomainError;
+
+#[derive(Debug)]
+pub enum ApiError {
+    /// 400: the request is malformed (bad id, cursor, limit, time, JSON syntax...).
+    BadRequest { code: &'static str, message: String },
+    /// 404: no such resource or route.
+    NotFound(String),
+    /// 405: the route exists but not with this method.
+    MethodNotAllowed,
+    /// 409: the request conflicts with stored state (an idempotency key reused).
+    Conflict(String),
+    /// 413: the body or the payload is larger than allowed.
+    PayloadTooLarge(String),
+    /// 415: the body is not `application/json`.
+    UnsupportedMediaType(String),
+    /// 422: well-formed JSON of the wrong shape.
+    Unprocessable(String),
+    /// 503: the store is down, throttling, or not initialised; retry later.
+    Unavailable(String),
+    /// 500: a bug or corrupt data; details are logged, not returned.
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn code_and_message(&self) -> (&'static str, &str) {
+        match self {
+            ApiError::BadRequest { code, message } => (code, message),
+            ApiError::NotFound(message) => ("not_found", message),
+            ApiError::MethodNotAllowed => ("method_not_allowed", "method not allowed on this route"),
+            ApiError::Conflict(message) => ("conflict", message),
+            ApiError::PayloadTooLarge(message) => ("payload_too_large", message),
+            ApiError::UnsupportedMediaType(message) => ("unsupported_media_type", message),
+            ApiError::Unprocessable(message) => ("invalid_body", message),
+            ApiError::Unavailable(message) => ("unavailable", message),
+            ApiError::Internal(_) => ("internal", "internal error"),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(detail) = &self {
+            error!(%detail, "internal error");
+        }
+        let status = self.status_code();
+        let (code, message) = self.code_and_message();
+        let body = Json(json!({"error": {"code": code, "message": message}}));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            return (status, [(header::RETRY_AFTER, "1")], body).into_response();
+        }
+        (status, body).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Throttled(_) | StoreError::Unavailable(_) => {
+                ApiError::Unavailable("the store is unavailable, retry later".into())
+            }
+            StoreError::NotFound(what) => {
+                ApiError::Unavailable(format!("the store is not initialised ({what}); run `fanline init`"))
+            }
+            StoreError::InvalidInput(message) => ApiError::bad_request("invalid_input", message),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<DomainError> for ApiError {
+    fn from(err: DomainError) -> Self {
+        match err {
+            DomainError::InvalidInput { code, message } => ApiError::bad_request(code, message),
+            DomainError::InvalidCursor(invalid) => {
+                ApiError::bad_request("invalid_cursor", invalid.to_string())
+            }
+            DomainError::PayloadTooLarge { .. } => ApiError::PayloadTooLarge(err.to_string()),
+            DomainError::Conflict(message) => ApiError::Conflict(message),
+            DomainError::NotFound(message) => ApiError::NotFound(message),
+            DomainError::Store(store) => store.into(),
+            DomainError::Corrupt(detail) => ApiError::Internal(detail),
+        }
+    }
+}

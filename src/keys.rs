@@ -1,0 +1,217 @@
+//! Ticks and event row keys (DESIGN.md §1, the log-tail pattern).
+//!
+//! A row key is `format!("{:019}", MAX_TICKS - ticks) + "_" + event_id`, so ascending row-key
+//! order is newest first and a page of the newest entries is the first rows of a partition.
+//! Ticks are .NET `DateTime` ticks (100 ns since 0001-01-01T00:00:00Z), so any tool that reads
+//! the tables can decode the time from the key.
+
+use std::fmt;
+
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+/// .NET `DateTime.MaxValue.Ticks`: 9999-12-31T23:59:59.9999999Z.
+pub const MAX_TICKS: u64 = 3_155_378_975_999_999_999;
+
+/// Seconds from 0001-01-01T00:00:00Z to the Unix epoch.
+const UNIX_EPOCH_SECONDS: i64 = 62_135_596_800;
+const TICKS_PER_SECOND: u64 = 10_000_000;
+const NANOS_PER_TICK: u32 = 100;
+
+/// A point in time with 100 ns precision, from year 1 to year 9999.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticks(u64);
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimeError {
+    #[error("time must be RFC 3339, for example 2026-01-02T03:04:05Z")]
+    Malformed,
+    #[error("time must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.9999999Z")]
+    OutOfRange,
+}
+
+impl Ticks {
+    pub const MIN: Ticks = Ticks(0);
+    pub const MAX: Ticks = Ticks(MAX_TICKS);
+
+    pub fn new(ticks: u64) -> Option<Ticks> {
+        (ticks <= MAX_TICKS).then_some(Ticks(ticks))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    pub fn now() -> Ticks {
+        // The clock reads a time between years 1 and 9999 on any sane machine.
+        Ticks::from_datetime(OffsetDateTime::now_utc()).unwrap_or(Ticks::MIN)
+    }
+
+    pub fn from_datetime(datetime: OffsetDateTime) -> Result<Ticks, TimeError> {
+        let seconds = datetime.unix_timestamp() + UNIX_EPOCH_SECONDS;
+        let seconds = u64::try_from(seconds).map_err(|_| TimeError::OutOfRange)?;
+        let ticks = seconds
+            .checked_mul(TICKS_PER_SECOND)
+            .and_then(|t| t.checked_add(u64::from(datetime.nanosecond() / NANOS_PER_TICK)))
+            .ok_or(TimeError::OutOfRange)?;
+        Ticks::new(ticks).ok_or(TimeError::OutOfRange)
+    }
+
+    /// Parses RFC 3339 (any offset); precision below 100 ns is truncated.
+    pub fn parse_rfc3339(text: &str) -> Result<Ticks, TimeError> {
+        let datetime = OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+            .map_err(|_| TimeError::Malformed)?;
+        Ticks::from_datetime(datetime)
+    }
+
+    pub fn to_datetime(self) -> OffsetDateTime {
+        let seconds = (self.0 / TICKS_PER_SECOND) as i64 - UNIX_EPOCH_SECONDS;
+        let nanos = (self.0 % TICKS_PER_SECOND) as i64 * i64::from(NANOS_PER_TICK);
+        // Every value up to MAX_TICKS is inside the range `time` supports.
+        OffsetDateTime::from_unix_timestamp(seconds)
+            .map(|datetime| datetime + time::Duration::nanoseconds(nanos))
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+    }
+
+    /// Milliseconds since the Unix epoch (negative before 1970).
+    pub fn unix_millis(self) -> i64 {
+        (self.0 / 10_000) as i64 - UNIX_EPOCH_SECONDS * 1000
+    }
+}
+
+/// RFC 3339 in UTC with all seven fractional digits, so the text round-trips exactly.
+impl fmt::Display for Ticks {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let datetime = self.to_datetime();
+        write!(
+            formatter,
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:07}Z",
+            datetime.year(),
+            u8::from(datetime.month()),
+            datetime.day(),
+            datetime.hour(),
+            datetime.minute(),
+            datetime.second(),
+            self.0 % TICKS_PER_SECOND
+        )
+    }
+}
+
+/// The row key of an event in `events` and in every `timelines` partition it reaches.
+pub fn event_row_key(at: Ticks, event_id: Uuid) -> String {
+    format!("{:019}_{}", MAX_TICKS - at.0, event_id.as_hyphenated())
+}
+
+/// Decodes an event row key back into its time and event id.
+pub fn parse_event_row_key(row_key: &str) -> Option<(Ticks, Uuid)> {
+    let (reverse, id) = row_key.split_once('_')?;
+    if reverse.len() != 19 || !reverse.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let reverse: u64 = reverse.parse().ok()?;
+    let ticks = MAX_TICKS.checked_sub(reverse)?;
+    let event_id = Uuid::try_parse(id).ok()?;
+    // Only the canonical spelling is a key: the same event must always map to one row.
+    if id != event_id.as_hyphenated().to_string() {
+        return None;
+    }
+    Some((Ticks(ticks), event_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn bounds_format_as_year_one_and_year_9999() {
+        assert_eq!(Ticks::MIN.to_string(), "0001-01-01T00:00:00.0000000Z");
+        assert_eq!(Ticks::MAX.to_string(), "9999-12-31T23:59:59.9999999Z");
+        assert_eq!(
+            Ticks::parse_rfc3339("9999-12-31T23:59:59.9999999Z"),
+            Ok(Ticks::MAX)
+        );
+        assert_eq!(Ticks::parse_rfc3339("0001-01-01T00:00:00Z"), Ok(Ticks::MIN));
+    }
+
+    #[test]
+    fn unix_epoch_has_the_dotnet_tick_count() {
+        assert_eq!(
+            Ticks::parse_rfc3339("1970-01-01T00:00:00Z").map(Ticks::get),
+            Ok(621_355_968_000_000_000)
+        );
+        assert_eq!(Ticks::new(621_355_968_000_000_000).map(Ticks::unix_millis), Some(0));
+    }
+
+    #[test]
+    fn offsets_are_converted_to_utc() {
+        assert_eq!(
+            Ticks::parse_rfc3339("2026-01-01T02:00:00+02:00"),
+            Ticks::parse_rfc3339("2026-01-01T00:00:00Z")
+        );
+    }
+
+    #[test]
+    fn times_outside_the_range_are_rejected() {
+        assert_eq!(
+            Ticks::parse_rfc3339("0001-01-01T00:00:00+00:01"),
+            Err(TimeError::OutOfRange)
+        );
+        assert_eq!(Ticks::parse_rfc3339("yesterday"), Err(TimeError::Malformed));
+        assert_eq!(Ticks::new(MAX_TICKS + 1), None);
+    }
+
+    #[test]
+    fn row_key_of_the_newest_time_is_all_zeros() {
+        let id = Uuid::nil();
+        assert_eq!(
+            event_row_key(Ticks::MAX, id),
+            "0000000000000000000_00000000-0000-0000-0000-000000000000"
+        );
+        assert_eq!(
+            event_row_key(Ticks::MIN, id),
+            "3155378975999999999_00000000-0000-0000-0000-000000000000"
+        );
+    }
+
+    #[test]
+    fn non_canonical_row_keys_do_not_parse() {
+        let key = event_row_key(Ticks::MIN, Uuid::now_v7());
+        assert!(parse_event_row_key(&key).is_some());
+        assert!(parse_event_row_key(&key.to_uppercase()).is_none());
+        assert!(parse_event_row_key(&key[1..]).is_none());
+        assert!(parse_event_row_key("9999999999999999999_00000000-0000-0000-0000-000000000000").is_none());
+        assert!(parse_event_row_key("").is_none());
+    }
+
+    fn any_ticks() -> impl Strategy<Value = Ticks> {
+        prop_oneof![
+            Just(0u64),
+            Just(MAX_TICKS),
+            0..=1_000u64,
+            (MAX_TICKS - 1_000)..=MAX_TICKS,
+            0..=MAX_TICKS,
+        ]
+        .prop_map(Ticks)
+    }
+
+    proptest! {
+        #[test]
+        fn ticks_round_trip_through_rfc3339(ticks in any_ticks()) {
+            prop_assert_eq!(Ticks::parse_rfc3339(&ticks.to_string()), Ok(ticks));
+        }
+
+        #[test]
+        fn row_keys_round_trip(ticks in any_ticks(), bytes in any::<[u8; 16]>()) {
+            let id = Uuid::from_bytes(bytes);
+            prop_assert_eq!(parse_event_row_key(&event_row_key(ticks, id)), Some((ticks, id)));
+        }
+
+        #[test]
+        fn row_key_order_is_reverse_time_order(a in any_ticks(), b in any_ticks()) {
+            let id = Uuid::now_v7();
+            let (key_a, key_b) = (event_row_key(a, id), event_row_key(b, id));
+            prop_assert_eq!(key_a.cmp(&key_b), b.cmp(&a));
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! fanline: a timeline fan-out service on a table-store model.
+//!
+//! - [`config`]: every setting, as flags and `FANLINE_*` environment variables
+//! - [`keys`]: .NET ticks and reverse-tick event row keys
+//! - [`cursor`]: opaque, HMAC-authenticated page cursors
+//! - [`store`]: the table-store trait, its fjall and DynamoDB backends, the conformance suite
+//! - [`timeline`]: the domain: posting, following, reading (backend-agnostic)
+//! - [`fanout`]: the job queue with leases and checkpoints, and the fan-out worker
+//! - [`http`]: axum routers, extractors and the JSON error type
+//! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
+//! - [`bench`]: the `fanline bench` benchmark
+
+pub mod app;
+pub mod bench;
+pub mod config;
+pub mod cursor;
+pub mod fanout;
+pub mod http;
+pub mod keys;
+pub mod store;
+pub mod timeline;

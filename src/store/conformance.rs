@@ -1,0 +1,400 @@
+//! The conformance suite every backend passes: plain async cases over `&dyn Store`.
+//!
+//! Each backend's tests call [`run_all`]. Cases use random partition keys, so several runs
+//! can share one DynamoDB Local.
+
+#![allow(clippy::unwrap_used)]
+
+use bytes::Bytes;
+use uuid::Uuid;
+
+use super::{
+    Condition, Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table, Write,
+};
+
+/// Runs every case against `store`, panicking on the first failure.
+pub async fn run_all(store: &dyn Store) {
+    put_then_get_round_trips_and_overwrites(store).await;
+    get_of_a_missing_item_is_none(store).await;
+    empty_values_round_trip(store).await;
+    create_if_absent_collides_without_changing_the_item(store).await;
+    compare_and_swap_needs_the_exact_current_value(store).await;
+    delete_is_idempotent_and_honours_conditions(store).await;
+    transaction_writes_across_tables_and_partitions(store).await;
+    transaction_with_a_failing_condition_writes_nothing(store).await;
+    transaction_limits_are_enforced(store).await;
+    batch_write_of_any_size_lands_and_last_write_wins(store).await;
+    batch_write_rejects_conditions(store).await;
+    empty_keys_are_invalid_input(store).await;
+    query_reads_one_partition_in_both_directions(store).await;
+    query_pages_with_an_exclusive_start_key(store).await;
+    query_honours_row_ranges(store).await;
+    query_of_an_empty_partition_is_empty(store).await;
+    multi_byte_utf8_keys_sort_by_bytes(store).await;
+    ping_answers(store).await;
+}
+
+fn partition(case: &str) -> String {
+    format!("{case}-{}", Uuid::new_v4())
+}
+
+fn rows(items: &[Item]) -> Vec<&str> {
+    items.iter().map(|item| item.row.as_str()).collect()
+}
+
+async fn seed(store: &dyn Store, table: Table, partition: &str, row_keys: &[&str]) {
+    let writes = row_keys
+        .iter()
+        .map(|row| Write::put(table, Item::new(partition, *row, format!("v-{row}"))))
+        .collect();
+    store.batch_write(writes).await.unwrap();
+}
+
+pub async fn put_then_get_round_trips_and_overwrites(store: &dyn Store) {
+    let p = partition("put");
+    store
+        .put(Table::Events, Item::new(&p, "r1", "one"), Condition::None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(Table::Events, &p, "r1").await.unwrap(),
+        Some(Bytes::from("one"))
+    );
+    store
+        .put(Table::Events, Item::new(&p, "r1", "two"), Condition::None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(Table::Events, &p, "r1").await.unwrap(),
+        Some(Bytes::from("two"))
+    );
+    // Tables are separate namespaces.
+    assert_eq!(store.get(Table::Timelines, &p, "r1").await.unwrap(), None);
+}
+
+pub async fn get_of_a_missing_item_is_none(store: &dyn Store) {
+    let p = partition("missing");
+    assert_eq!(store.get(Table::Events, &p, "nothing").await.unwrap(), None);
+}
+
+pub async fn empty_values_round_trip(store: &dyn Store) {
+    let p = partition("empty-value");
+    store
+        .put(Table::Meta, Item::new(&p, "r", Bytes::new()), Condition::None)
+        .await
+        .unwrap();
+    assert_eq!(store.get(Table::Meta, &p, "r").await.unwrap(), Some(Bytes::new()));
+}
+
+pub async fn create_if_absent_collides_without_changing_the_item(store: &dyn Store) {
+    let p = partition("absent");
+    store
+        .put(Table::Idempotency, Item::new(&p, "id", "first"), Condition::Absent)
+        .await
+        .unwrap();
+    let second = store
+        .put(Table::Idempotency, Item::new(&p, "id", "second"), Condition::Absent)
+        .await;
+    assert!(matches!(second, Err(StoreError::ConditionFailed)), "{second:?}");
+    assert!(!second.unwrap_err().is_retryable());
+    assert_eq!(
+        store.get(Table::Idempotency, &p, "id").await.unwrap(),
+        Some(Bytes::from("first"))
+    );
+}
+
+pub async fn compare_and_swap_needs_the_exact_current_value(store: &dyn Store) {
+    let p = partition("cas");
+    let missing = store
+        .put(Table::Jobs, Item::new(&p, "job", "a"), Condition::Equals("x".into()))
+        .await;
+    assert!(matches!(missing, Err(StoreError::ConditionFailed)), "{missing:?}");
+    assert_eq!(store.get(Table::Jobs, &p, "job").await.unwrap(), None);
+
+    store
+        .put(Table::Jobs, Item::new(&p, "job", "a"), Condition::None)
+        .await
+        .unwrap();
+    let stale = store
+        .put(Table::Jobs, Item::new(&p, "job", "c"), Condition::Equals("b".into()))
+        .await;
+    assert!(matches!(stale, Err(StoreError::ConditionFailed)), "{stale:?}");
+    store
+        .put(Table::Jobs, Item::new(&p, "job", "b"), Condition::Equals("a".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(Table::Jobs, &p, "job").await.unwrap(),
+        Some(Bytes::from("b"))
+    );
+}
+
+pub async fn delete_is_idempotent_and_honours_conditions(store: &dyn Store) {
+    let p = partition("delete");
+    store
+        .put(Table::Jobs, Item::new(&p, "r", "v1"), Condition::None)
+        .await
+        .unwrap();
+    let wrong = store
+        .delete(Table::Jobs, &p, "r", Condition::Equals("other".into()))
+        .await;
+    assert!(matches!(wrong, Err(StoreError::ConditionFailed)), "{wrong:?}");
+    assert!(store.get(Table::Jobs, &p, "r").await.unwrap().is_some());
+    store
+        .delete(Table::Jobs, &p, "r", Condition::Equals("v1".into()))
+        .await
+        .unwrap();
+    assert_eq!(store.get(Table::Jobs, &p, "r").await.unwrap(), None);
+    store.delete(Table::Jobs, &p, "r", Condition::None).await.unwrap();
+}
+
+pub async fn transaction_writes_across_tables_and_partitions(store: &dyn Store) {
+    let (a, b) = (partition("tx-a"), partition("tx-b"));
+    store
+        .put(Table::SubjectFollowing, Item::new(&b, "gone", "x"), Condition::None)
+        .await
+        .unwrap();
+    store
+        .transact(vec![
+            Write::put_if_absent(Table::SubjectFollowers, Item::new(&a, &b, "since")),
+            Write::put(Table::SubjectFollowing, Item::new(&b, &a, "since")),
+            Write::delete(Table::SubjectFollowing, &b, "gone"),
+        ])
+        .await
+        .unwrap();
+    assert!(store.get(Table::SubjectFollowers, &a, &b).await.unwrap().is_some());
+    assert!(store.get(Table::SubjectFollowing, &b, &a).await.unwrap().is_some());
+    assert_eq!(store.get(Table::SubjectFollowing, &b, "gone").await.unwrap(), None);
+}
+
+pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Store) {
+    let p = partition("tx-fail");
+    store
+        .put(Table::Idempotency, Item::new(&p, "taken", "first"), Condition::None)
+        .await
+        .unwrap();
+    store
+        .put(Table::Jobs, Item::new(&p, "doomed", "keep"), Condition::None)
+        .await
+        .unwrap();
+    let result = store
+        .transact(vec![
+            Write::put(Table::Events, Item::new(&p, "event", "e")),
+            Write::delete(Table::Jobs, &p, "doomed"),
+            Write::put_if_absent(Table::Idempotency, Item::new(&p, "taken", "second")),
+        ])
+        .await;
+    assert!(matches!(result, Err(StoreError::ConditionFailed)), "{result:?}");
+    assert_eq!(store.get(Table::Events, &p, "event").await.unwrap(), None);
+    assert_eq!(
+        store.get(Table::Jobs, &p, "doomed").await.unwrap(),
+        Some(Bytes::from("keep"))
+    );
+    assert_eq!(
+        store.get(Table::Idempotency, &p, "taken").await.unwrap(),
+        Some(Bytes::from("first"))
+    );
+}
+
+pub async fn transaction_limits_are_enforced(store: &dyn Store) {
+    let p = partition("tx-limits");
+    let writes = |n: usize| {
+        (0..n)
+            .map(|i| Write::put(Table::Events, Item::new(&p, format!("r{i:03}"), "v")))
+            .collect::<Vec<_>>()
+    };
+    let empty = store.transact(Vec::new()).await;
+    assert!(matches!(empty, Err(StoreError::InvalidInput(_))), "{empty:?}");
+    let too_many = store.transact(writes(MAX_TRANSACTION_WRITES + 1)).await;
+    assert!(matches!(too_many, Err(StoreError::InvalidInput(_))), "{too_many:?}");
+    assert_eq!(store.get(Table::Events, &p, "r000").await.unwrap(), None);
+    let duplicate = store
+        .transact(vec![
+            Write::put(Table::Events, Item::new(&p, "same", "1")),
+            Write::delete(Table::Events, &p, "same"),
+        ])
+        .await;
+    assert!(matches!(duplicate, Err(StoreError::InvalidInput(_))), "{duplicate:?}");
+    store.transact(writes(MAX_TRANSACTION_WRITES)).await.unwrap();
+    let all = store
+        .query_all(Query::partition(Table::Events, &p, 1000))
+        .await
+        .unwrap();
+    assert_eq!(all.len(), MAX_TRANSACTION_WRITES);
+}
+
+pub async fn batch_write_of_any_size_lands_and_last_write_wins(store: &dyn Store) {
+    let (a, b) = (partition("batch-a"), partition("batch-b"));
+    let mut writes: Vec<Write> = (0..1234)
+        .map(|i| {
+            let owner = if i % 2 == 0 { &a } else { &b };
+            Write::put(Table::Timelines, Item::new(owner, format!("r{i:05}"), "first"))
+        })
+        .collect();
+    writes.push(Write::put(Table::Timelines, Item::new(&a, "r00000", "last")));
+    writes.push(Write::delete(Table::Timelines, &b, "r00001"));
+    store.batch_write(writes).await.unwrap();
+    store.batch_write(Vec::new()).await.unwrap();
+
+    let in_a = store
+        .query_all(Query::partition(Table::Timelines, &a, 500))
+        .await
+        .unwrap();
+    let in_b = store
+        .query_all(Query::partition(Table::Timelines, &b, 500))
+        .await
+        .unwrap();
+    assert_eq!(in_a.len(), 617);
+    assert_eq!(in_b.len(), 616);
+    assert_eq!(in_a[0].value, Bytes::from("last"));
+    assert_eq!(in_b[0].row, "r00003");
+}
+
+pub async fn batch_write_rejects_conditions(store: &dyn Store) {
+    let p = partition("batch-cond");
+    let result = store
+        .batch_write(vec![Write::put_if_absent(Table::Events, Item::new(&p, "r", "v"))])
+        .await;
+    assert!(matches!(result, Err(StoreError::InvalidInput(_))), "{result:?}");
+    assert_eq!(store.get(Table::Events, &p, "r").await.unwrap(), None);
+}
+
+pub async fn empty_keys_are_invalid_input(store: &dyn Store) {
+    let put = store
+        .put(Table::Events, Item::new("", "r", "v"), Condition::None)
+        .await;
+    assert!(matches!(put, Err(StoreError::InvalidInput(_))), "{put:?}");
+    let get = store.get(Table::Events, "p", "").await;
+    assert!(matches!(get, Err(StoreError::InvalidInput(_))), "{get:?}");
+    let query = store.query(Query::partition(Table::Events, "", 10)).await;
+    assert!(matches!(query, Err(StoreError::InvalidInput(_))), "{query:?}");
+}
+
+pub async fn query_reads_one_partition_in_both_directions(store: &dyn Store) {
+    let p = partition("query");
+    // A partition whose key extends ours must not leak into it.
+    let neighbour = format!("{p}x");
+    seed(store, Table::Events, &p, &["b", "a", "d", "c"]).await;
+    seed(store, Table::Events, &neighbour, &["a", "z"]).await;
+
+    let forward = store.query(Query::partition(Table::Events, &p, 10)).await.unwrap();
+    assert_eq!(rows(&forward), ["a", "b", "c", "d"]);
+    assert_eq!(forward[0].partition, p);
+    assert_eq!(forward[0].value, Bytes::from("v-a"));
+    let reverse = store
+        .query(Query::partition(Table::Events, &p, 10).reverse())
+        .await
+        .unwrap();
+    assert_eq!(rows(&reverse), ["d", "c", "b", "a"]);
+    let limited = store
+        .query(Query::partition(Table::Events, &p, 2).reverse())
+        .await
+        .unwrap();
+    assert_eq!(rows(&limited), ["d", "c"]);
+    let none = store.query(Query::partition(Table::Events, &p, 0)).await.unwrap();
+    assert!(none.is_empty());
+}
+
+pub async fn query_pages_with_an_exclusive_start_key(store: &dyn Store) {
+    let p = partition("paging");
+    seed(store, Table::Timelines, &p, &["1", "2", "3", "4", "5"]).await;
+    let page = store
+        .query(Query::partition(Table::Timelines, &p, 2).after(Some("2".into())))
+        .await
+        .unwrap();
+    assert_eq!(rows(&page), ["3", "4"]);
+    let back = store
+        .query(
+            Query::partition(Table::Timelines, &p, 10)
+                .reverse()
+                .after(Some("4".into())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows(&back), ["3", "2", "1"]);
+    // The start key need not exist.
+    let between = store
+        .query(Query::partition(Table::Timelines, &p, 10).after(Some("25".into())))
+        .await
+        .unwrap();
+    assert_eq!(rows(&between), ["3", "4", "5"]);
+    let past_end = store
+        .query(Query::partition(Table::Timelines, &p, 10).after(Some("5".into())))
+        .await
+        .unwrap();
+    assert!(past_end.is_empty());
+    let all = store
+        .query_all(Query::partition(Table::Timelines, &p, 2))
+        .await
+        .unwrap();
+    assert_eq!(rows(&all), ["1", "2", "3", "4", "5"]);
+}
+
+pub async fn query_honours_row_ranges(store: &dyn Store) {
+    let p = partition("range");
+    seed(store, Table::Events, &p, &["a", "b", "c", "d", "e"]).await;
+    let range = |start: Option<&str>, end: Option<&str>| {
+        Query::partition(Table::Events, &p, 10).range(start.map(Into::into), end.map(Into::into))
+    };
+    let mid = store.query(range(Some("b"), Some("d"))).await.unwrap();
+    assert_eq!(rows(&mid), ["b", "c"], "start is inclusive, end exclusive");
+    let mid_reverse = store.query(range(Some("b"), Some("d")).reverse()).await.unwrap();
+    assert_eq!(rows(&mid_reverse), ["c", "b"]);
+    let from = store.query(range(Some("d"), None)).await.unwrap();
+    assert_eq!(rows(&from), ["d", "e"]);
+    let to = store.query(range(None, Some("b"))).await.unwrap();
+    assert_eq!(rows(&to), ["a"]);
+    let limited = store
+        .query(Query {
+            limit: 1,
+            ..range(Some("b"), Some("e")).reverse()
+        })
+        .await
+        .unwrap();
+    assert_eq!(rows(&limited), ["d"]);
+    let paged = store
+        .query(range(Some("a"), Some("e")).after(Some("b".into())))
+        .await
+        .unwrap();
+    assert_eq!(rows(&paged), ["c", "d"]);
+    let empty = store.query(range(Some("c"), Some("c"))).await.unwrap();
+    assert!(empty.is_empty());
+    let reversed = store.query(range(Some("d"), Some("b"))).await.unwrap();
+    assert!(reversed.is_empty());
+}
+
+pub async fn query_of_an_empty_partition_is_empty(store: &dyn Store) {
+    let p = partition("nobody");
+    for query in [
+        Query::partition(Table::Timelines, &p, 250),
+        Query::partition(Table::Timelines, &p, 250).reverse(),
+        Query::partition(Table::Timelines, &p, 250).after(Some("x".into())),
+    ] {
+        assert!(store.query(query).await.unwrap().is_empty());
+    }
+}
+
+pub async fn multi_byte_utf8_keys_sort_by_bytes(store: &dyn Store) {
+    let p = format!("ünïcødé-日本-{}", Uuid::new_v4());
+    // UTF-8 byte order: ASCII < 2-byte < 3-byte < 4-byte sequences.
+    seed(store, Table::SubjectFollowers, &p, &["𝄞clef", "zeta", "émile", "€uro", "alpha"]).await;
+    let forward = store
+        .query(Query::partition(Table::SubjectFollowers, &p, 10))
+        .await
+        .unwrap();
+    assert_eq!(rows(&forward), ["alpha", "zeta", "émile", "€uro", "𝄞clef"]);
+    assert_eq!(forward[0].partition, p);
+    let after = store
+        .query(Query::partition(Table::SubjectFollowers, &p, 10).after(Some("émile".into())))
+        .await
+        .unwrap();
+    assert_eq!(rows(&after), ["€uro", "𝄞clef"]);
+    assert_eq!(
+        store.get(Table::SubjectFollowers, &p, "€uro").await.unwrap(),
+        Some(Bytes::from("v-€uro"))
+    );
+}
+
+pub async fn ping_answers(store: &dyn Store) {
+    store.ping().await.unwrap();
+}

@@ -1,0 +1,462 @@
+//! The embedded backend: fjall, one keyspace per table, in a data directory.
+//!
+//! Every write goes through one writer thread, which is what makes it both correct and fast:
+//! - conditions are checked and applied by that one thread, so a compare-and-swap cannot race
+//!   with another write (fjall's lock on the directory keeps other processes out);
+//! - it takes every request that is waiting, applies them as one atomic fjall batch, and
+//!   fsyncs the journal once for all of them (group commit). A write is acknowledged only
+//!   after that fsync.
+//!
+//! Reads run on tokio's blocking pool, never on executor threads.
+
+use std::collections::HashMap;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::{Arc, mpsc};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use tokio::sync::oneshot;
+
+use super::{
+    Condition, Direction, Item, Query, Store, StoreError, StoreResult, Table, Write, validate,
+};
+
+/// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
+const MAX_GROUP_WRITES: usize = 32 * 1024;
+
+/// A fjall database shared by the tables; cheap to clone.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    keyspaces: Keyspaces,
+    /// Requests for the writer thread; dropping the last store handle stops that thread.
+    writer: mpsc::Sender<WriteRequest>,
+}
+
+#[derive(Clone)]
+struct Keyspaces(HashMap<Table, Keyspace>);
+
+impl Keyspaces {
+    fn of(&self, table: Table) -> StoreResult<&Keyspace> {
+        self.0
+            .get(&table)
+            .ok_or_else(|| StoreError::NotFound(format!("table {table}")))
+    }
+}
+
+struct WriteRequest {
+    writes: Vec<Write>,
+    /// All conditions must hold or nothing is written.
+    atomic: bool,
+    reply: oneshot::Sender<StoreResult<()>>,
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store in `path`. Blocking: call it off the executor.
+    pub fn open(path: &Path) -> StoreResult<Self> {
+        let db = Database::builder(path)
+            .manual_journal_persist(true)
+            .open()
+            .map_err(map_fjall_error)?;
+        let mut keyspaces = HashMap::new();
+        for table in Table::ALL {
+            let keyspace = db
+                .keyspace(table.name(), KeyspaceCreateOptions::default)
+                .map_err(map_fjall_error)?;
+            keyspaces.insert(table, keyspace);
+        }
+        let keyspaces = Keyspaces(keyspaces);
+        let (sender, receiver) = mpsc::channel();
+        let writer_keyspaces = keyspaces.clone();
+        std::thread::Builder::new()
+            .name("fanline-writer".into())
+            .spawn(move || run_writer(&db, &writer_keyspaces, &receiver))
+            .map_err(|err| StoreError::Other(format!("failed to start the writer thread: {err}")))?;
+        Ok(EmbeddedStore {
+            inner: Arc::new(Inner {
+                keyspaces,
+                writer: sender,
+            }),
+        })
+    }
+
+    /// Opens the store on the blocking pool.
+    pub async fn open_async(path: &Path) -> StoreResult<Self> {
+        let path = path.to_owned();
+        tokio::task::spawn_blocking(move || EmbeddedStore::open(&path))
+            .await
+            .map_err(|err| StoreError::Other(format!("open task failed: {err}")))?
+    }
+
+    /// Bytes a table takes on disk once its memtable is flushed (for the benchmark).
+    pub async fn flushed_disk_space(&self, table: Table) -> StoreResult<u64> {
+        let keyspace = self.inner.keyspaces.of(table)?.clone();
+        blocking(move || {
+            keyspace.rotate_memtable_and_wait().map_err(map_fjall_error)?;
+            Ok(keyspace.disk_space())
+        })
+        .await
+    }
+
+    async fn submit(&self, writes: Vec<Write>, atomic: bool) -> StoreResult<()> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .writer
+            .send(WriteRequest {
+                writes,
+                atomic,
+                reply,
+            })
+            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>> {
+        validate::key(partition, row)?;
+        let keyspace = self.inner.keyspaces.of(table)?.clone();
+        let key = encode_key(partition, row);
+        blocking(move || {
+            let value = keyspace.get(key).map_err(map_fjall_error)?;
+            Ok(value.map(|value| Bytes::copy_from_slice(&value)))
+        })
+        .await
+    }
+
+    async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()> {
+        self.transact(vec![Write::Put {
+            table,
+            item,
+            condition,
+        }])
+        .await
+    }
+
+    async fn delete(
+        &self,
+        table: Table,
+        partition: &str,
+        row: &str,
+        condition: Condition,
+    ) -> StoreResult<()> {
+        self.transact(vec![Write::Delete {
+            table,
+            partition: partition.to_owned(),
+            row: row.to_owned(),
+            condition,
+        }])
+        .await
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
+        validate::transaction(&writes)?;
+        self.submit(writes, true).await
+    }
+
+    async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()> {
+        validate::batch(&writes)?;
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.submit(writes, false).await
+    }
+
+    async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
+        validate::query(&query)?;
+        let keyspace = self.inner.keyspaces.of(query.table)?.clone();
+        blocking(move || read_range(&keyspace, &query)).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        let keyspace = self.inner.keyspaces.of(Table::Meta)?.clone();
+        blocking(move || {
+            keyspace.get(b"ping").map_err(map_fjall_error)?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| StoreError::Other(format!("blocking read failed: {err}")))?
+}
+
+fn map_fjall_error(err: fjall::Error) -> StoreError {
+    StoreError::Other(format!("fjall: {err}"))
+}
+
+/// `len(partition) as u16 BE ++ partition ++ row`: all rows of a partition share one prefix
+/// and sort by row key within it, in the same UTF-8 byte order DynamoDB uses.
+fn encode_key(partition: &str, row: &str) -> Vec<u8> {
+    let mut key = partition_prefix(partition);
+    key.extend_from_slice(row.as_bytes());
+    key
+}
+
+fn partition_prefix(partition: &str) -> Vec<u8> {
+    // validate::key bounds the partition at 2048 bytes, well inside u16.
+    let length = u16::try_from(partition.len()).unwrap_or(u16::MAX);
+    let mut prefix = Vec::with_capacity(2 + partition.len() + 64);
+    prefix.extend_from_slice(&length.to_be_bytes());
+    prefix.extend_from_slice(partition.as_bytes());
+    prefix
+}
+
+/// The smallest key greater than every key that starts with `prefix`, if there is one.
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut successor = prefix.to_vec();
+    while let Some(last) = successor.pop() {
+        if last < u8::MAX {
+            successor.push(last + 1);
+            return Some(successor);
+        }
+    }
+    None
+}
+
+fn read_range(keyspace: &Keyspace, query: &Query) -> StoreResult<Vec<Item>> {
+    if query.limit == 0 {
+        return Ok(Vec::new());
+    }
+    // Lower and upper bounds in row-key space, narrowed by the exclusive start key.
+    let mut lower: Bound<&str> = query.start.as_deref().map_or(Bound::Unbounded, Bound::Included);
+    let mut upper: Bound<&str> = query.end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+    if let Some(after) = query.start_after.as_deref() {
+        match query.direction {
+            Direction::Forward => {
+                if query.start.as_deref().is_none_or(|start| after >= start) {
+                    lower = Bound::Excluded(after);
+                }
+            }
+            Direction::Reverse => {
+                if query.end.as_deref().is_none_or(|end| after < end) {
+                    upper = Bound::Excluded(after);
+                }
+            }
+        }
+    }
+    if range_is_empty(lower, upper) {
+        return Ok(Vec::new());
+    }
+    let prefix = partition_prefix(&query.partition);
+    let with_prefix = |row: &str| {
+        let mut key = prefix.clone();
+        key.extend_from_slice(row.as_bytes());
+        key
+    };
+    let lower_key = match lower {
+        Bound::Included(row) => Bound::Included(with_prefix(row)),
+        Bound::Excluded(row) => Bound::Excluded(with_prefix(row)),
+        Bound::Unbounded => Bound::Included(prefix.clone()),
+    };
+    let upper_key = match upper {
+        Bound::Included(row) => Bound::Included(with_prefix(row)),
+        Bound::Excluded(row) => Bound::Excluded(with_prefix(row)),
+        Bound::Unbounded => prefix_successor(&prefix).map_or(Bound::Unbounded, Bound::Excluded),
+    };
+    let range = keyspace.range::<Vec<u8>, _>((lower_key, upper_key));
+    let guards: Box<dyn Iterator<Item = fjall::Guard>> = match query.direction {
+        Direction::Forward => Box::new(range),
+        Direction::Reverse => Box::new(range.rev()),
+    };
+    let mut items = Vec::with_capacity(query.limit.min(1024));
+    for guard in guards.take(query.limit) {
+        let (key, value) = guard.into_inner().map_err(map_fjall_error)?;
+        let row = key
+            .get(prefix.len()..)
+            .and_then(|row| std::str::from_utf8(row).ok())
+            .ok_or_else(|| StoreError::Other("stored key is not UTF-8".into()))?;
+        items.push(Item {
+            partition: query.partition.clone(),
+            row: row.to_owned(),
+            value: Bytes::copy_from_slice(&value),
+        });
+    }
+    Ok(items)
+}
+
+fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
+    match (lower, upper) {
+        (Bound::Included(low), Bound::Included(high)) => low > high,
+        (Bound::Included(low) | Bound::Excluded(low), Bound::Excluded(high))
+        | (Bound::Excluded(low), Bound::Included(high)) => low >= high,
+        _ => false,
+    }
+}
+
+/// The writer thread: takes every waiting request, checks their conditions in arrival order,
+/// commits the accepted ones as one batch and fsyncs once.
+fn run_writer(db: &Database, keyspaces: &Keyspaces, requests: &mpsc::Receiver<WriteRequest>) {
+    while let Ok(first) = requests.recv() {
+        let mut total = first.writes.len();
+        let mut group = vec![first];
+        while total < MAX_GROUP_WRITES {
+            match requests.try_recv() {
+                Ok(request) => {
+                    total += request.writes.len();
+                    group.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+        commit_group(db, keyspaces, group);
+    }
+}
+
+type Overlay = HashMap<(Table, Vec<u8>), Option<Bytes>>;
+
+fn commit_group(db: &Database, keyspaces: &Keyspaces, group: Vec<WriteRequest>) {
+    // Values written earlier in this group, so later conditions see them.
+    let mut overlay: Overlay = HashMap::new();
+    let mut batch = db.batch();
+    let mut accepted = Vec::with_capacity(group.len());
+    for request in group {
+        let checked = if request.atomic {
+            check_conditions(keyspaces, &overlay, &request.writes)
+        } else {
+            Ok(())
+        };
+        if let Err(err) = checked {
+            let _ = request.reply.send(Err(err));
+            continue;
+        }
+        if let Err(err) = stage(keyspaces, &mut overlay, &mut batch, request.writes) {
+            let _ = request.reply.send(Err(err));
+            continue;
+        }
+        accepted.push(request.reply);
+    }
+    let result = if batch.is_empty() {
+        Ok(())
+    } else {
+        batch
+            .commit()
+            .and_then(|()| db.persist(PersistMode::SyncAll))
+            .map_err(|err| err.to_string())
+    };
+    for reply in accepted {
+        let _ = reply.send(
+            result
+                .clone()
+                .map_err(|err| StoreError::Unavailable(format!("commit failed: {err}"))),
+        );
+    }
+}
+
+fn check_conditions(keyspaces: &Keyspaces, overlay: &Overlay, writes: &[Write]) -> StoreResult<()> {
+    for write in writes {
+        let condition = write.condition();
+        if *condition == Condition::None {
+            continue;
+        }
+        let table = write.table();
+        let (partition, row) = write.key();
+        let key = encode_key(partition, row);
+        let current = match overlay.get(&(table, key.clone())) {
+            Some(value) => value.clone(),
+            None => keyspaces
+                .of(table)?
+                .get(&key)
+                .map_err(map_fjall_error)?
+                .map(|value| Bytes::copy_from_slice(&value)),
+        };
+        let holds = match condition {
+            Condition::None => true,
+            Condition::Absent => current.is_none(),
+            Condition::Equals(expected) => current.as_ref() == Some(expected),
+        };
+        if !holds {
+            return Err(StoreError::ConditionFailed);
+        }
+    }
+    Ok(())
+}
+
+fn stage(
+    keyspaces: &Keyspaces,
+    overlay: &mut Overlay,
+    batch: &mut fjall::OwnedWriteBatch,
+    writes: Vec<Write>,
+) -> StoreResult<()> {
+    // Resolve every keyspace first so a bad table leaves the batch untouched.
+    for write in &writes {
+        keyspaces.of(write.table())?;
+    }
+    for write in writes {
+        let table = write.table();
+        let keyspace = keyspaces.of(table)?;
+        match write {
+            Write::Put { item, .. } => {
+                let key = encode_key(&item.partition, &item.row);
+                batch.insert(keyspace, key.clone(), item.value.to_vec());
+                overlay.insert((table, key), Some(item.value));
+            }
+            Write::Delete { partition, row, .. } => {
+                let key = encode_key(&partition, &row);
+                batch.remove(keyspace, key.clone());
+                overlay.insert((table, key), None);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance;
+
+    async fn open_temp() -> (tempfile::TempDir, EmbeddedStore) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open store");
+        (dir, store)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_store_passes_the_conformance_suite() {
+        let (_dir, store) = open_temp().await;
+        conformance::run_all(&store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn acknowledged_writes_survive_reopening() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+            store
+                .put(Table::Events, Item::new("p", "r", "v"), Condition::None)
+                .await
+                .expect("put");
+        }
+        // The writer thread lets go of the database once the handle is gone.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let reopened = loop {
+            match EmbeddedStore::open_async(dir.path()).await {
+                Ok(store) => break store,
+                Err(err) if std::time::Instant::now() > deadline => panic!("reopen: {err}"),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        };
+        let value = reopened.get(Table::Events, "p", "r").await.expect("get");
+        assert_eq!(value.as_deref(), Some(&b"v"[..]));
+    }
+
+    #[test]
+    fn prefix_successor_skips_trailing_ff_bytes() {
+        assert_eq!(prefix_successor(&[0, 1, 0xff]), Some(vec![0, 2]));
+        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
+    }
+}

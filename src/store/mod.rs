@@ -1,0 +1,371 @@
+//! The table-store model every backend implements.
+//!
+//! State is items in tables, addressed by a partition key and a row key (both strings). A
+//! partition is read in row-key order (UTF-8 byte order); nothing else is indexed. The trait is
+//! shaped like the stricter backend, DynamoDB: transactions hold at most
+//! [`MAX_TRANSACTION_WRITES`] writes, conditions are "absent" or "equals", and a query reads
+//! one partition.
+//!
+//! Item bodies are opaque bytes: the domain owns their encoding, and a backend only stores
+//! them (DynamoDB keeps them in one binary attribute, `Data`).
+
+pub mod conformance;
+pub mod dynamo;
+pub mod embedded;
+
+use std::collections::HashSet;
+use std::fmt;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use dynamo::{DynamoConfig, DynamoStore};
+pub use embedded::EmbeddedStore;
+
+/// DynamoDB's `TransactWriteItems` limit; the embedded store enforces the same.
+pub const MAX_TRANSACTION_WRITES: usize = 100;
+
+/// DynamoDB's limits on key sizes in bytes (partition key 2048, sort key 1024).
+pub const MAX_PARTITION_KEY_BYTES: usize = 2048;
+pub const MAX_ROW_KEY_BYTES: usize = 1024;
+
+/// Every table fanline uses. Physical names carry a configurable prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    /// Author subject id -> event row key: the author's own events, newest first.
+    Events,
+    /// Owner subject id -> event row key: one entry per event delivered to the owner.
+    Timelines,
+    /// Subject id -> follower subject id.
+    SubjectFollowers,
+    /// Follower subject id -> subject id (the same edge, the other way round).
+    SubjectFollowing,
+    /// Queue shard -> job id: pending and leased fan-out jobs.
+    Jobs,
+    /// Author subject id -> client event id: maps a client's retry to the first event.
+    Idempotency,
+    /// Service-wide settings shared by every process (for example the cursor key).
+    Meta,
+}
+
+impl Table {
+    pub const ALL: [Table; 7] = [
+        Table::Events,
+        Table::Timelines,
+        Table::SubjectFollowers,
+        Table::SubjectFollowing,
+        Table::Jobs,
+        Table::Idempotency,
+        Table::Meta,
+    ];
+
+    /// The logical table name, as in DESIGN.md; backends prepend their prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Events => "events",
+            Table::Timelines => "timelines",
+            Table::SubjectFollowers => "subjectFollowers",
+            Table::SubjectFollowing => "subjectFollowing",
+            Table::Jobs => "fanoutJobs",
+            Table::Idempotency => "idempotency",
+            Table::Meta => "meta",
+        }
+    }
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.name())
+    }
+}
+
+/// One stored item of a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub partition: String,
+    pub row: String,
+    pub value: Bytes,
+}
+
+impl Item {
+    pub fn new(partition: impl Into<String>, row: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        Item {
+            partition: partition.into(),
+            row: row.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// What must hold for a conditional write to go ahead.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Condition {
+    /// Write unconditionally (overwrite).
+    #[default]
+    None,
+    /// The item must not exist (create-if-absent).
+    Absent,
+    /// The item must exist with exactly this value (compare-and-swap, used by leases).
+    Equals(Bytes),
+}
+
+/// One write of a transaction or a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    Put {
+        table: Table,
+        item: Item,
+        condition: Condition,
+    },
+    Delete {
+        table: Table,
+        partition: String,
+        row: String,
+        condition: Condition,
+    },
+}
+
+impl Write {
+    pub fn put(table: Table, item: Item) -> Self {
+        Write::Put {
+            table,
+            item,
+            condition: Condition::None,
+        }
+    }
+
+    pub fn put_if_absent(table: Table, item: Item) -> Self {
+        Write::Put {
+            table,
+            item,
+            condition: Condition::Absent,
+        }
+    }
+
+    pub fn delete(table: Table, partition: impl Into<String>, row: impl Into<String>) -> Self {
+        Write::Delete {
+            table,
+            partition: partition.into(),
+            row: row.into(),
+            condition: Condition::None,
+        }
+    }
+
+    pub fn table(&self) -> Table {
+        match self {
+            Write::Put { table, .. } | Write::Delete { table, .. } => *table,
+        }
+    }
+
+    pub fn key(&self) -> (&str, &str) {
+        match self {
+            Write::Put { item, .. } => (&item.partition, &item.row),
+            Write::Delete { partition, row, .. } => (partition, row),
+        }
+    }
+
+    pub fn condition(&self) -> &Condition {
+        match self {
+            Write::Put { condition, .. } | Write::Delete { condition, .. } => condition,
+        }
+    }
+}
+
+/// Row-key order to read a partition in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Direction {
+    #[default]
+    Forward,
+    Reverse,
+}
+
+/// A read of one partition: rows in `[start, end)`, in `direction`, strictly after
+/// `start_after` (in the direction of travel), at most `limit` of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Query {
+    pub table: Table,
+    pub partition: String,
+    /// Inclusive lower bound on the row key.
+    pub start: Option<String>,
+    /// Exclusive upper bound on the row key.
+    pub end: Option<String>,
+    /// Exclusive start key: the last row of the previous page.
+    pub start_after: Option<String>,
+    pub direction: Direction,
+    pub limit: usize,
+}
+
+impl Query {
+    /// A forward read of a whole partition.
+    pub fn partition(table: Table, partition: impl Into<String>, limit: usize) -> Self {
+        Query {
+            table,
+            partition: partition.into(),
+            start: None,
+            end: None,
+            start_after: None,
+            direction: Direction::Forward,
+            limit,
+        }
+    }
+
+    pub fn after(mut self, row: Option<String>) -> Self {
+        self.start_after = row;
+        self
+    }
+
+    pub fn reverse(mut self) -> Self {
+        self.direction = Direction::Reverse;
+        self
+    }
+
+    pub fn range(mut self, start: Option<String>, end: Option<String>) -> Self {
+        self.start = start;
+        self.end = end;
+        self
+    }
+}
+
+/// The error every backend maps its failures into.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A table (or another named resource) does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A write's condition did not hold; nothing of the write (or transaction) was applied.
+    #[error("condition failed")]
+    ConditionFailed,
+    /// The backend asked us to slow down; retrying later succeeds.
+    #[error("throttled: {0}")]
+    Throttled(String),
+    /// The backend could not be reached or timed out.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The request itself is malformed (empty key, too many writes, duplicate keys...).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error("store error: {0}")]
+    Other(String),
+}
+
+impl StoreError {
+    /// Whether the same call may succeed if tried again later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Throttled(_) | StoreError::Unavailable(_))
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The table store. Used as `Arc<dyn Store>`; conveniences live on [`StoreExt`].
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Reads one item's value.
+    async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>>;
+
+    /// Writes one item; `ConditionFailed` if `condition` does not hold.
+    async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()>;
+
+    /// Deletes one item (absent is fine unless `condition` says otherwise).
+    async fn delete(
+        &self,
+        table: Table,
+        partition: &str,
+        row: &str,
+        condition: Condition,
+    ) -> StoreResult<()>;
+
+    /// Applies up to [`MAX_TRANSACTION_WRITES`] writes, across tables and partitions, all or
+    /// none. Two writes to one item are `InvalidInput`.
+    async fn transact(&self, writes: Vec<Write>) -> StoreResult<()>;
+
+    /// Applies unconditional writes of any number, not atomically; on error some may have
+    /// been applied. If one key appears twice, the later write wins.
+    async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()>;
+
+    /// Reads up to `query.limit` items of one partition. Returns fewer only when the range
+    /// holds no more.
+    async fn query(&self, query: Query) -> StoreResult<Vec<Item>>;
+
+    /// Checks that the store answers (for `/healthz`).
+    async fn ping(&self) -> StoreResult<()>;
+}
+
+/// Checks shared by all backends, so they reject the same input the same way.
+pub(crate) mod validate {
+    use super::*;
+
+    pub fn key(partition: &str, row: &str) -> StoreResult<()> {
+        if partition.is_empty() || row.is_empty() {
+            return Err(StoreError::InvalidInput("keys must not be empty".into()));
+        }
+        if partition.len() > MAX_PARTITION_KEY_BYTES || row.len() > MAX_ROW_KEY_BYTES {
+            return Err(StoreError::InvalidInput("key too long".into()));
+        }
+        Ok(())
+    }
+
+    pub fn transaction(writes: &[Write]) -> StoreResult<()> {
+        if writes.is_empty() || writes.len() > MAX_TRANSACTION_WRITES {
+            return Err(StoreError::InvalidInput(format!(
+                "a transaction holds 1 to {MAX_TRANSACTION_WRITES} writes, got {}",
+                writes.len()
+            )));
+        }
+        let mut seen = HashSet::with_capacity(writes.len());
+        for write in writes {
+            let (partition, row) = write.key();
+            key(partition, row)?;
+            if !seen.insert((write.table(), partition, row)) {
+                return Err(StoreError::InvalidInput(
+                    "a transaction writes one item at most once".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn batch(writes: &[Write]) -> StoreResult<()> {
+        for write in writes {
+            let (partition, row) = write.key();
+            key(partition, row)?;
+            if *write.condition() != Condition::None {
+                return Err(StoreError::InvalidInput(
+                    "batch writes are unconditional".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn query(query: &super::Query) -> StoreResult<()> {
+        if query.partition.is_empty() {
+            return Err(StoreError::InvalidInput("partition key must not be empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Conveniences over [`Store`], for every implementation.
+#[async_trait]
+pub trait StoreExt: Store {
+    /// Reads all items of a query's range, page by page (for small partitions and tools).
+    async fn query_all(&self, query: Query) -> StoreResult<Vec<Item>> {
+        let page_size = query.limit.max(1);
+        let mut all = Vec::new();
+        let mut next = query;
+        loop {
+            let page = self.query(next.clone()).await?;
+            let done = page.len() < page_size;
+            next.start_after = page.last().map(|item| item.row.clone());
+            all.extend(page);
+            if done {
+                return Ok(all);
+            }
+        }
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}

@@ -1,0 +1,44 @@
+//! Following and unfollowing. Both edge tables change in one transaction, so the two
+//! directions never disagree; both calls are idempotent.
+
+use super::{DomainError, DomainResult, Edge, SubjectId, Timelines};
+use crate::keys::Ticks;
+use crate::store::{Item, StoreError, Table, Write};
+
+impl Timelines {
+    /// `follower` follows `target`. Following again keeps the original `since`.
+    pub async fn follow(&self, follower: &SubjectId, target: &SubjectId) -> DomainResult<()> {
+        if follower == target {
+            return Err(DomainError::invalid(
+                "cannot_follow_self",
+                "a subject cannot follow itself",
+            ));
+        }
+        let since = Edge::encode_since(Ticks::now());
+        let writes = vec![
+            Write::put_if_absent(
+                Table::SubjectFollowers,
+                Item::new(target.as_str(), follower.as_str(), since.clone()),
+            ),
+            Write::put_if_absent(
+                Table::SubjectFollowing,
+                Item::new(follower.as_str(), target.as_str(), since),
+            ),
+        ];
+        match self.store.transact(writes).await {
+            // Both directions are always written together: one present means both are.
+            Ok(()) | Err(StoreError::ConditionFailed) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// `follower` stops following `target`; a no-op if it did not follow.
+    pub async fn unfollow(&self, follower: &SubjectId, target: &SubjectId) -> DomainResult<()> {
+        let writes = vec![
+            Write::delete(Table::SubjectFollowers, target.as_str(), follower.as_str()),
+            Write::delete(Table::SubjectFollowing, follower.as_str(), target.as_str()),
+        ];
+        self.store.transact(writes).await?;
+        Ok(())
+    }
+}

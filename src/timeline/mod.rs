@@ -1,0 +1,109 @@
+//! The domain: posting, following and reading timelines, written against [`Store`] only.
+
+pub mod following;
+pub mod model;
+pub mod posting;
+pub mod reading;
+
+use std::sync::Arc;
+
+use rand::RngCore;
+use tokio::sync::Notify;
+
+use crate::cursor::{CursorCodec, InvalidCursor};
+use crate::store::{Condition, Item, Store, StoreError, Table};
+
+pub use model::{Edge, Event, Page, SubjectId, TimelineEntry};
+pub use posting::{NewEvent, Posted};
+
+/// Largest (and default) page of any listing.
+pub const MAX_PAGE_SIZE: usize = 250;
+
+/// What the domain needs to know of the configuration.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Largest accepted event payload, in bytes of JSON text.
+    pub max_payload_bytes: usize,
+}
+
+/// Errors the domain reports; the HTTP layer gives each its status.
+#[derive(Debug, thiserror::Error)]
+pub enum DomainError {
+    #[error("{message}")]
+    InvalidInput { code: &'static str, message: String },
+    #[error("{0}")]
+    InvalidCursor(#[from] InvalidCursor),
+    #[error("payload is {size} bytes, more than the limit of {limit}")]
+    PayloadTooLarge { size: usize, limit: usize },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Stored data that cannot be decoded: a bug or a foreign writer, never the client's fault.
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+impl DomainError {
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        DomainError::InvalidInput {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+pub type DomainResult<T> = Result<T, DomainError>;
+
+/// The timeline service: one per process, shared by the HTTP handlers.
+pub struct Timelines {
+    store: Arc<dyn Store>,
+    cursors: CursorCodec,
+    settings: Settings,
+    /// Wakes an idle in-process fan-out worker when a job is enqueued.
+    wake_workers: Arc<Notify>,
+}
+
+impl Timelines {
+    pub fn new(
+        store: Arc<dyn Store>,
+        cursors: CursorCodec,
+        settings: Settings,
+        wake_workers: Arc<Notify>,
+    ) -> Self {
+        Timelines {
+            store,
+            cursors,
+            settings,
+            wake_workers,
+        }
+    }
+
+    pub fn store(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+}
+
+/// The key cursors are signed with. Every process sharing a store must use the same one, so
+/// it is kept in the `meta` table: the first process to start creates it, the others read it.
+pub async fn cursor_key(store: &dyn Store) -> Result<Vec<u8>, StoreError> {
+    const PARTITION: &str = "settings";
+    const ROW: &str = "cursor-key";
+    if let Some(key) = store.get(Table::Meta, PARTITION, ROW).await? {
+        return Ok(key.to_vec());
+    }
+    let mut fresh = vec![0u8; 32];
+    rand::rng().fill_bytes(&mut fresh);
+    let item = Item::new(PARTITION, ROW, fresh.clone());
+    match store.put(Table::Meta, item, Condition::Absent).await {
+        Ok(()) => Ok(fresh),
+        Err(StoreError::ConditionFailed) => store
+            .get(Table::Meta, PARTITION, ROW)
+            .await?
+            .map(|key| key.to_vec())
+            .ok_or_else(|| StoreError::Other("cursor key vanished".into())),
+        Err(err) => Err(err),
+    }
+}

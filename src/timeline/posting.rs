@@ -1,0 +1,145 @@
+//! Posting events: one transaction writes the event, its idempotency record and its fan-out
+//! job, so an acknowledged event is always fanned out and a retried one never twice.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};
+use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
+use crate::fanout::queue;
+use crate::keys::{Ticks, event_row_key};
+use crate::store::{Item, StoreError, Table, Write};
+
+/// An event as a client posts it.
+#[derive(Debug)]
+pub struct NewEvent {
+    /// Client-chosen idempotency key, scoped to the author.
+    pub client_id: Option<String>,
+    pub kind: Option<String>,
+    pub payload: Box<RawValue>,
+    /// RFC 3339; defaults to the time the server received the event.
+    pub at: Option<String>,
+}
+
+/// The outcome of a post.
+#[derive(Debug)]
+pub enum Posted {
+    /// A new event, now queued for fan-out.
+    Created(Event),
+    /// A retry of an earlier post with the same client id: the first event, unchanged.
+    Existing(Event),
+}
+
+/// Body of an `idempotency` item: which event a client id produced, and a digest of the
+/// request, so a different request reusing the id is a conflict rather than a silent no-op.
+#[derive(Serialize, Deserialize)]
+struct IdempotencyRecord {
+    row_key: String,
+    request: String,
+}
+
+impl Timelines {
+    pub async fn post_event(&self, author: &SubjectId, new: NewEvent) -> DomainResult<Posted> {
+        let kind = new.kind.clone().unwrap_or_else(|| DEFAULT_KIND.to_owned());
+        check_printable("kind", &kind, MAX_KIND_BYTES)
+            .map_err(|message| DomainError::invalid("invalid_kind", message))?;
+        if let Some(client_id) = &new.client_id {
+            check_printable("id", client_id, MAX_CLIENT_ID_BYTES)
+                .map_err(|message| DomainError::invalid("invalid_id", message))?;
+        }
+        let size = new.payload.get().len();
+        if size > self.settings.max_payload_bytes {
+            return Err(DomainError::PayloadTooLarge {
+                size,
+                limit: self.settings.max_payload_bytes,
+            });
+        }
+        let received = Ticks::now();
+        let at = match &new.at {
+            Some(text) => Ticks::parse_rfc3339(text)
+                .map_err(|err| DomainError::invalid("invalid_at", err.to_string()))?,
+            None => received,
+        };
+
+        let event_id = Uuid::now_v7();
+        let row_key = event_row_key(at, event_id);
+        let event = Event {
+            event_id,
+            author: author.clone(),
+            kind,
+            payload: new.payload.clone(),
+            at,
+            row_key: row_key.clone(),
+        };
+        let mut writes = vec![
+            Write::put_if_absent(
+                Table::Events,
+                Item::new(author.as_str(), &row_key, event.encode()),
+            ),
+            queue::enqueue(author.as_str(), &row_key, event_id, received),
+        ];
+        if let Some(client_id) = &new.client_id {
+            let record = IdempotencyRecord {
+                row_key: row_key.clone(),
+                request: request_digest(&new),
+            };
+            let body = Bytes::from(serde_json::to_vec(&record).unwrap_or_default());
+            writes.push(Write::put_if_absent(
+                Table::Idempotency,
+                Item::new(author.as_str(), client_id, body),
+            ));
+        }
+
+        match self.store.transact(writes).await {
+            Ok(()) => {
+                self.wake_workers.notify_one();
+                Ok(Posted::Created(event))
+            }
+            Err(StoreError::ConditionFailed) => match &new.client_id {
+                Some(client_id) => self.replay(author, client_id, &new).await,
+                None => Err(DomainError::Conflict("event id collision, retry".into())),
+            },
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Answers a retried post with the event the first attempt created.
+    async fn replay(&self, author: &SubjectId, client_id: &str, new: &NewEvent) -> DomainResult<Posted> {
+        let conflict = || DomainError::Conflict(format!("id {client_id:?} was used for a different event"));
+        let record = self
+            .store
+            .get(Table::Idempotency, author.as_str(), client_id)
+            .await?
+            .ok_or_else(conflict)?;
+        let record: IdempotencyRecord = serde_json::from_slice(&record)
+            .map_err(|_| DomainError::Corrupt(format!("idempotency record {client_id:?}")))?;
+        if record.request != request_digest(new) {
+            return Err(conflict());
+        }
+        let body = self
+            .store
+            .get(Table::Events, author.as_str(), &record.row_key)
+            .await?
+            .ok_or_else(|| DomainError::NotFound(format!("event of id {client_id:?} is gone")))?;
+        let event = Event::decode(author, &record.row_key, &body).map_err(DomainError::Corrupt)?;
+        Ok(Posted::Existing(event))
+    }
+}
+
+/// A digest of what the client asked for (not of what the server filled in).
+fn request_digest(new: &NewEvent) -> String {
+    let mut hasher = Sha256::new();
+    for part in [
+        new.kind.as_deref().unwrap_or(DEFAULT_KIND),
+        new.payload.get(),
+        new.at.as_deref().unwrap_or(""),
+    ] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    let digest = hasher.finalize();
+    digest[..16].iter().map(|byte| format!("{byte:02x}")).collect()
+}

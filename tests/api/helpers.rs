@@ -1,0 +1,351 @@
+//! Spawning the real app on port 0 and talking to it over HTTP through typed helpers.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use fanline::app::Application;
+use fanline::config::{Config, StoreKind};
+use fanline::store::{
+    Condition, DynamoStore, EmbeddedStore, Item, Query, Store, StoreError, StoreResult, Table,
+    Write,
+};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::dynamo_local;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Dynamo,
+}
+
+/// Where a test's tables live: a temp dir, or DynamoDB tables with a prefix of their own.
+pub struct TestStore {
+    pub backend: Backend,
+    pub config: Config,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestStore {
+    pub async fn new(backend: Backend) -> TestStore {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config::defaults();
+        config.listen = "127.0.0.1:0".parse().expect("addr");
+        config.data_dir = dir.path().join("data");
+        config.poll_ms = 50;
+        if backend == Backend::Dynamo {
+            config.store = StoreKind::Dynamodb;
+            config.dynamodb_endpoint = Some(dynamo_local::endpoint());
+            config.table_prefix = format!("t{}-", uuid::Uuid::new_v4().simple());
+            fanline::app::init_store(&config).await.expect("create tables");
+        }
+        TestStore {
+            backend,
+            config,
+            dir,
+        }
+    }
+
+    pub async fn open(&self) -> Arc<dyn Store> {
+        match self.backend {
+            Backend::Embedded => Arc::new(
+                EmbeddedStore::open_async(&self.config.data_dir)
+                    .await
+                    .expect("open embedded"),
+            ),
+            Backend::Dynamo => Arc::new(
+                DynamoStore::connect(&self.config.dynamo_config())
+                    .await
+                    .expect("connect dynamo"),
+            ),
+        }
+    }
+}
+
+/// Typed calls to a running server.
+pub struct Api {
+    pub address: String,
+    pub client: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(address: &str) -> Api {
+        Api {
+            address: address.to_owned(),
+            client: reqwest::Client::new(),
+        }
+    }
+}
+
+/// An in-process app on port 0, with a store wrapper that can inject an outage.
+pub struct TestApp {
+    pub api: Api,
+    pub shutdown: CancellationToken,
+    pub server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    pub faults: Arc<FlakyStore>,
+    pub store: TestStore,
+}
+
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_with(TestStore::new(backend).await, |_| {}).await
+}
+
+pub async fn spawn_app_with(store: TestStore, adjust: impl FnOnce(&mut Config)) -> TestApp {
+    let mut config = store.config.clone();
+    adjust(&mut config);
+    let faults = Arc::new(FlakyStore::new(store.open().await));
+    let application = Application::build_with_store(config, faults.clone())
+        .await
+        .expect("build app");
+    let address = format!("http://{}", application.local_addr().expect("addr"));
+    let shutdown = application.shutdown_token();
+    let server = tokio::spawn(application.run_until_stopped());
+    TestApp {
+        api: Api::new(&address),
+        shutdown,
+        server: Some(server),
+        faults,
+        store,
+    }
+}
+
+/// A JSON response: status and parsed body (Null when empty).
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub body: Value,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+impl Reply {
+    pub fn error_code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("<no error code>")
+    }
+}
+
+/// Percent-encodes one path segment (everything but unreserved characters).
+pub fn segment(text: &str) -> String {
+    let mut encoded = String::new();
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+impl std::ops::Deref for TestApp {
+    type Target = Api;
+
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+impl TestApp {
+    pub async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            tokio::time::timeout(Duration::from_secs(20), server)
+                .await
+                .expect("server stops in time")
+                .expect("server task")
+                .expect("server ran cleanly");
+        }
+    }
+}
+
+impl Api {
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
+        let response = request.send().await.expect("request sent");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.expect("body read");
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON ({status}): {text}"))
+        };
+        Reply {
+            status,
+            body,
+            headers,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(self.client.get(self.url(path))).await
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Reply {
+        self.send(self.client.post(self.url(path)).json(body)).await
+    }
+
+    pub async fn post_event(&self, author: &str, body: Value) -> Reply {
+        self.post_json(&format!("/v1/subjects/{}/events", segment(author)), &body)
+            .await
+    }
+
+    pub async fn post_text(&self, author: &str, text: &str) -> Reply {
+        let reply = self
+            .post_event(author, json!({"kind": "post", "payload": {"text": text}}))
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        reply
+    }
+
+    pub async fn follow(&self, follower: &str, target: &str) -> Reply {
+        let path = format!("/v1/subjects/{}/following/{}", segment(follower), segment(target));
+        self.send(self.client.put(self.url(&path))).await
+    }
+
+    pub async fn unfollow(&self, follower: &str, target: &str) -> Reply {
+        let path = format!("/v1/subjects/{}/following/{}", segment(follower), segment(target));
+        self.send(self.client.delete(self.url(&path))).await
+    }
+
+    /// One page of a listing (`timeline`, `events`, `followers`, `following`).
+    pub async fn page(&self, subject: &str, listing: &str, query: &str) -> Reply {
+        self.get(&format!("/v1/subjects/{}/{listing}?{query}", segment(subject)))
+            .await
+    }
+
+    pub async fn timeline(&self, subject: &str) -> Vec<Value> {
+        self.all_pages(subject, "timeline").await
+    }
+
+    /// Every item of a listing, following `next_cursor` to the end.
+    pub async fn all_pages(&self, subject: &str, listing: &str) -> Vec<Value> {
+        let mut items = Vec::new();
+        let mut query = String::new();
+        loop {
+            let reply = self.page(subject, listing, &query).await;
+            assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+            items.extend(reply.body["items"].as_array().expect("items").iter().cloned());
+            match reply.body["next_cursor"].as_str() {
+                Some(cursor) => query = format!("cursor={cursor}"),
+                None => return items,
+            }
+        }
+    }
+
+    /// Polls a timeline until it holds `expected` items, or fails after a deadline.
+    pub async fn wait_for_timeline(&self, subject: &str, expected: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let items = self.timeline(subject).await;
+            if items.len() >= expected || Instant::now() > deadline {
+                assert_eq!(items.len(), expected, "timeline of {subject}");
+                return items;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+
+/// A store wrapper that answers `Unavailable` to every call while it is switched off.
+pub struct FlakyStore {
+    inner: Arc<dyn Store>,
+    down: AtomicBool,
+}
+
+impl FlakyStore {
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        FlakyStore {
+            inner,
+            down: AtomicBool::new(false),
+        }
+    }
+
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> StoreResult<()> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(StoreError::Unavailable("injected outage".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl Store for FlakyStore {
+    async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>> {
+        self.check()?;
+        self.inner.get(table, partition, row).await
+    }
+
+    async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()> {
+        self.check()?;
+        self.inner.put(table, item, condition).await
+    }
+
+    async fn delete(
+        &self,
+        table: Table,
+        partition: &str,
+        row: &str,
+        condition: Condition,
+    ) -> StoreResult<()> {
+        self.check()?;
+        self.inner.delete(table, partition, row, condition).await
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
+        self.check()?;
+        self.inner.transact(writes).await
+    }
+
+    async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()> {
+        self.check()?;
+        self.inner.batch_write(writes).await
+    }
+
+    async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
+        self.check()?;
+        self.inner.query(query).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.check()?;
+        self.inner.ping().await
+    }
+}
+
+/// Runs an async test case once per backend, as two tests named after it.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        $(
+            mod $case {
+                use $crate::helpers::Backend;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn embedded() {
+                    super::$case(Backend::Embedded).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn dynamodb() {
+                    super::$case(Backend::Dynamo).await;
+                }
+            }
+        )*
+    };
+}

@@ -1,0 +1,13 @@
+//! HTTP and store tests against the real app, on the embedded store and on DynamoDB Local.
+//! One binary, so one DynamoDB Local serves the whole run.
+
+mod dynamo_local;
+#[macro_use]
+mod helpers;
+
+mod conformance;
+mod errors;
+mod following;
+mod posting;
+mod restart;
+mod timeline;
