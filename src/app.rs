@@ -28,7 +28,9 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         StoreKind::Embedded => Arc::new(
             EmbeddedStore::open_async(&config.data_dir)
                 .await
-                .with_context(|| format!("failed to open the store in {}", config.data_dir.display()))?,
+                .with_context(|| {
+                    format!("failed to open the store in {}", config.data_dir.display())
+                })?,
         ),
         StoreKind::Dynamodb => Arc::new(
             DynamoStore::connect(&config.dynamo_config())
@@ -48,7 +50,10 @@ pub async fn init_store(config: &Config) -> anyhow::Result<()> {
             let store = DynamoStore::connect(&config.dynamo_config())
                 .await
                 .context("failed to configure the DynamoDB client")?;
-            store.create_tables().await.context("failed to create the DynamoDB tables")?;
+            store
+                .create_tables()
+                .await
+                .context("failed to create the DynamoDB tables")?;
         }
     }
     Ok(())

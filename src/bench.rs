@@ -41,7 +41,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let embedded = EmbeddedStore::open_async(dir.path()).await?;
     let store: Arc<dyn Store> = Arc::new(embedded.clone());
     let author = SubjectId::parse("bench-author").map_err(anyhow::Error::msg)?;
-    let followers: Vec<String> = (0..args.followers).map(|i| format!("bench-follower-{i:07}")).collect();
+    let followers: Vec<String> = (0..args.followers)
+        .map(|i| format!("bench-follower-{i:07}"))
+        .collect();
     add_followers(store.as_ref(), &author, &followers).await?;
 
     let wake = Arc::new(Notify::new());
@@ -101,7 +103,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     // Lag: one event at a time, from posting to its last entry written.
     let mut lags = Vec::with_capacity(args.lag_samples);
     for i in 0..args.lag_samples {
-        timelines.post_event(&author, bench_event(args.posts + i)?).await?;
+        timelines
+            .post_event(&author, bench_event(args.posts + i)?)
+            .await?;
         lags.push(done.recv().await.context("workers stopped")?.lag);
     }
     if !lags.is_empty() {
@@ -166,7 +170,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn add_followers(store: &dyn Store, author: &SubjectId, followers: &[String]) -> anyhow::Result<()> {
+async fn add_followers(
+    store: &dyn Store,
+    author: &SubjectId,
+    followers: &[String],
+) -> anyhow::Result<()> {
     let since = Edge::encode_since(Ticks::now());
     for chunk in followers.chunks(5_000) {
         let mut writes = Vec::with_capacity(chunk.len() * 2);

@@ -81,7 +81,10 @@ mod tests {
         bytes[last] ^= 1;
         let edited = URL_SAFE_NO_PAD.encode(bytes);
         assert_eq!(codec.decode("timelines/bob", &edited), Err(InvalidCursor));
-        assert_eq!(codec.decode("timelines/bob", "not a cursor"), Err(InvalidCursor));
+        assert_eq!(
+            codec.decode("timelines/bob", "not a cursor"),
+            Err(InvalidCursor)
+        );
         assert_eq!(codec.decode("timelines/bob", ""), Err(InvalidCursor));
     }
 

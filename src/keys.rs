@@ -140,7 +140,10 @@ mod tests {
             Ticks::parse_rfc3339("1970-01-01T00:00:00Z").map(Ticks::get),
             Ok(621_355_968_000_000_000)
         );
-        assert_eq!(Ticks::new(621_355_968_000_000_000).map(Ticks::unix_millis), Some(0));
+        assert_eq!(
+            Ticks::new(621_355_968_000_000_000).map(Ticks::unix_millis),
+            Some(0)
+        );
     }
 
     #[test]
@@ -180,7 +183,10 @@ mod tests {
         assert!(parse_event_row_key(&key).is_some());
         assert!(parse_event_row_key(&key.to_uppercase()).is_none());
         assert!(parse_event_row_key(&key[1..]).is_none());
-        assert!(parse_event_row_key("9999999999999999999_00000000-0000-0000-0000-000000000000").is_none());
+        assert!(
+            parse_event_row_key("9999999999999999999_00000000-0000-0000-0000-000000000000")
+                .is_none()
+        );
         assert!(parse_event_row_key("").is_none());
     }
 

@@ -11,7 +11,11 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "fanline", version, about = "Timeline fan-out service on a table-store model")]
+#[command(
+    name = "fanline",
+    version,
+    about = "Timeline fan-out service on a table-store model"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,13 +36,18 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
         Command::Serve(config) => {
             let application = Application::build(config).await?;
-            let address = application.local_addr().context("failed to read the bound address")?;
+            let address = application
+                .local_addr()
+                .context("failed to read the bound address")?;
             // Scripts and tests read this line to find the port (the listen port may be 0).
             println!("fanline listening on http://{address}");
             std::io::stdout().flush().ok();

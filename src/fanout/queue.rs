@@ -92,7 +92,9 @@ pub async fn available(
     limit: usize,
     now_ms: i64,
 ) -> StoreResult<Vec<(JobKey, Job, Bytes)>> {
-    let items = store.query(Query::partition(Table::Jobs, shard, limit)).await?;
+    let items = store
+        .query(Query::partition(Table::Jobs, shard, limit))
+        .await?;
     Ok(items
         .into_iter()
         .filter_map(|item| {

@@ -116,11 +116,18 @@ impl Worker {
         for _ in 0..SHARDS {
             let shard = queue::shard_name(self.next_shard);
             self.next_shard = (self.next_shard + 1) % SHARDS;
-            let candidates = queue::available(self.store.as_ref(), &shard, 64, queue::now_ms()).await?;
+            let candidates =
+                queue::available(self.store.as_ref(), &shard, 64, queue::now_ms()).await?;
             for (key, job, seen) in candidates {
-                let claimed =
-                    queue::claim(self.store.as_ref(), key, job, seen, &self.owner, self.lease_ms())
-                        .await?;
+                let claimed = queue::claim(
+                    self.store.as_ref(),
+                    key,
+                    job,
+                    seen,
+                    &self.owner,
+                    self.lease_ms(),
+                )
+                .await?;
                 if let Some(leased) = claimed {
                     // More work may be waiting: let another idle worker look too.
                     self.wake.notify_one();
@@ -196,11 +203,17 @@ impl Worker {
             let mut writes: Vec<Write> = followers
                 .iter()
                 .map(|follower| {
-                    Write::put(Table::Timelines, Item::new(&follower.row, &row_key, entry.clone()))
+                    Write::put(
+                        Table::Timelines,
+                        Item::new(&follower.row, &row_key, entry.clone()),
+                    )
                 })
                 .collect();
             if first_page {
-                writes.push(Write::put(Table::Timelines, Item::new(&author, &row_key, entry.clone())));
+                writes.push(Write::put(
+                    Table::Timelines,
+                    Item::new(&author, &row_key, entry.clone()),
+                ));
             }
             let written = writes.len() as u64;
             self.store.batch_write(writes).await?;
@@ -214,7 +227,9 @@ impl Worker {
             if last_page {
                 return Ok(Delivery::Finished);
             }
-            leased.checkpoint(self.store.as_ref(), self.lease_ms()).await?;
+            leased
+                .checkpoint(self.store.as_ref(), self.lease_ms())
+                .await?;
         }
     }
 

@@ -58,7 +58,9 @@ impl ApiError {
         match self {
             ApiError::BadRequest { code, message } => (code, message),
             ApiError::NotFound(message) => ("not_found", message),
-            ApiError::MethodNotAllowed => ("method_not_allowed", "method not allowed on this route"),
+            ApiError::MethodNotAllowed => {
+                ("method_not_allowed", "method not allowed on this route")
+            }
             ApiError::Conflict(message) => ("conflict", message),
             ApiError::PayloadTooLarge(message) => ("payload_too_large", message),
             ApiError::UnsupportedMediaType(message) => ("unsupported_media_type", message),
@@ -90,9 +92,9 @@ impl From<StoreError> for ApiError {
             StoreError::Throttled(_) | StoreError::Unavailable(_) => {
                 ApiError::Unavailable("the store is unavailable, retry later".into())
             }
-            StoreError::NotFound(what) => {
-                ApiError::Unavailable(format!("the store is not initialised ({what}); run `fanline init`"))
-            }
+            StoreError::NotFound(what) => ApiError::Unavailable(format!(
+                "the store is not initialised ({what}); run `fanline init`"
+            )),
             StoreError::InvalidInput(message) => ApiError::bad_request("invalid_input", message),
             other => ApiError::Internal(other.to_string()),
         }

@@ -86,5 +86,8 @@ async fn list_events(
         .timelines
         .events(&author, params.limit(), params.cursor.as_deref())
         .await?;
-    Ok(axum::Json(PageResponse::from_page(page, EventResponse::from)))
+    Ok(axum::Json(PageResponse::from_page(
+        page,
+        EventResponse::from,
+    )))
 }

@@ -50,5 +50,8 @@ async fn read_timeline(
         .timelines
         .timeline(&owner, params.limit(), params.cursor.as_deref())
         .await?;
-    Ok(axum::Json(PageResponse::from_page(page, TimelineItemResponse::from)))
+    Ok(axum::Json(PageResponse::from_page(
+        page,
+        TimelineItemResponse::from,
+    )))
 }

@@ -80,22 +80,40 @@ pub async fn get_of_a_missing_item_is_none(store: &dyn Store) {
 pub async fn empty_values_round_trip(store: &dyn Store) {
     let p = partition("empty-value");
     store
-        .put(Table::Meta, Item::new(&p, "r", Bytes::new()), Condition::None)
+        .put(
+            Table::Meta,
+            Item::new(&p, "r", Bytes::new()),
+            Condition::None,
+        )
         .await
         .unwrap();
-    assert_eq!(store.get(Table::Meta, &p, "r").await.unwrap(), Some(Bytes::new()));
+    assert_eq!(
+        store.get(Table::Meta, &p, "r").await.unwrap(),
+        Some(Bytes::new())
+    );
 }
 
 pub async fn create_if_absent_collides_without_changing_the_item(store: &dyn Store) {
     let p = partition("absent");
     store
-        .put(Table::Idempotency, Item::new(&p, "id", "first"), Condition::Absent)
+        .put(
+            Table::Idempotency,
+            Item::new(&p, "id", "first"),
+            Condition::Absent,
+        )
         .await
         .unwrap();
     let second = store
-        .put(Table::Idempotency, Item::new(&p, "id", "second"), Condition::Absent)
+        .put(
+            Table::Idempotency,
+            Item::new(&p, "id", "second"),
+            Condition::Absent,
+        )
         .await;
-    assert!(matches!(second, Err(StoreError::ConditionFailed)), "{second:?}");
+    assert!(
+        matches!(second, Err(StoreError::ConditionFailed)),
+        "{second:?}"
+    );
     assert!(!second.unwrap_err().is_retryable());
     assert_eq!(
         store.get(Table::Idempotency, &p, "id").await.unwrap(),
@@ -106,9 +124,16 @@ pub async fn create_if_absent_collides_without_changing_the_item(store: &dyn Sto
 pub async fn compare_and_swap_needs_the_exact_current_value(store: &dyn Store) {
     let p = partition("cas");
     let missing = store
-        .put(Table::Jobs, Item::new(&p, "job", "a"), Condition::Equals("x".into()))
+        .put(
+            Table::Jobs,
+            Item::new(&p, "job", "a"),
+            Condition::Equals("x".into()),
+        )
         .await;
-    assert!(matches!(missing, Err(StoreError::ConditionFailed)), "{missing:?}");
+    assert!(
+        matches!(missing, Err(StoreError::ConditionFailed)),
+        "{missing:?}"
+    );
     assert_eq!(store.get(Table::Jobs, &p, "job").await.unwrap(), None);
 
     store
@@ -116,11 +141,22 @@ pub async fn compare_and_swap_needs_the_exact_current_value(store: &dyn Store) {
         .await
         .unwrap();
     let stale = store
-        .put(Table::Jobs, Item::new(&p, "job", "c"), Condition::Equals("b".into()))
+        .put(
+            Table::Jobs,
+            Item::new(&p, "job", "c"),
+            Condition::Equals("b".into()),
+        )
         .await;
-    assert!(matches!(stale, Err(StoreError::ConditionFailed)), "{stale:?}");
+    assert!(
+        matches!(stale, Err(StoreError::ConditionFailed)),
+        "{stale:?}"
+    );
     store
-        .put(Table::Jobs, Item::new(&p, "job", "b"), Condition::Equals("a".into()))
+        .put(
+            Table::Jobs,
+            Item::new(&p, "job", "b"),
+            Condition::Equals("a".into()),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -138,20 +174,30 @@ pub async fn delete_is_idempotent_and_honours_conditions(store: &dyn Store) {
     let wrong = store
         .delete(Table::Jobs, &p, "r", Condition::Equals("other".into()))
         .await;
-    assert!(matches!(wrong, Err(StoreError::ConditionFailed)), "{wrong:?}");
+    assert!(
+        matches!(wrong, Err(StoreError::ConditionFailed)),
+        "{wrong:?}"
+    );
     assert!(store.get(Table::Jobs, &p, "r").await.unwrap().is_some());
     store
         .delete(Table::Jobs, &p, "r", Condition::Equals("v1".into()))
         .await
         .unwrap();
     assert_eq!(store.get(Table::Jobs, &p, "r").await.unwrap(), None);
-    store.delete(Table::Jobs, &p, "r", Condition::None).await.unwrap();
+    store
+        .delete(Table::Jobs, &p, "r", Condition::None)
+        .await
+        .unwrap();
 }
 
 pub async fn transaction_writes_across_tables_and_partitions(store: &dyn Store) {
     let (a, b) = (partition("tx-a"), partition("tx-b"));
     store
-        .put(Table::SubjectFollowing, Item::new(&b, "gone", "x"), Condition::None)
+        .put(
+            Table::SubjectFollowing,
+            Item::new(&b, "gone", "x"),
+            Condition::None,
+        )
         .await
         .unwrap();
     store
@@ -162,19 +208,45 @@ pub async fn transaction_writes_across_tables_and_partitions(store: &dyn Store) 
         ])
         .await
         .unwrap();
-    assert!(store.get(Table::SubjectFollowers, &a, &b).await.unwrap().is_some());
-    assert!(store.get(Table::SubjectFollowing, &b, &a).await.unwrap().is_some());
-    assert_eq!(store.get(Table::SubjectFollowing, &b, "gone").await.unwrap(), None);
+    assert!(
+        store
+            .get(Table::SubjectFollowers, &a, &b)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        store
+            .get(Table::SubjectFollowing, &b, &a)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        store
+            .get(Table::SubjectFollowing, &b, "gone")
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Store) {
     let p = partition("tx-fail");
     store
-        .put(Table::Idempotency, Item::new(&p, "taken", "first"), Condition::None)
+        .put(
+            Table::Idempotency,
+            Item::new(&p, "taken", "first"),
+            Condition::None,
+        )
         .await
         .unwrap();
     store
-        .put(Table::Jobs, Item::new(&p, "doomed", "keep"), Condition::None)
+        .put(
+            Table::Jobs,
+            Item::new(&p, "doomed", "keep"),
+            Condition::None,
+        )
         .await
         .unwrap();
     let result = store
@@ -184,7 +256,10 @@ pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Sto
             Write::put_if_absent(Table::Idempotency, Item::new(&p, "taken", "second")),
         ])
         .await;
-    assert!(matches!(result, Err(StoreError::ConditionFailed)), "{result:?}");
+    assert!(
+        matches!(result, Err(StoreError::ConditionFailed)),
+        "{result:?}"
+    );
     assert_eq!(store.get(Table::Events, &p, "event").await.unwrap(), None);
     assert_eq!(
         store.get(Table::Jobs, &p, "doomed").await.unwrap(),
@@ -204,9 +279,15 @@ pub async fn transaction_limits_are_enforced(store: &dyn Store) {
             .collect::<Vec<_>>()
     };
     let empty = store.transact(Vec::new()).await;
-    assert!(matches!(empty, Err(StoreError::InvalidInput(_))), "{empty:?}");
+    assert!(
+        matches!(empty, Err(StoreError::InvalidInput(_))),
+        "{empty:?}"
+    );
     let too_many = store.transact(writes(MAX_TRANSACTION_WRITES + 1)).await;
-    assert!(matches!(too_many, Err(StoreError::InvalidInput(_))), "{too_many:?}");
+    assert!(
+        matches!(too_many, Err(StoreError::InvalidInput(_))),
+        "{too_many:?}"
+    );
     assert_eq!(store.get(Table::Events, &p, "r000").await.unwrap(), None);
     let duplicate = store
         .transact(vec![
@@ -214,8 +295,14 @@ pub async fn transaction_limits_are_enforced(store: &dyn Store) {
             Write::delete(Table::Events, &p, "same"),
         ])
         .await;
-    assert!(matches!(duplicate, Err(StoreError::InvalidInput(_))), "{duplicate:?}");
-    store.transact(writes(MAX_TRANSACTION_WRITES)).await.unwrap();
+    assert!(
+        matches!(duplicate, Err(StoreError::InvalidInput(_))),
+        "{duplicate:?}"
+    );
+    store
+        .transact(writes(MAX_TRANSACTION_WRITES))
+        .await
+        .unwrap();
     let all = store
         .query_all(Query::partition(Table::Events, &p, 1000))
         .await
@@ -228,10 +315,16 @@ pub async fn batch_write_of_any_size_lands_and_last_write_wins(store: &dyn Store
     let mut writes: Vec<Write> = (0..1234)
         .map(|i| {
             let owner = if i % 2 == 0 { &a } else { &b };
-            Write::put(Table::Timelines, Item::new(owner, format!("r{i:05}"), "first"))
+            Write::put(
+                Table::Timelines,
+                Item::new(owner, format!("r{i:05}"), "first"),
+            )
         })
         .collect();
-    writes.push(Write::put(Table::Timelines, Item::new(&a, "r00000", "last")));
+    writes.push(Write::put(
+        Table::Timelines,
+        Item::new(&a, "r00000", "last"),
+    ));
     writes.push(Write::delete(Table::Timelines, &b, "r00001"));
     store.batch_write(writes).await.unwrap();
     store.batch_write(Vec::new()).await.unwrap();
@@ -253,9 +346,15 @@ pub async fn batch_write_of_any_size_lands_and_last_write_wins(store: &dyn Store
 pub async fn batch_write_rejects_conditions(store: &dyn Store) {
     let p = partition("batch-cond");
     let result = store
-        .batch_write(vec![Write::put_if_absent(Table::Events, Item::new(&p, "r", "v"))])
+        .batch_write(vec![Write::put_if_absent(
+            Table::Events,
+            Item::new(&p, "r", "v"),
+        )])
         .await;
-    assert!(matches!(result, Err(StoreError::InvalidInput(_))), "{result:?}");
+    assert!(
+        matches!(result, Err(StoreError::InvalidInput(_))),
+        "{result:?}"
+    );
     assert_eq!(store.get(Table::Events, &p, "r").await.unwrap(), None);
 }
 
@@ -267,7 +366,10 @@ pub async fn empty_keys_are_invalid_input(store: &dyn Store) {
     let get = store.get(Table::Events, "p", "").await;
     assert!(matches!(get, Err(StoreError::InvalidInput(_))), "{get:?}");
     let query = store.query(Query::partition(Table::Events, "", 10)).await;
-    assert!(matches!(query, Err(StoreError::InvalidInput(_))), "{query:?}");
+    assert!(
+        matches!(query, Err(StoreError::InvalidInput(_))),
+        "{query:?}"
+    );
 }
 
 pub async fn query_reads_one_partition_in_both_directions(store: &dyn Store) {
@@ -277,7 +379,10 @@ pub async fn query_reads_one_partition_in_both_directions(store: &dyn Store) {
     seed(store, Table::Events, &p, &["b", "a", "d", "c"]).await;
     seed(store, Table::Events, &neighbour, &["a", "z"]).await;
 
-    let forward = store.query(Query::partition(Table::Events, &p, 10)).await.unwrap();
+    let forward = store
+        .query(Query::partition(Table::Events, &p, 10))
+        .await
+        .unwrap();
     assert_eq!(rows(&forward), ["a", "b", "c", "d"]);
     assert_eq!(forward[0].partition, p);
     assert_eq!(forward[0].value, Bytes::from("v-a"));
@@ -291,7 +396,10 @@ pub async fn query_reads_one_partition_in_both_directions(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(rows(&limited), ["d", "c"]);
-    let none = store.query(Query::partition(Table::Events, &p, 0)).await.unwrap();
+    let none = store
+        .query(Query::partition(Table::Events, &p, 0))
+        .await
+        .unwrap();
     assert!(none.is_empty());
 }
 
@@ -338,7 +446,10 @@ pub async fn query_honours_row_ranges(store: &dyn Store) {
     };
     let mid = store.query(range(Some("b"), Some("d"))).await.unwrap();
     assert_eq!(rows(&mid), ["b", "c"], "start is inclusive, end exclusive");
-    let mid_reverse = store.query(range(Some("b"), Some("d")).reverse()).await.unwrap();
+    let mid_reverse = store
+        .query(range(Some("b"), Some("d")).reverse())
+        .await
+        .unwrap();
     assert_eq!(rows(&mid_reverse), ["c", "b"]);
     let from = store.query(range(Some("d"), None)).await.unwrap();
     assert_eq!(rows(&from), ["d", "e"]);
@@ -377,7 +488,13 @@ pub async fn query_of_an_empty_partition_is_empty(store: &dyn Store) {
 pub async fn multi_byte_utf8_keys_sort_by_bytes(store: &dyn Store) {
     let p = format!("ünïcødé-日本-{}", Uuid::new_v4());
     // UTF-8 byte order: ASCII < 2-byte < 3-byte < 4-byte sequences.
-    seed(store, Table::SubjectFollowers, &p, &["𝄞clef", "zeta", "émile", "€uro", "alpha"]).await;
+    seed(
+        store,
+        Table::SubjectFollowers,
+        &p,
+        &["𝄞clef", "zeta", "émile", "€uro", "alpha"],
+    )
+    .await;
     let forward = store
         .query(Query::partition(Table::SubjectFollowers, &p, 10))
         .await
@@ -390,7 +507,10 @@ pub async fn multi_byte_utf8_keys_sort_by_bytes(store: &dyn Store) {
         .unwrap();
     assert_eq!(rows(&after), ["€uro", "𝄞clef"]);
     assert_eq!(
-        store.get(Table::SubjectFollowers, &p, "€uro").await.unwrap(),
+        store
+            .get(Table::SubjectFollowers, &p, "€uro")
+            .await
+            .unwrap(),
         Some(Bytes::from("v-€uro"))
     );
 }

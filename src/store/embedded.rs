@@ -76,7 +76,9 @@ impl EmbeddedStore {
         std::thread::Builder::new()
             .name("fanline-writer".into())
             .spawn(move || run_writer(&db, &writer_keyspaces, &receiver))
-            .map_err(|err| StoreError::Other(format!("failed to start the writer thread: {err}")))?;
+            .map_err(|err| {
+                StoreError::Other(format!("failed to start the writer thread: {err}"))
+            })?;
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
                 keyspaces,
@@ -97,7 +99,9 @@ impl EmbeddedStore {
     pub async fn flushed_disk_space(&self, table: Table) -> StoreResult<u64> {
         let keyspace = self.inner.keyspaces.of(table)?.clone();
         blocking(move || {
-            keyspace.rotate_memtable_and_wait().map_err(map_fjall_error)?;
+            keyspace
+                .rotate_memtable_and_wait()
+                .map_err(map_fjall_error)?;
             Ok(keyspace.disk_space())
         })
         .await
@@ -232,8 +236,14 @@ fn read_range(keyspace: &Keyspace, query: &Query) -> StoreResult<Vec<Item>> {
         return Ok(Vec::new());
     }
     // Lower and upper bounds in row-key space, narrowed by the exclusive start key.
-    let mut lower: Bound<&str> = query.start.as_deref().map_or(Bound::Unbounded, Bound::Included);
-    let mut upper: Bound<&str> = query.end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+    let mut lower: Bound<&str> = query
+        .start
+        .as_deref()
+        .map_or(Bound::Unbounded, Bound::Included);
+    let mut upper: Bound<&str> = query
+        .end
+        .as_deref()
+        .map_or(Bound::Unbounded, Bound::Excluded);
     if let Some(after) = query.start_after.as_deref() {
         match query.direction {
             Direction::Forward => {
@@ -421,7 +431,9 @@ mod tests {
 
     async fn open_temp() -> (tempfile::TempDir, EmbeddedStore) {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = EmbeddedStore::open_async(dir.path()).await.expect("open store");
+        let store = EmbeddedStore::open_async(dir.path())
+            .await
+            .expect("open store");
         (dir, store)
     }
 

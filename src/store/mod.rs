@@ -88,7 +88,11 @@ pub struct Item {
 }
 
 impl Item {
-    pub fn new(partition: impl Into<String>, row: impl Into<String>, value: impl Into<Bytes>) -> Self {
+    pub fn new(
+        partition: impl Into<String>,
+        row: impl Into<String>,
+        value: impl Into<Bytes>,
+    ) -> Self {
         Item {
             partition: partition.into(),
             row: row.into(),
@@ -342,7 +346,9 @@ pub(crate) mod validate {
 
     pub fn query(query: &super::Query) -> StoreResult<()> {
         if query.partition.is_empty() {
-            return Err(StoreError::InvalidInput("partition key must not be empty".into()));
+            return Err(StoreError::InvalidInput(
+                "partition key must not be empty".into(),
+            ));
         }
         Ok(())
     }

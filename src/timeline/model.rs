@@ -132,7 +132,8 @@ impl Event {
     }
 
     pub fn decode(author: &SubjectId, row_key: &str, body: &[u8]) -> Result<Event, String> {
-        let (at, event_id) = parse_event_row_key(row_key).ok_or_else(|| corrupt("event", row_key))?;
+        let (at, event_id) =
+            parse_event_row_key(row_key).ok_or_else(|| corrupt("event", row_key))?;
         let stored: StoredEvent<'_> =
             serde_json::from_slice(body).map_err(|_| corrupt("event", row_key))?;
         Ok(Event {

@@ -107,8 +107,14 @@ impl Timelines {
     }
 
     /// Answers a retried post with the event the first attempt created.
-    async fn replay(&self, author: &SubjectId, client_id: &str, new: &NewEvent) -> DomainResult<Posted> {
-        let conflict = || DomainError::Conflict(format!("id {client_id:?} was used for a different event"));
+    async fn replay(
+        &self,
+        author: &SubjectId,
+        client_id: &str,
+        new: &NewEvent,
+    ) -> DomainResult<Posted> {
+        let conflict =
+            || DomainError::Conflict(format!("id {client_id:?} was used for a different event"));
         let record = self
             .store
             .get(Table::Idempotency, author.as_str(), client_id)
@@ -141,5 +147,8 @@ fn request_digest(new: &NewEvent) -> String {
         hasher.update(part.as_bytes());
     }
     let digest = hasher.finalize();
-    digest[..16].iter().map(|byte| format!("{byte:02x}")).collect()
+    digest[..16]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }

@@ -1,7 +1,10 @@
 //! Reading listings: timelines, an author's events, follow lists. Each page is one query of
 //! one partition, asking for one row more than the page so the last page says so.
 
-use super::{DomainError, DomainResult, Edge, Event, MAX_PAGE_SIZE, Page, SubjectId, TimelineEntry, Timelines};
+use super::{
+    DomainError, DomainResult, Edge, Event, MAX_PAGE_SIZE, Page, SubjectId, TimelineEntry,
+    Timelines,
+};
 use crate::store::{Item, Query, Table};
 
 impl Timelines {
@@ -82,7 +85,10 @@ impl Timelines {
         let more = rows.len() > limit;
         rows.truncate(limit);
         let next_cursor = more
-            .then(|| rows.last().map(|last| self.cursors.encode(&scope, &last.row)))
+            .then(|| {
+                rows.last()
+                    .map(|last| self.cursors.encode(&scope, &last.row))
+            })
             .flatten();
         let items = rows
             .iter()

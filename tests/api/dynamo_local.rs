@@ -26,20 +26,27 @@ pub fn endpoint() -> String {
 }
 
 fn start() -> Instance {
-    if let Ok(endpoint) = std::env::var("FANLINE_TEST_DYNAMODB_ENDPOINT") {
-        if !endpoint.is_empty() {
-            return Instance {
-                endpoint,
-                _launcher: None,
-            };
-        }
+    if let Ok(endpoint) = std::env::var("FANLINE_TEST_DYNAMODB_ENDPOINT")
+        && !endpoint.is_empty()
+    {
+        return Instance {
+            endpoint,
+            _launcher: None,
+        };
     }
     for (tool, install) in [
-        ("java", "Java 17 or newer (apt-get install openjdk-17-jre-headless)"),
+        (
+            "java",
+            "Java 17 or newer (apt-get install openjdk-17-jre-headless)",
+        ),
         ("npm", "Node.js and npm (apt-get install nodejs npm)"),
     ] {
         let found = Command::new(tool)
-            .arg(if tool == "java" { "-version" } else { "--version" })
+            .arg(if tool == "java" {
+                "-version"
+            } else {
+                "--version"
+            })
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -74,7 +81,10 @@ fn start() -> Instance {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("DynamoDB Local did not start ({status}); see the launcher's message above");
         }
-        assert!(Instant::now() < deadline, "DynamoDB Local did not open port {port} in time");
+        assert!(
+            Instant::now() < deadline,
+            "DynamoDB Local did not open port {port} in time"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     Instance {

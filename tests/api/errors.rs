@@ -6,7 +6,6 @@ use serde_json::json;
 
 use crate::helpers::{Backend, Reply, segment, spawn_app};
 
-
 on_both_backends!(
     bad_requests_are_400,
     unknown_routes_are_404_and_wrong_methods_405,
@@ -26,9 +25,21 @@ fn assert_error(reply: &Reply, status: StatusCode, code: &str) {
 async fn bad_requests_are_400(backend: Backend) {
     let app = spawn_app(backend).await;
     let long = "x".repeat(257);
-    assert_error(&app.follow(&long, "alice").await, StatusCode::BAD_REQUEST, "invalid_subject");
-    assert_error(&app.follow("a\u{1}b", "alice").await, StatusCode::BAD_REQUEST, "invalid_subject");
-    assert_error(&app.follow("alice", "alice").await, StatusCode::BAD_REQUEST, "cannot_follow_self");
+    assert_error(
+        &app.follow(&long, "alice").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_subject",
+    );
+    assert_error(
+        &app.follow("a\u{1}b", "alice").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_subject",
+    );
+    assert_error(
+        &app.follow("alice", "alice").await,
+        StatusCode::BAD_REQUEST,
+        "cannot_follow_self",
+    );
     // Percent-encoding that is not UTF-8.
     let reply = app.get("/v1/subjects/%FF%FE/timeline").await;
     assert_error(&reply, StatusCode::BAD_REQUEST, "invalid_path");
@@ -48,30 +59,52 @@ async fn bad_requests_are_400(backend: Backend) {
         app.post_text("alice", &format!("{i}")).await;
     }
     let first = app.page("alice", "events", "limit=1").await;
-    let cursor = first.body["next_cursor"].as_str().expect("cursor").to_owned();
-    assert_eq!(app.page("alice", "events", &format!("cursor={cursor}")).await.status, StatusCode::OK);
+    let cursor = first.body["next_cursor"]
+        .as_str()
+        .expect("cursor")
+        .to_owned();
+    assert_eq!(
+        app.page("alice", "events", &format!("cursor={cursor}"))
+            .await
+            .status,
+        StatusCode::OK
+    );
     let mut edited = cursor.clone().into_bytes();
     let last = edited.len() - 1;
     edited[last] = if edited[last] == b'A' { b'B' } else { b'A' };
     let edited = String::from_utf8(edited).expect("ascii");
     for bad in ["garbage", "", edited.as_str()] {
-        let reply = app.page("alice", "events", &format!("cursor={}", segment(bad))).await;
+        let reply = app
+            .page("alice", "events", &format!("cursor={}", segment(bad)))
+            .await;
         assert_error(&reply, StatusCode::BAD_REQUEST, "invalid_cursor");
     }
-    for (subject, listing) in [("bob", "events"), ("alice", "timeline"), ("alice", "followers")] {
-        let reply = app.page(subject, listing, &format!("cursor={cursor}")).await;
+    for (subject, listing) in [
+        ("bob", "events"),
+        ("alice", "timeline"),
+        ("alice", "followers"),
+    ] {
+        let reply = app
+            .page(subject, listing, &format!("cursor={cursor}"))
+            .await;
         assert_error(&reply, StatusCode::BAD_REQUEST, "invalid_cursor");
     }
 
-    let bad_time = app.post_event("alice", json!({"payload": 1, "at": "yesterday"})).await;
+    let bad_time = app
+        .post_event("alice", json!({"payload": 1, "at": "yesterday"}))
+        .await;
     assert_error(&bad_time, StatusCode::BAD_REQUEST, "invalid_at");
     let out_of_range = app
         .post_event("alice", json!({"payload": 1, "at": "0000-12-31T23:59:59Z"}))
         .await;
     assert_error(&out_of_range, StatusCode::BAD_REQUEST, "invalid_at");
-    let bad_kind = app.post_event("alice", json!({"payload": 1, "kind": ""})).await;
+    let bad_kind = app
+        .post_event("alice", json!({"payload": 1, "kind": ""}))
+        .await;
     assert_error(&bad_kind, StatusCode::BAD_REQUEST, "invalid_kind");
-    let bad_id = app.post_event("alice", json!({"payload": 1, "id": "x".repeat(300)})).await;
+    let bad_id = app
+        .post_event("alice", json!({"payload": 1, "id": "x".repeat(300)}))
+        .await;
     assert_error(&bad_id, StatusCode::BAD_REQUEST, "invalid_id");
     let syntax = app
         .send(
@@ -88,16 +121,26 @@ async fn bad_requests_are_400(backend: Backend) {
 
 async fn unknown_routes_are_404_and_wrong_methods_405(backend: Backend) {
     let app = spawn_app(backend).await;
-    assert_error(&app.get("/v1/nothing/here").await, StatusCode::NOT_FOUND, "not_found");
-    let reply = app.send(app.client.delete(app.url("/v1/subjects/alice/timeline"))).await;
+    assert_error(
+        &app.get("/v1/nothing/here").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    );
+    let reply = app
+        .send(app.client.delete(app.url("/v1/subjects/alice/timeline")))
+        .await;
     assert_error(&reply, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
 }
 
 async fn reused_ids_are_409(backend: Backend) {
     let app = spawn_app(backend).await;
-    let first = app.post_event("alice", json!({"id": "k", "payload": "a"})).await;
+    let first = app
+        .post_event("alice", json!({"id": "k", "payload": "a"}))
+        .await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let reused = app.post_event("alice", json!({"id": "k", "payload": "b"})).await;
+    let reused = app
+        .post_event("alice", json!({"id": "k", "payload": "b"}))
+        .await;
     assert_error(&reused, StatusCode::CONFLICT, "conflict");
     let other_kind = app
         .post_event("alice", json!({"id": "k", "payload": "a", "kind": "other"}))
@@ -126,11 +169,26 @@ async fn wrong_content_types_are_415(backend: Backend) {
     let app = spawn_app(backend).await;
     let url = app.url("/v1/subjects/alice/events");
     let plain = app
-        .send(app.client.post(&url).header(CONTENT_TYPE, "text/plain").body("{\"payload\":1}"))
+        .send(
+            app.client
+                .post(&url)
+                .header(CONTENT_TYPE, "text/plain")
+                .body("{\"payload\":1}"),
+        )
         .await;
-    assert_error(&plain, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type");
-    let missing = app.send(app.client.post(&url).body("{\"payload\":1}")).await;
-    assert_error(&missing, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type");
+    assert_error(
+        &plain,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+    );
+    let missing = app
+        .send(app.client.post(&url).body("{\"payload\":1}"))
+        .await;
+    assert_error(
+        &missing,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+    );
 }
 
 async fn wrong_shapes_are_422(backend: Backend) {
@@ -157,8 +215,16 @@ async fn a_store_outage_is_503_and_recovers(backend: Backend) {
     let post = app.post_event("alice", json!({"payload": "lost?"})).await;
     assert_error(&post, StatusCode::SERVICE_UNAVAILABLE, "unavailable");
     assert!(post.headers.contains_key("retry-after"));
-    assert_error(&app.page("bob", "timeline", "").await, StatusCode::SERVICE_UNAVAILABLE, "unavailable");
-    assert_error(&app.follow("carol", "alice").await, StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+    assert_error(
+        &app.page("bob", "timeline", "").await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+    );
+    assert_error(
+        &app.follow("carol", "alice").await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+    );
 
     app.faults.set_down(false);
     assert_eq!(app.get("/healthz").await.status, StatusCode::OK);

@@ -44,7 +44,9 @@ impl TestStore {
             config.store = StoreKind::Dynamodb;
             config.dynamodb_endpoint = Some(dynamo_local::endpoint());
             config.table_prefix = format!("t{}-", uuid::Uuid::new_v4().simple());
-            fanline::app::init_store(&config).await.expect("create tables");
+            fanline::app::init_store(&config)
+                .await
+                .expect("create tables");
         }
         TestStore {
             backend,
@@ -126,7 +128,9 @@ pub struct Reply {
 
 impl Reply {
     pub fn error_code(&self) -> &str {
-        self.body["error"]["code"].as_str().unwrap_or("<no error code>")
+        self.body["error"]["code"]
+            .as_str()
+            .unwrap_or("<no error code>")
     }
 }
 
@@ -208,19 +212,30 @@ impl Api {
     }
 
     pub async fn follow(&self, follower: &str, target: &str) -> Reply {
-        let path = format!("/v1/subjects/{}/following/{}", segment(follower), segment(target));
+        let path = format!(
+            "/v1/subjects/{}/following/{}",
+            segment(follower),
+            segment(target)
+        );
         self.send(self.client.put(self.url(&path))).await
     }
 
     pub async fn unfollow(&self, follower: &str, target: &str) -> Reply {
-        let path = format!("/v1/subjects/{}/following/{}", segment(follower), segment(target));
+        let path = format!(
+            "/v1/subjects/{}/following/{}",
+            segment(follower),
+            segment(target)
+        );
         self.send(self.client.delete(self.url(&path))).await
     }
 
     /// One page of a listing (`timeline`, `events`, `followers`, `following`).
     pub async fn page(&self, subject: &str, listing: &str, query: &str) -> Reply {
-        self.get(&format!("/v1/subjects/{}/{listing}?{query}", segment(subject)))
-            .await
+        self.get(&format!(
+            "/v1/subjects/{}/{listing}?{query}",
+            segment(subject)
+        ))
+        .await
     }
 
     pub async fn timeline(&self, subject: &str) -> Vec<Value> {
@@ -234,7 +249,13 @@ impl Api {
         loop {
             let reply = self.page(subject, listing, &query).await;
             assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-            items.extend(reply.body["items"].as_array().expect("items").iter().cloned());
+            items.extend(
+                reply.body["items"]
+                    .as_array()
+                    .expect("items")
+                    .iter()
+                    .cloned(),
+            );
             match reply.body["next_cursor"].as_str() {
                 Some(cursor) => query = format!("cursor={cursor}"),
                 None => return items,
@@ -255,7 +276,6 @@ impl Api {
         }
     }
 }
-
 
 /// A store wrapper that answers `Unavailable` to every call while it is switched off.
 pub struct FlakyStore {

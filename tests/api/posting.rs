@@ -5,7 +5,6 @@ use serde_json::json;
 
 use crate::helpers::{Backend, spawn_app};
 
-
 on_both_backends!(
     posting_returns_the_stored_event,
     retrying_with_the_same_id_returns_the_first_event,
@@ -16,7 +15,10 @@ on_both_backends!(
 async fn posting_returns_the_stored_event(backend: Backend) {
     let app = spawn_app(backend).await;
     let reply = app
-        .post_event("alice", json!({"kind": "post", "payload": {"text": "hello"}}))
+        .post_event(
+            "alice",
+            json!({"kind": "post", "payload": {"text": "hello"}}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
     let event = &reply.body;
@@ -39,7 +41,10 @@ async fn posting_returns_the_stored_event(backend: Backend) {
 
 async fn retrying_with_the_same_id_returns_the_first_event(backend: Backend) {
     let app = spawn_app(backend).await;
-    assert_eq!(app.follow("bob", "alice").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.follow("bob", "alice").await.status,
+        StatusCode::NO_CONTENT
+    );
     let body = json!({"id": "client-1", "kind": "post", "payload": {"n": 1}});
     let first = app.post_event("alice", body.clone()).await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -89,10 +94,15 @@ async fn events_list_the_authors_own_log_newest_first(backend: Backend) {
 async fn client_times_from_year_one_to_year_9999_are_accepted(backend: Backend) {
     let app = spawn_app(backend).await;
     for at in ["0001-01-01T00:00:00Z", "9999-12-31T23:59:59.9999999Z"] {
-        let reply = app.post_event("eve", json!({"payload": null, "at": at})).await;
+        let reply = app
+            .post_event("eve", json!({"payload": null, "at": at}))
+            .await;
         assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
     }
     let events = app.all_pages("eve", "events").await;
-    assert_eq!(events[0]["row_key"].as_str().map(|key| &key[..19]), Some("0000000000000000000"));
+    assert_eq!(
+        events[0]["row_key"].as_str().map(|key| &key[..19]),
+        Some("0000000000000000000")
+    );
     assert_eq!(events[1]["at"], "0001-01-01T00:00:00.0000000Z");
 }

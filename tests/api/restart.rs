@@ -8,7 +8,6 @@ use reqwest::StatusCode;
 
 use crate::helpers::{Api, Backend, TestStore};
 
-
 on_both_backends!(jobs_posted_before_a_restart_are_delivered_after_it);
 
 /// A `fanline serve` process, stopped with SIGTERM (and killed if it hangs) when dropped.
@@ -28,10 +27,13 @@ impl Server {
             .env("FANLINE_WORKERS", workers.to_string())
             .env("FANLINE_POLL_MS", "50")
             .env("FANLINE_TABLE_PREFIX", &config.table_prefix)
-            .env("FANLINE_STORE", match store.backend {
-                Backend::Embedded => "embedded",
-                Backend::Dynamo => "dynamodb",
-            })
+            .env(
+                "FANLINE_STORE",
+                match store.backend {
+                    Backend::Embedded => "embedded",
+                    Backend::Dynamo => "dynamodb",
+                },
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         if let Some(endpoint) = &config.dynamodb_endpoint {
@@ -40,7 +42,9 @@ impl Server {
         let mut child = command.spawn().expect("start fanline");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read address line");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read address line");
         let address = line
             .trim()
             .strip_prefix("fanline listening on ")
@@ -52,7 +56,10 @@ impl Server {
     /// SIGTERM, then wait for a clean exit.
     fn stop(mut self) {
         let pid = self.child.id().to_string();
-        let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+        let status = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
         assert!(status.success());
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
@@ -60,7 +67,10 @@ impl Server {
                 assert!(status.success(), "fanline exited with {status}");
                 return;
             }
-            assert!(std::time::Instant::now() < deadline, "fanline did not stop on SIGTERM");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fanline did not stop on SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -81,7 +91,11 @@ async fn jobs_posted_before_a_restart_are_delivered_after_it(backend: Backend) {
     let client = reqwest::Client::new();
     let url = |path: &str| format!("{}{path}", server.address);
     for follower in ["f1", "f2", "f3"] {
-        let reply = client.put(url(&format!("/v1/subjects/{follower}/following/author"))).send().await.expect("follow");
+        let reply = client
+            .put(url(&format!("/v1/subjects/{follower}/following/author")))
+            .send()
+            .await
+            .expect("follow");
         assert_eq!(reply.status(), StatusCode::NO_CONTENT);
     }
     for i in 0..5 {
@@ -94,17 +108,31 @@ async fn jobs_posted_before_a_restart_are_delivered_after_it(backend: Backend) {
         assert_eq!(reply.status(), StatusCode::CREATED);
     }
     // No worker ran: nothing was delivered.
-    let timeline: serde_json::Value = client.get(url("/v1/subjects/f1/timeline")).send().await.expect("get").json().await.expect("json");
+    let timeline: serde_json::Value = client
+        .get(url("/v1/subjects/f1/timeline"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
     assert_eq!(timeline["items"].as_array().map(Vec::len), Some(0));
-    tokio::task::spawn_blocking(move || server.stop()).await.expect("stop");
+    tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .expect("stop");
 
     // A restarted process with workers picks the pending jobs up.
     let restarted = Server::start(&store, 2);
     let app = Api::new(&restarted.address);
     for owner in ["f1", "f2", "f3", "author"] {
         let items = app.wait_for_timeline(owner, 5).await;
-        let ns: Vec<u64> = items.iter().map(|item| item["payload"]["n"].as_u64().expect("n")).collect();
+        let ns: Vec<u64> = items
+            .iter()
+            .map(|item| item["payload"]["n"].as_u64().expect("n"))
+            .collect();
         assert_eq!(ns, [4, 3, 2, 1, 0]);
     }
-    tokio::task::spawn_blocking(move || restarted.stop()).await.expect("stop");
+    tokio::task::spawn_blocking(move || restarted.stop())
+        .await
+        .expect("stop");
 }

@@ -5,7 +5,6 @@ use serde_json::json;
 
 use crate::helpers::{Backend, spawn_app};
 
-
 on_both_backends!(
     an_event_reaches_all_300_followers_and_its_author,
     a_timeline_of_300_pages_as_250_then_50_newest_first,
@@ -15,7 +14,10 @@ async fn an_event_reaches_all_300_followers_and_its_author(backend: Backend) {
     let app = spawn_app(backend).await;
     let followers: Vec<String> = (0..300).map(|i| format!("follower-{i:03}")).collect();
     for follower in &followers {
-        assert_eq!(app.follow(follower, "star").await.status, StatusCode::NO_CONTENT);
+        assert_eq!(
+            app.follow(follower, "star").await.status,
+            StatusCode::NO_CONTENT
+        );
     }
     let posted = app.post_text("star", "to everyone").await;
     let event_id = posted.body["event_id"].clone();
@@ -35,7 +37,10 @@ async fn an_event_reaches_all_300_followers_and_its_author(backend: Backend) {
 
 async fn a_timeline_of_300_pages_as_250_then_50_newest_first(backend: Backend) {
     let app = spawn_app(backend).await;
-    assert_eq!(app.follow("reader", "writer").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.follow("reader", "writer").await.status,
+        StatusCode::NO_CONTENT
+    );
     // Posted in shuffled time order; the timeline must come out newest first.
     for i in 0..300u32 {
         let minute = (i * 7) % 300;
@@ -53,11 +58,17 @@ async fn a_timeline_of_300_pages_as_250_then_50_newest_first(backend: Backend) {
     assert_eq!(first_items.len(), 250);
     let cursor = first.body["next_cursor"].as_str().expect("a next cursor");
 
-    let second = app.page("reader", "timeline", &format!("cursor={cursor}")).await;
+    let second = app
+        .page("reader", "timeline", &format!("cursor={cursor}"))
+        .await;
     assert_eq!(second.status, StatusCode::OK);
     let second_items = second.body["items"].as_array().expect("items");
     assert_eq!(second_items.len(), 50);
-    assert!(second.body["next_cursor"].is_null(), "{:?}", second.body["next_cursor"]);
+    assert!(
+        second.body["next_cursor"].is_null(),
+        "{:?}",
+        second.body["next_cursor"]
+    );
 
     let minutes: Vec<u64> = first_items
         .iter()
