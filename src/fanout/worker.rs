@@ -297,3 +297,374 @@ mod tests {
         assert!(retry_delay_ms(20) >= 15_000);
     }
 }
+
+#[cfg(test)]
+mod job_tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::cursor::CursorCodec;
+    use crate::store::{Condition, EmbeddedStore, StoreExt};
+    use crate::timeline::{Edge, NewEvent, Settings, Timelines};
+
+    const FOLLOWERS: usize = 2500;
+    const PAGE: usize = 1000;
+
+    /// Wraps a store to stage what the tests need: a crash or a shutdown at a chosen point.
+    struct Scripted {
+        inner: EmbeddedStore,
+        batch_writes: AtomicUsize,
+        /// The batch write with this number (1-based) never returns, like a process that died.
+        hang_on_batch: Option<usize>,
+        hung: Notify,
+        /// Cancelled at the first checkpoint, like a SIGTERM arriving mid-job.
+        shutdown_at_checkpoint: Option<CancellationToken>,
+    }
+
+    impl Scripted {
+        fn new(inner: EmbeddedStore) -> Self {
+            Scripted {
+                inner,
+                batch_writes: AtomicUsize::new(0),
+                hang_on_batch: None,
+                hung: Notify::new(),
+                shutdown_at_checkpoint: None,
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Store for Scripted {
+        async fn get(
+            &self,
+            table: Table,
+            partition: &str,
+            row: &str,
+        ) -> StoreResult<Option<Bytes>> {
+            self.inner.get(table, partition, row).await
+        }
+        async fn put(
+            &self,
+            table: Table,
+            item: Item,
+            condition: crate::store::Condition,
+        ) -> StoreResult<()> {
+            let is_checkpoint = table == Table::Jobs && matches!(condition, Condition::Equals(_));
+            self.inner.put(table, item, condition).await?;
+            if is_checkpoint
+                && self.batch_writes.load(Ordering::SeqCst) > 0
+                && let Some(token) = &self.shutdown_at_checkpoint
+            {
+                token.cancel();
+            }
+            Ok(())
+        }
+        async fn delete(
+            &self,
+            table: Table,
+            partition: &str,
+            row: &str,
+            condition: crate::store::Condition,
+        ) -> StoreResult<()> {
+            self.inner.delete(table, partition, row, condition).await
+        }
+        async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
+            self.inner.transact(writes).await
+        }
+        async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()> {
+            let call = self.batch_writes.fetch_add(1, Ordering::SeqCst) + 1;
+            if self.hang_on_batch == Some(call) {
+                self.hung.notify_one();
+                std::future::pending::<()>().await;
+            }
+            self.inner.batch_write(writes).await
+        }
+        async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
+            self.inner.query(query).await
+        }
+        async fn ping(&self) -> StoreResult<()> {
+            self.inner.ping().await
+        }
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        store: EmbeddedStore,
+        followers: Vec<String>,
+        row_key: String,
+    }
+
+    /// An author with 2,500 followers and one posted (queued, undelivered) event.
+    async fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let followers: Vec<String> = (0..FOLLOWERS).map(|i| format!("f{i:05}")).collect();
+        let since = Edge::encode_since(Ticks::now());
+        let edges = followers
+            .iter()
+            .map(|follower| {
+                Write::put(
+                    Table::SubjectFollowers,
+                    Item::new("author", follower, since.clone()),
+                )
+            })
+            .collect();
+        store.batch_write(edges).await.expect("edges");
+        let timelines = Timelines::new(
+            Arc::new(store.clone()),
+            CursorCodec::new(b"test"),
+            Settings {
+                max_payload_bytes: 1024,
+            },
+            Arc::new(Notify::new()),
+        );
+        let author = SubjectId::parse("author").expect("id");
+        let posted = timelines
+            .post_event(
+                &author,
+                NewEvent {
+                    client_id: None,
+                    kind: None,
+                    payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
+                    at: None,
+                },
+            )
+            .await
+            .expect("post");
+        let crate::timeline::Posted::Created(event) = posted else {
+            panic!("not created")
+        };
+        Fixture {
+            _dir: dir,
+            store,
+            followers,
+            row_key: event.row_key,
+        }
+    }
+
+    fn worker(
+        store: Arc<dyn Store>,
+        lease: Duration,
+        shutdown: CancellationToken,
+    ) -> (Worker, Arc<FanoutStats>) {
+        let stats = Arc::new(FanoutStats::default());
+        let settings = WorkerSettings {
+            lease,
+            poll_interval: Duration::from_millis(10),
+            page_size: PAGE,
+        };
+        (
+            Worker::new(
+                store,
+                settings,
+                Arc::new(Notify::new()),
+                stats.clone(),
+                shutdown,
+            ),
+            stats,
+        )
+    }
+
+    async fn jobs(store: &EmbeddedStore) -> Vec<queue::Job> {
+        let mut all = Vec::new();
+        for shard in 0..SHARDS {
+            let items = store
+                .query_all(Query::partition(Table::Jobs, queue::shard_name(shard), 100))
+                .await
+                .expect("jobs");
+            all.extend(
+                items
+                    .iter()
+                    .map(|item| serde_json::from_slice(&item.value).expect("job")),
+            );
+        }
+        all
+    }
+
+    /// Every follower and the author hold exactly one entry, the event's.
+    async fn assert_delivered_once(fixture: &Fixture) {
+        for owner in fixture
+            .followers
+            .iter()
+            .map(String::as_str)
+            .chain(["author"])
+        {
+            let entries = fixture
+                .store
+                .query(Query::partition(Table::Timelines, owner, 10))
+                .await
+                .expect("timeline");
+            assert_eq!(entries.len(), 1, "entries of {owner}");
+            assert_eq!(entries[0].row, fixture.row_key);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_is_delivered_page_by_page_then_deleted() {
+        let fixture = fixture().await;
+        let scripted = Arc::new(Scripted::new(fixture.store.clone()));
+        let (mut worker, stats) = worker(
+            scripted.clone(),
+            Duration::from_secs(30),
+            CancellationToken::new(),
+        );
+        assert_eq!(
+            worker.try_process_one().await.expect("step"),
+            Processed::Job
+        );
+        assert_delivered_once(&fixture).await;
+        // Three pages of followers (1000 + 1000 + 500), the author's entry in the first.
+        assert_eq!(scripted.batch_writes.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            stats.deliveries.load(Ordering::SeqCst),
+            FOLLOWERS as u64 + 1
+        );
+        assert!(
+            jobs(&fixture.store).await.is_empty(),
+            "the finished job is deleted"
+        );
+        assert_eq!(
+            worker.try_process_one().await.expect("step"),
+            Processed::Idle
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_workers_job_resumes_from_its_checkpoint_after_the_lease_expires() {
+        let fixture = fixture().await;
+        let mut crashing = Scripted::new(fixture.store.clone());
+        crashing.hang_on_batch = Some(2);
+        let crashing = Arc::new(crashing);
+        let (mut doomed, _) = worker(
+            crashing.clone(),
+            Duration::from_millis(300),
+            CancellationToken::new(),
+        );
+        // The first page is written and checkpointed; the worker "dies" inside the second.
+        tokio::select! {
+            result = doomed.try_process_one() => panic!("the worker should hang, got {result:?}"),
+            () = crashing.hung.notified() => {}
+        }
+        drop(doomed);
+        let pending = jobs(&fixture.store).await;
+        assert_eq!(pending.len(), 1);
+        assert_eq!(
+            pending[0].cursor.as_deref(),
+            Some(fixture.followers[PAGE - 1].as_str())
+        );
+        assert_eq!(pending[0].delivered, PAGE as u64 + 1);
+        assert!(
+            pending[0].lease_owner.is_some(),
+            "the dead worker still holds the lease"
+        );
+
+        let (mut survivor, stats) = worker(
+            Arc::new(fixture.store.clone()),
+            Duration::from_secs(30),
+            CancellationToken::new(),
+        );
+        assert_eq!(
+            survivor.try_process_one().await.expect("step"),
+            Processed::Idle,
+            "leased job is hidden"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while survivor.try_process_one().await.expect("step") == Processed::Idle {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lease never expired"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Only the followers after the checkpoint were delivered again.
+        assert_eq!(
+            stats.deliveries.load(Ordering::SeqCst),
+            (FOLLOWERS - PAGE) as u64
+        );
+        assert_delivered_once(&fixture).await;
+        assert!(jobs(&fixture.store).await.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_releases_the_job_with_its_checkpoint() {
+        let fixture = fixture().await;
+        let shutdown = CancellationToken::new();
+        let mut stopping = Scripted::new(fixture.store.clone());
+        stopping.shutdown_at_checkpoint = Some(shutdown.clone());
+        let (mut worker_a, _) = worker(
+            Arc::new(stopping),
+            Duration::from_secs(30),
+            shutdown.clone(),
+        );
+        assert_eq!(
+            worker_a.try_process_one().await.expect("step"),
+            Processed::Job
+        );
+        assert!(shutdown.is_cancelled());
+        let pending = jobs(&fixture.store).await;
+        assert_eq!(pending.len(), 1);
+        assert_eq!(
+            pending[0].cursor.as_deref(),
+            Some(fixture.followers[PAGE - 1].as_str())
+        );
+        assert_eq!(pending[0].lease_owner, None, "the lease is released");
+        assert_eq!(pending[0].hidden_until_ms, None, "and visible at once");
+
+        // A restarted worker picks it up at once, without waiting for a lease to expire.
+        let (mut worker_b, stats) = worker(
+            Arc::new(fixture.store.clone()),
+            Duration::from_secs(30),
+            CancellationToken::new(),
+        );
+        assert_eq!(
+            worker_b.try_process_one().await.expect("step"),
+            Processed::Job
+        );
+        assert_eq!(
+            stats.deliveries.load(Ordering::SeqCst),
+            (FOLLOWERS - PAGE) as u64
+        );
+        assert_delivered_once(&fixture).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_workers_never_hold_one_job() {
+        let fixture = fixture().await;
+        let store = fixture.store.clone();
+        let shard_jobs = {
+            let mut found = Vec::new();
+            for shard in 0..SHARDS {
+                found.extend(
+                    queue::available(&store, &queue::shard_name(shard), 10, queue::now_ms())
+                        .await
+                        .expect("available"),
+                );
+            }
+            found
+        };
+        assert_eq!(shard_jobs.len(), 1);
+        let (key, job, seen) = shard_jobs.into_iter().next().expect("one job");
+        let first = queue::claim(
+            &store,
+            key.clone(),
+            job.clone(),
+            seen.clone(),
+            "worker-a",
+            30_000,
+        )
+        .await
+        .expect("claim");
+        let second = queue::claim(&store, key, job, seen, "worker-b", 30_000)
+            .await
+            .expect("claim");
+        assert!(first.is_some());
+        assert!(second.is_none(), "the second claim must lose");
+        assert_eq!(
+            jobs(&store).await[0].lease_owner.as_deref(),
+            Some("worker-a")
+        );
+    }
+}

@@ -19,6 +19,7 @@ pub async fn run_all(store: &dyn Store) {
     empty_values_round_trip(store).await;
     create_if_absent_collides_without_changing_the_item(store).await;
     compare_and_swap_needs_the_exact_current_value(store).await;
+    concurrent_creates_of_one_item_have_one_winner(store).await;
     delete_is_idempotent_and_honours_conditions(store).await;
     transaction_writes_across_tables_and_partitions(store).await;
     transaction_with_a_failing_condition_writes_nothing(store).await;
@@ -163,6 +164,36 @@ pub async fn compare_and_swap_needs_the_exact_current_value(store: &dyn Store) {
         store.get(Table::Jobs, &p, "job").await.unwrap(),
         Some(Bytes::from("b"))
     );
+}
+
+pub async fn concurrent_creates_of_one_item_have_one_winner(store: &dyn Store) {
+    let p = &partition("race");
+    // Unconditional writes to the same item race with the conditional ones.
+    let attempts = (0..16).map(|i| async move {
+        if i % 4 == 0 {
+            store
+                .batch_write(vec![Write::put(
+                    Table::Meta,
+                    Item::new(p.as_str(), format!("other{i}"), "x"),
+                )])
+                .await
+                .unwrap();
+            return false;
+        }
+        let item = Item::new(p.as_str(), "prize", format!("winner-{i}"));
+        match store.put(Table::Meta, item, Condition::Absent).await {
+            Ok(()) => true,
+            Err(StoreError::ConditionFailed) => false,
+            Err(err) => panic!("unexpected {err:?}"),
+        }
+    });
+    let results = futures::future::join_all(attempts).await;
+    assert_eq!(results.iter().filter(|won| **won).count(), 1, "{results:?}");
+    let all = store
+        .query(Query::partition(Table::Meta, p.as_str(), 100))
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 5);
 }
 
 pub async fn delete_is_idempotent_and_honours_conditions(store: &dyn Store) {

@@ -333,7 +333,16 @@ fn commit_group(db: &Database, keyspaces: &Keyspaces, group: Vec<WriteRequest>) 
     let mut overlay: Overlay = HashMap::new();
     let mut batch = db.batch();
     let mut accepted = Vec::with_capacity(group.len());
-    for request in group {
+    // Only writes that a later condition in this group may look at need the overlay.
+    let last_conditional = group.iter().rposition(|request| {
+        request.atomic
+            && request
+                .writes
+                .iter()
+                .any(|write| *write.condition() != Condition::None)
+    });
+    for (index, request) in group.into_iter().enumerate() {
+        let needs_overlay = last_conditional.is_some_and(|last| index < last);
         let checked = if request.atomic {
             check_conditions(keyspaces, &overlay, &request.writes)
         } else {
@@ -343,7 +352,12 @@ fn commit_group(db: &Database, keyspaces: &Keyspaces, group: Vec<WriteRequest>) 
             let _ = request.reply.send(Err(err));
             continue;
         }
-        if let Err(err) = stage(keyspaces, &mut overlay, &mut batch, request.writes) {
+        if let Err(err) = stage(
+            keyspaces,
+            needs_overlay.then_some(&mut overlay),
+            &mut batch,
+            request.writes,
+        ) {
             let _ = request.reply.send(Err(err));
             continue;
         }
@@ -397,7 +411,7 @@ fn check_conditions(keyspaces: &Keyspaces, overlay: &Overlay, writes: &[Write]) 
 
 fn stage(
     keyspaces: &Keyspaces,
-    overlay: &mut Overlay,
+    mut overlay_opt: Option<&mut Overlay>,
     batch: &mut fjall::OwnedWriteBatch,
     writes: Vec<Write>,
 ) -> StoreResult<()> {
@@ -411,13 +425,23 @@ fn stage(
         match write {
             Write::Put { item, .. } => {
                 let key = encode_key(&item.partition, &item.row);
-                batch.insert(keyspace, key.clone(), item.value.to_vec());
-                overlay.insert((table, key), Some(item.value));
+                match overlay_opt.as_deref_mut() {
+                    Some(overlay) => {
+                        batch.insert(keyspace, key.clone(), item.value.to_vec());
+                        overlay.insert((table, key), Some(item.value));
+                    }
+                    None => batch.insert(keyspace, key, item.value.to_vec()),
+                }
             }
             Write::Delete { partition, row, .. } => {
                 let key = encode_key(&partition, &row);
-                batch.remove(keyspace, key.clone());
-                overlay.insert((table, key), None);
+                match overlay_opt.as_deref_mut() {
+                    Some(overlay) => {
+                        batch.remove(keyspace, key.clone());
+                        overlay.insert((table, key), None);
+                    }
+                    None => batch.remove(keyspace, key),
+                }
             }
         }
     }
