@@ -14,7 +14,7 @@ pub fn router() -> Router<AppState> {
 
 async fn check_health(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     // Any failure to answer, whatever its kind, means "not healthy": 503.
-    state.timelines.store().ping().await.map_err(|err| {
+    state.timelines.check_store().await.map_err(|err| {
         tracing::warn!(error = %err, "health check failed");
         ApiError::Unavailable("the store does not answer".into())
     })?;

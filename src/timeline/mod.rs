@@ -81,8 +81,9 @@ impl Timelines {
         }
     }
 
-    pub fn store(&self) -> &dyn Store {
-        self.store.as_ref()
+    /// Whether the store answers (for health checks).
+    pub async fn check_store(&self) -> Result<(), StoreError> {
+        self.store.ping().await
     }
 }
 
