@@ -9,7 +9,10 @@ use serde_json::json;
 
 use crate::helpers::{Api, Backend, TestStore};
 
-on_both_backends!(jobs_posted_before_a_restart_are_delivered_after_it);
+on_both_backends!(
+    jobs_posted_before_a_restart_are_delivered_after_it,
+    acknowledged_events_survive_sigkill,
+);
 
 /// `fanline <subcommand>` configured for the test's store.
 fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Command {
@@ -21,6 +24,8 @@ fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Command {
         .env("FANLINE_DATA_DIR", &config.data_dir)
         .env("FANLINE_WORKERS", workers.to_string())
         .env("FANLINE_POLL_MS", "50")
+        // Short leases, so a killed process's jobs are taken over in seconds.
+        .env("FANLINE_LEASE_MS", "1000")
         .env("FANLINE_TABLE_PREFIX", &config.table_prefix)
         .env(
             "FANLINE_STORE",
@@ -62,6 +67,14 @@ impl Process {
             assert!(Instant::now() < deadline, "fanline did not stop on SIGTERM");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+impl Process {
+    /// SIGKILL: no shutdown, no flush, nothing.
+    fn kill(mut self) {
+        self.0.kill().expect("kill -9");
+        self.0.wait().expect("reap");
     }
 }
 
@@ -143,4 +156,44 @@ async fn a_worker_process_fans_out_for_a_server_without_workers() {
     // Both exit cleanly on SIGTERM.
     stop(worker).await;
     stop(server).await;
+}
+
+async fn acknowledged_events_survive_sigkill(backend: Backend) {
+    let store = TestStore::new(backend).await;
+    let (server, api) = serve(&store, 2);
+    assert_eq!(
+        api.follow("reader", "writer").await.status,
+        StatusCode::NO_CONTENT
+    );
+    let mut acknowledged = Vec::new();
+    for n in 0..50 {
+        let reply = api.post_event("writer", json!({"payload": {"n": n}})).await;
+        assert_eq!(reply.status, StatusCode::CREATED);
+        acknowledged.push(reply.body["event_id"].clone());
+    }
+    // Killed at once, with fan-out most likely still running.
+    tokio::task::spawn_blocking(move || server.kill())
+        .await
+        .expect("kill task");
+
+    let (restarted, api) = serve(&store, 2);
+    let events = api.all_pages("writer", "events").await;
+    let mut stored: Vec<_> = events
+        .iter()
+        .map(|event| event["event_id"].clone())
+        .collect();
+    stored.reverse();
+    assert_eq!(
+        stored, acknowledged,
+        "every acknowledged event is stored, once"
+    );
+    // And every one of them reaches the follower exactly once.
+    let timeline = api.wait_for_timeline("reader", 50).await;
+    let mut delivered: Vec<_> = timeline
+        .iter()
+        .map(|entry| entry["event_id"].clone())
+        .collect();
+    delivered.reverse();
+    assert_eq!(delivered, acknowledged);
+    stop(restarted).await;
 }
