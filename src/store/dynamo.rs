@@ -776,6 +776,8 @@ mod tests {
         }
     }
 
+    // `None`: the range is empty; `Some(start_after)`: the query to send.
+    #[allow(clippy::option_option)]
     fn plan(query: &Query) -> Option<Option<&str>> {
         QueryPlan::new(query).map(|plan| plan.start_after)
     }
