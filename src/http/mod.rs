@@ -11,7 +11,10 @@ mod timeline;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::header::CONTENT_LENGTH;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
@@ -35,12 +38,33 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            refuse_declared_oversize(max_body_bytes, request, next)
+        }))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
                 .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
         .with_state(state)
+}
+
+/// Answers 413 to a body whose declared length is over the limit before reading any of it,
+/// so the client gets a clean answer instead of a connection closed mid-upload. Bodies
+/// without a length are cut off at the limit by `DefaultBodyLimit`.
+async fn refuse_declared_oversize(max_body_bytes: usize, request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max_body_bytes as u64) {
+        return ApiError::PayloadTooLarge(format!(
+            "request body is larger than the limit of {max_body_bytes} bytes"
+        ))
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// Parses a subject id from a path segment (already percent-decoded).
