@@ -320,6 +320,8 @@ mod job_tests {
         /// The batch write with this number (1-based) never returns, like a process that died.
         hang_on_batch: Option<usize>,
         hung: Notify,
+        /// The batch write with this number (1-based) fails, like a store outage.
+        fail_on_batch: Option<usize>,
         /// Cancelled at the first checkpoint, like a SIGTERM arriving mid-job.
         shutdown_at_checkpoint: Option<CancellationToken>,
     }
@@ -331,6 +333,7 @@ mod job_tests {
                 batch_writes: AtomicUsize::new(0),
                 hang_on_batch: None,
                 hung: Notify::new(),
+                fail_on_batch: None,
                 shutdown_at_checkpoint: None,
             }
         }
@@ -379,6 +382,9 @@ mod job_tests {
             if self.hang_on_batch == Some(call) {
                 self.hung.notify_one();
                 std::future::pending::<()>().await;
+            }
+            if self.fail_on_batch == Some(call) {
+                return Err(StoreError::Unavailable("injected outage".into()));
             }
             self.inner.batch_write(writes).await
         }
@@ -586,6 +592,54 @@ mod job_tests {
         );
         assert_delivered_once(&fixture).await;
         assert!(jobs(&fixture.store).await.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_page_releases_the_job_for_a_delayed_retry_from_its_checkpoint() {
+        let fixture = fixture().await;
+        let mut failing = Scripted::new(fixture.store.clone());
+        failing.fail_on_batch = Some(2);
+        let failing = Arc::new(failing);
+        let (mut worker, stats) = worker(
+            failing.clone(),
+            Duration::from_secs(30),
+            CancellationToken::new(),
+        );
+        assert_eq!(
+            worker.try_process_one().await.expect("step"),
+            Processed::Job
+        );
+        let pending = jobs(&fixture.store).await;
+        assert_eq!(pending.len(), 1, "the job is kept, not dropped");
+        assert_eq!(
+            pending[0].cursor.as_deref(),
+            Some(fixture.followers[PAGE - 1].as_str())
+        );
+        assert_eq!(pending[0].lease_owner, None, "the lease is given back");
+        assert!(
+            pending[0]
+                .hidden_until_ms
+                .is_some_and(|until| until > queue::now_ms()),
+            "the retry waits for a backoff delay"
+        );
+        assert_eq!(pending[0].attempts, 1);
+
+        // The same worker retries once the delay has passed (the third batch write succeeds).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while worker.try_process_one().await.expect("step") == Processed::Idle {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the job never came back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_delivered_once(&fixture).await;
+        assert!(jobs(&fixture.store).await.is_empty());
+        // First page (1000 + the author), then the remaining 1500 on the retry.
+        assert_eq!(
+            stats.deliveries.load(Ordering::SeqCst),
+            FOLLOWERS as u64 + 1
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -422,27 +422,20 @@ fn stage(
     for write in writes {
         let table = write.table();
         let keyspace = keyspaces.of(table)?;
-        match write {
-            Write::Put { item, .. } => {
-                let key = encode_key(&item.partition, &item.row);
-                match overlay_opt.as_deref_mut() {
-                    Some(overlay) => {
-                        batch.insert(keyspace, key.clone(), item.value.to_vec());
-                        overlay.insert((table, key), Some(item.value));
-                    }
-                    None => batch.insert(keyspace, key, item.value.to_vec()),
-                }
+        let (key, value) = match write {
+            Write::Put { item, .. } => (encode_key(&item.partition, &item.row), Some(item.value)),
+            Write::Delete { partition, row, .. } => (encode_key(&partition, &row), None),
+        };
+        let write_to_batch = |batch: &mut fjall::OwnedWriteBatch, key: Vec<u8>| match &value {
+            Some(value) => batch.insert(keyspace, key, value.to_vec()),
+            None => batch.remove(keyspace, key),
+        };
+        match overlay_opt.as_deref_mut() {
+            Some(overlay) => {
+                write_to_batch(batch, key.clone());
+                overlay.insert((table, key), value);
             }
-            Write::Delete { partition, row, .. } => {
-                let key = encode_key(&partition, &row);
-                match overlay_opt.as_deref_mut() {
-                    Some(overlay) => {
-                        batch.remove(keyspace, key.clone());
-                        overlay.insert((table, key), None);
-                    }
-                    None => batch.remove(keyspace, key),
-                }
-            }
+            None => write_to_batch(batch, key),
         }
     }
     Ok(())
