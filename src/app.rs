@@ -13,30 +13,51 @@ use tracing::info;
 
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
-use crate::fanout::Worker;
-use crate::fanout::worker::FanoutStats;
+use crate::fanout::{FanoutMetrics, Worker};
 use crate::http::{self, AppState};
-use crate::store::{DynamoStore, EmbeddedStore, Store};
+use crate::metrics::Metrics;
+use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
 use crate::timeline::{Timelines, cursor_key};
 
 /// Room in a request body beyond the payload itself (id, kind, at, JSON punctuation).
 const BODY_OVERHEAD_BYTES: usize = 16 * 1024;
 
+/// A store and the counters of its traffic.
+#[derive(Clone)]
+pub struct OpenStore {
+    pub store: Arc<dyn Store>,
+    pub stats: Arc<StoreStats>,
+}
+
+impl OpenStore {
+    /// A store that keeps no traffic counters (the embedded one, or a test wrapper).
+    pub fn uncounted(store: Arc<dyn Store>) -> Self {
+        OpenStore {
+            store,
+            stats: Arc::default(),
+        }
+    }
+}
+
 /// Opens the configured backend.
-pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+pub async fn open_store(config: &Config) -> anyhow::Result<OpenStore> {
     Ok(match config.store {
-        StoreKind::Embedded => Arc::new(
+        StoreKind::Embedded => OpenStore::uncounted(Arc::new(
             EmbeddedStore::open_async(&config.data_dir)
                 .await
                 .with_context(|| {
                     format!("failed to open the store in {}", config.data_dir.display())
                 })?,
-        ),
-        StoreKind::Dynamodb => Arc::new(
-            DynamoStore::connect(&config.dynamo_config())
+        )),
+        StoreKind::Dynamodb => {
+            let store = DynamoStore::connect(&config.dynamo_config())
                 .await
-                .context("failed to configure the DynamoDB client")?,
-        ),
+                .context("failed to configure the DynamoDB client")?;
+            OpenStore {
+                stats: store.stats(),
+                store: Arc::new(store),
+            }
+        }
     })
 }
 
@@ -69,7 +90,7 @@ impl Workers {
         config: &Config,
         store: &Arc<dyn Store>,
         wake: &Arc<Notify>,
-        stats: &Arc<FanoutStats>,
+        metrics: &FanoutMetrics,
         shutdown: &CancellationToken,
     ) -> Self {
         let workers = (0..config.workers)
@@ -78,7 +99,7 @@ impl Workers {
                     store.clone(),
                     config.worker_settings(),
                     wake.clone(),
-                    stats.clone(),
+                    metrics.clone(),
                     shutdown.clone(),
                 )
             })
@@ -103,20 +124,21 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Application> {
-        let store = open_store(&config).await?;
-        Application::build_with_store(config, store).await
+        let opened = open_store(&config).await?;
+        Application::build_with_store(config, opened).await
     }
 
     /// Builds the server on a store the caller opened (tests wrap stores to inject faults).
     pub async fn build_with_store(
         config: Config,
-        store: Arc<dyn Store>,
+        opened: OpenStore,
     ) -> anyhow::Result<Application> {
+        let OpenStore { store, stats } = opened;
         let key = cursor_key(store.as_ref())
             .await
             .context("failed to read the cursor key from the store (is it initialised?)")?;
         let wake = Arc::new(Notify::new());
-        let stats = Arc::new(FanoutStats::default());
+        let metrics = Arc::new(Metrics::new(stats));
         let shutdown = CancellationToken::new();
         let timelines = Timelines::new(
             store.clone(),
@@ -126,9 +148,10 @@ impl Application {
         );
         let state = AppState {
             timelines: Arc::new(timelines),
+            metrics: metrics.clone(),
         };
         let router = http::router(state, config.max_payload_bytes + BODY_OVERHEAD_BYTES);
-        let workers = Workers::new(&config, &store, &wake, &stats, &shutdown);
+        let workers = Workers::new(&config, &store, &wake, &metrics.fanout, &shutdown);
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
@@ -168,12 +191,11 @@ impl Application {
 
 /// Runs fan-out workers only (`fanline worker`), until the token fires.
 pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let store = open_store(config).await?;
+    let OpenStore { store, .. } = open_store(config).await?;
     store.ping().await.context("the store does not answer")?;
     let wake = Arc::new(Notify::new());
-    let stats = Arc::new(FanoutStats::default());
     let tracker = TaskTracker::new();
-    Workers::new(config, &store, &wake, &stats, &shutdown).spawn_on(&tracker);
+    Workers::new(config, &store, &wake, &FanoutMetrics::default(), &shutdown).spawn_on(&tracker);
     tracker.close();
     info!(workers = config.workers, "fan-out workers running");
     tracker.wait().await;

@@ -11,8 +11,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::cursor::CursorCodec;
-use crate::fanout::worker::{FanoutStats, JobDone};
-use crate::fanout::{Worker, WorkerSettings};
+use crate::fanout::{FanoutMetrics, JobDone, Worker, WorkerSettings};
 use crate::keys::Ticks;
 use crate::store::{EmbeddedStore, Item, Store, Table, Write};
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, Settings, SubjectId, Timelines};
@@ -57,7 +56,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     let shutdown = CancellationToken::new();
     let (done_sender, mut done) = mpsc::unbounded_channel::<JobDone>();
-    let stats = Arc::new(FanoutStats::default());
+    let metrics = FanoutMetrics::default();
     let mut tasks = Vec::new();
     for _ in 0..args.workers.max(1) {
         let worker = Worker::new(
@@ -67,7 +66,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 ..WorkerSettings::default()
             },
             wake.clone(),
-            stats.clone(),
+            metrics.clone(),
             shutdown.clone(),
         )
         .report_done_to(done_sender.clone());
@@ -89,9 +88,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         timelines.post_event(&author, bench_event(i)?).await?;
     }
     let mut delivered = 0u64;
-    for _ in 0..args.posts {
+    let mut events_done = 0;
+    while events_done < args.posts {
         let job = done.recv().await.context("workers stopped")?;
         delivered += job.delivered;
+        events_done += usize::from(job.event_done);
     }
     let elapsed = started.elapsed();
     println!(
@@ -106,7 +107,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         timelines
             .post_event(&author, bench_event(args.posts + i)?)
             .await?;
-        lags.push(done.recv().await.context("workers stopped")?.lag);
+        loop {
+            let job = done.recv().await.context("workers stopped")?;
+            if job.event_done {
+                lags.push(job.lag);
+                break;
+            }
+        }
     }
     if !lags.is_empty() {
         println!(

@@ -62,6 +62,26 @@ pub struct Config {
     #[arg(long, env = "FANLINE_FANOUT_PAGE_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub fanout_page_size: u32,
+
+    /// An event with more followers than this is split into follower-range jobs of this many
+    /// followers, delivered by several workers in parallel.
+    #[arg(long, env = "FANLINE_FANOUT_SPLIT_ABOVE", default_value_t = 5000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub fanout_split_above: u32,
+
+    /// Failures in a row, without progress, after which a fan-out job is dead-lettered.
+    #[arg(long, env = "FANLINE_MAX_ATTEMPTS", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_attempts: u32,
+
+    /// Milliseconds before the first retry of a failed job; doubles per failure, with jitter,
+    /// up to 30 s.
+    #[arg(long, env = "FANLINE_RETRY_BASE_MS", default_value_t = 100)]
+    pub retry_base_ms: u64,
+
+    /// Seconds the status of a finished fan-out stays readable.
+    #[arg(long, env = "FANLINE_STATUS_RETENTION_SECS", default_value_t = 86_400)]
+    pub status_retention_secs: u64,
 }
 
 impl Config {
@@ -92,6 +112,10 @@ impl Config {
             lease: Duration::from_millis(self.lease_ms),
             poll_interval: Duration::from_millis(self.poll_ms),
             page_size: self.fanout_page_size as usize,
+            split_above: self.fanout_split_above as usize,
+            max_attempts: self.max_attempts,
+            retry_base: Duration::from_millis(self.retry_base_ms),
+            status_retention: Duration::from_secs(self.status_retention_secs),
         }
     }
 
@@ -116,5 +140,8 @@ mod tests {
         assert_eq!(config.table_prefix, "fanline-");
         assert_eq!(config.max_payload_bytes, 65_536);
         assert_eq!(config.fanout_page_size, 1000);
+        assert_eq!(config.fanout_split_above, 5000);
+        assert_eq!(config.max_attempts, 8);
+        assert_eq!(config.status_retention_secs, 86_400);
     }
 }

@@ -38,6 +38,11 @@ impl Ticks {
         (ticks <= MAX_TICKS).then_some(Ticks(ticks))
     }
 
+    /// Ticks read back from storage, clamped into range.
+    pub fn clamped(ticks: u64) -> Ticks {
+        Ticks(ticks.min(MAX_TICKS))
+    }
+
     pub fn get(self) -> u64 {
         self.0
     }

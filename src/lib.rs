@@ -7,6 +7,7 @@
 //! - [`timeline`]: the domain: posting, following, reading (backend-agnostic)
 //! - [`fanout`]: the job queue with leases and checkpoints, and the fan-out worker
 //! - [`http`]: axum routers, extractors and the JSON error type
+//! - [`metrics`]: Prometheus metrics of fan-out, HTTP and store traffic
 //! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
 //! - [`bench`]: the `fanline bench` benchmark
 
@@ -17,5 +18,6 @@ pub mod cursor;
 pub mod fanout;
 pub mod http;
 pub mod keys;
+pub mod metrics;
 pub mod store;
 pub mod timeline;

@@ -1,7 +1,11 @@
-//! Fan-out: the job queue and the workers that copy each event onto its author's followers'
-//! timelines.
+//! Fan-out: the job queue, the workers that copy each event onto its author's followers'
+//! timelines, and the status and metrics that show how it went.
 
+pub mod metrics;
 pub mod queue;
+pub mod status;
 pub mod worker;
 
-pub use worker::{Processed, Worker, WorkerSettings};
+pub use metrics::FanoutMetrics;
+pub use status::{FanoutState, FanoutStatus};
+pub use worker::{JobDone, Processed, Worker, WorkerSettings};

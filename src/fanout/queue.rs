@@ -1,20 +1,28 @@
 //! The fan-out job queue, kept in the `fanoutJobs` table.
 //!
 //! Jobs are spread over [`SHARDS`] partitions so no single queue partition is hot on
-//! DynamoDB; row keys are the enqueue time then the event id, so each shard reads oldest
-//! first. A worker owns a job while it holds an unexpired lease, taken and renewed by
-//! compare-and-swap on the whole job item (the visibility-timeout pattern): two workers never
-//! hold one job, and a worker that dies only loses its lease.
+//! DynamoDB. A job's id starts with its event id, a UUIDv7, so each shard reads oldest first
+//! and the job of an event can be found from the event id alone. A worker owns a job while it
+//! holds an unexpired lease, taken and renewed by compare-and-swap on the whole job item (the
+//! visibility-timeout pattern): two workers never hold one job, and a worker that dies only
+//! loses its lease.
+//!
+//! An event with many followers is delivered by several jobs: its root job splits the
+//! follower list into ranges (bounds taken from the follower row keys) and enqueues one
+//! part job per range, so several workers deliver it in parallel.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::keys::Ticks;
+use crate::keys::{Ticks, parse_event_row_key};
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
 
 /// Queue partitions: enough to spread load, few enough that an idle poll is cheap.
 pub const SHARDS: u32 = 8;
+
+/// Jobs read per shard by one poll.
+const SCAN_LIMIT: usize = 64;
 
 /// A pending or leased fan-out job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,14 +30,26 @@ pub struct Job {
     pub author: String,
     /// Row key of the event in `events`, and of every timeline entry it becomes.
     pub row_key: String,
+    /// Set on a part job: the range of followers it delivers to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<Part>,
+    /// Set on a root job once it has started splitting: how far it has got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
     /// Last follower (row key in `subjectFollowers`) already delivered to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
     #[serde(default)]
     pub delivered: u64,
+    /// Times the job was claimed.
     #[serde(default)]
     pub attempts: u32,
-    /// When the event was posted, for fan-out lag.
+    /// Failures since the job last made progress; at the limit it is dead-lettered.
+    #[serde(default)]
+    pub failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the event was posted (ticks), for fan-out lag.
     pub enqueued_at: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_owner: Option<String>,
@@ -39,11 +59,72 @@ pub struct Job {
     pub hidden_until_ms: Option<i64>,
 }
 
+/// The followers a part job delivers to: row keys in `[start, end)`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    pub index: u32,
+    pub start: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+}
+
+/// Progress of a root job that is splitting its follower list into parts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Split {
+    /// First follower of the next part; `None` until the first part is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// Parts enqueued so far.
+    pub parts: u32,
+    /// Followers covered by those parts.
+    pub followers: u64,
+}
+
+impl Job {
+    /// The event this job delivers.
+    pub fn event_id(&self) -> Option<Uuid> {
+        parse_event_row_key(&self.row_key).map(|(_, id)| id)
+    }
+
+    /// Whether a worker holds the job now.
+    pub fn is_leased(&self, now_ms: i64) -> bool {
+        self.lease_owner.is_some() && self.hidden_until_ms.is_some_and(|until| until > now_ms)
+    }
+
+    /// Bytes as stored.
+    pub fn encode(&self) -> Bytes {
+        // Serializing a struct of strings and integers cannot fail.
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
 /// Where a job lives in the queue table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobKey {
     pub shard: String,
     pub id: String,
+}
+
+impl JobKey {
+    /// The root job of an event.
+    pub fn root(event_id: Uuid) -> Self {
+        JobKey {
+            shard: shard_name(root_shard(event_id)),
+            id: event_id.as_hyphenated().to_string(),
+        }
+    }
+
+    /// Part `index` of an event's split fan-out, on a different shard from its siblings.
+    pub fn part(event_id: Uuid, index: u32) -> Self {
+        JobKey {
+            shard: shard_name((root_shard(event_id) + 1 + index) % SHARDS),
+            id: format!("{}.p{index:05}", event_id.as_hyphenated()),
+        }
+    }
+}
+
+fn root_shard(event_id: Uuid) -> u32 {
+    u32::from(event_id.as_bytes()[15]) % SHARDS
 }
 
 /// A job this worker holds, with the exact bytes the lease was written as.
@@ -62,38 +143,50 @@ pub fn now_ms() -> i64 {
     Ticks::now().unix_millis()
 }
 
-/// The write that enqueues fan-out of an event; part of the posting transaction, so an
-/// acknowledged event is always fanned out.
-pub fn enqueue(author: &str, row_key: &str, event_id: Uuid, enqueued_at: Ticks) -> Write {
-    let shard = shard_name(u32::from(event_id.as_bytes()[15]) % SHARDS);
-    let id = format!("{:019}_{}", enqueued_at.get(), event_id.as_hyphenated());
-    let job = Job {
+/// A fresh job for an event, or for one part of it.
+pub fn new_job(author: &str, row_key: &str, enqueued_at: Ticks, part: Option<Part>) -> Job {
+    Job {
         author: author.to_owned(),
         row_key: row_key.to_owned(),
+        part,
+        split: None,
         cursor: None,
         delivered: 0,
         attempts: 0,
+        failures: 0,
+        last_error: None,
         enqueued_at: enqueued_at.get(),
         lease_owner: None,
         hidden_until_ms: None,
-    };
-    Write::put(Table::Jobs, Item::new(shard, id, encode(&job)))
+    }
 }
 
-fn encode(job: &Job) -> Bytes {
-    // Serializing a struct of strings and integers cannot fail.
-    Bytes::from(serde_json::to_vec(job).unwrap_or_default())
+/// The write that enqueues fan-out of an event; part of the posting transaction, so an
+/// acknowledged event is always fanned out.
+pub fn enqueue(author: &str, row_key: &str, event_id: Uuid, enqueued_at: Ticks) -> Write {
+    let key = JobKey::root(event_id);
+    let job = new_job(author, row_key, enqueued_at, None);
+    Write::put_if_absent(Table::Jobs, Item::new(key.shard, key.id, job.encode()))
+}
+
+/// Reads one job.
+pub async fn read(store: &dyn Store, key: &JobKey) -> StoreResult<Option<Job>> {
+    let Some(body) = store.get(Table::Jobs, &key.shard, &key.id).await? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&body)
+        .map(Some)
+        .map_err(|err| StoreError::Other(format!("job {}: {err}", key.id)))
 }
 
 /// Jobs of one shard that no live lease hides, oldest first.
 pub async fn available(
     store: &dyn Store,
     shard: &str,
-    limit: usize,
     now_ms: i64,
 ) -> StoreResult<Vec<(JobKey, Job, Bytes)>> {
     let items = store
-        .query(Query::partition(Table::Jobs, shard, limit))
+        .query(Query::partition(Table::Jobs, shard, SCAN_LIMIT))
         .await?;
     Ok(items
         .into_iter()
@@ -109,6 +202,18 @@ pub async fn available(
             })
         })
         .collect())
+}
+
+/// How many jobs the queue holds, counting at most `cap` per shard (for `/metrics`).
+pub async fn depth(store: &dyn Store, cap: usize) -> StoreResult<u64> {
+    let mut total = 0;
+    for shard in 0..SHARDS {
+        let items = store
+            .query(Query::partition(Table::Jobs, shard_name(shard), cap))
+            .await?;
+        total += items.len() as u64;
+    }
+    Ok(total)
 }
 
 /// Takes the lease on a job read by [`available`]; `None` if another worker got it first.
@@ -128,7 +233,7 @@ pub async fn claim(
         job,
         stored: seen,
     };
-    match leased.save(store).await {
+    match leased.commit(store, true, Vec::new()).await {
         Ok(()) => Ok(Some(leased)),
         Err(StoreError::ConditionFailed) => Ok(None),
         Err(err) => Err(err),
@@ -136,39 +241,72 @@ pub async fn claim(
 }
 
 impl LeasedJob {
-    /// Writes the job's current state if we still hold the lease (`ConditionFailed` if not).
-    async fn save(&mut self, store: &dyn Store) -> StoreResult<()> {
-        let next = encode(&self.job);
-        let item = Item::new(&self.key.shard, &self.key.id, next.clone());
-        store
-            .put(Table::Jobs, item, Condition::Equals(self.stored.clone()))
-            .await?;
+    /// Writes the job's current state (`keep`) or deletes it, together with `extra` writes in
+    /// one transaction, if we still hold the lease (`ConditionFailed` if not, or if a
+    /// condition of `extra` fails).
+    pub async fn commit(
+        &mut self,
+        store: &dyn Store,
+        keep: bool,
+        extra: Vec<Write>,
+    ) -> StoreResult<()> {
+        let next = self.job.encode();
+        let condition = Condition::Equals(self.stored.clone());
+        let write = if keep {
+            Write::Put {
+                table: Table::Jobs,
+                item: Item::new(&self.key.shard, &self.key.id, next.clone()),
+                condition,
+            }
+        } else {
+            Write::Delete {
+                table: Table::Jobs,
+                partition: self.key.shard.clone(),
+                row: self.key.id.clone(),
+                condition,
+            }
+        };
+        if extra.is_empty() {
+            match write {
+                Write::Put {
+                    table,
+                    item,
+                    condition,
+                } => store.put(table, item, condition).await?,
+                Write::Delete {
+                    table,
+                    partition,
+                    row,
+                    condition,
+                } => store.delete(table, &partition, &row, condition).await?,
+            }
+        } else {
+            let mut writes = extra;
+            writes.push(write);
+            store.transact(writes).await?;
+        }
         self.stored = next;
         Ok(())
+    }
+
+    /// Whether the stored job is still the one we wrote (we hold the lease).
+    pub async fn still_held(&self, store: &dyn Store) -> StoreResult<bool> {
+        let current = store
+            .get(Table::Jobs, &self.key.shard, &self.key.id)
+            .await?;
+        Ok(current.as_ref() == Some(&self.stored))
     }
 
     /// Records progress and extends the lease.
     pub async fn checkpoint(&mut self, store: &dyn Store, lease_ms: i64) -> StoreResult<()> {
         self.job.hidden_until_ms = Some(now_ms() + lease_ms);
-        self.save(store).await
+        self.commit(store, true, Vec::new()).await
     }
 
     /// Gives the job back, keeping its progress, visible again after `delay_ms`.
     pub async fn release(mut self, store: &dyn Store, delay_ms: i64) -> StoreResult<()> {
         self.job.lease_owner = None;
         self.job.hidden_until_ms = (delay_ms > 0).then(|| now_ms() + delay_ms);
-        self.save(store).await
-    }
-
-    /// Removes the finished job, if we still hold it.
-    pub async fn complete(self, store: &dyn Store) -> StoreResult<()> {
-        store
-            .delete(
-                Table::Jobs,
-                &self.key.shard,
-                &self.key.id,
-                Condition::Equals(self.stored),
-            )
-            .await
+        self.commit(store, true, Vec::new()).await
     }
 }

@@ -6,18 +6,29 @@
 //! written twice (after a crash, or a lost lease) leaves one entry per follower: processing is
 //! at least once, the result exactly once.
 //!
+//! A fresh event's job first reads up to `split_above + 1` followers. If there are no more
+//! than `split_above`, it delivers them itself. Otherwise it splits: it walks the follower
+//! list and enqueues one part job per `split_above` followers, each bounded by follower row
+//! keys, so that several workers deliver the event in parallel. The last job to end marks the
+//! event's status record done.
+//!
+//! A failed job is given back with an exponential, jittered delay; one that fails
+//! `max_attempts` times without progress is moved to the dead-letter table with its error.
+//!
 //! [`Worker::try_process_one`] is one step, so tests can drive the worker; [`Worker::run`]
 //! loops it until the shutdown token fires.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
+use uuid::Uuid;
 
-use super::queue::{self, LeasedJob, SHARDS};
+use super::metrics::FanoutMetrics;
+use super::queue::{self, JobKey, LeasedJob, Part, SHARDS, Split};
+use super::status::{self, FanoutRecord};
 use crate::keys::Ticks;
 use crate::store::{Item, Query, Store, StoreError, StoreResult, Table, Write};
 use crate::timeline::{Event, SubjectId};
@@ -31,6 +42,15 @@ pub struct WorkerSettings {
     pub poll_interval: Duration,
     /// Followers read and delivered per page (one checkpoint each).
     pub page_size: usize,
+    /// An event with more followers than this is split into parts of this many followers.
+    pub split_above: usize,
+    /// Failures in a row, without progress, after which a job is dead-lettered.
+    pub max_attempts: u32,
+    /// Delay before the first retry of a failed job; it doubles with each failure (with
+    /// jitter), up to 30 s.
+    pub retry_base: Duration,
+    /// How long the status of a finished fan-out stays readable.
+    pub status_retention: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -39,6 +59,10 @@ impl Default for WorkerSettings {
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_millis(500),
             page_size: 1000,
+            split_above: 5000,
+            max_attempts: 8,
+            retry_base: Duration::from_millis(100),
+            status_retention: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -46,25 +70,25 @@ impl Default for WorkerSettings {
 /// What one step did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Processed {
-    /// A job was claimed and finished (or given back at shutdown).
+    /// A job was claimed and ended: finished, split, given back, or dead-lettered.
     Job,
     /// No job was available.
     Idle,
 }
 
-/// Counters shared by the workers of a process.
-#[derive(Debug, Default)]
-pub struct FanoutStats {
-    pub deliveries: AtomicU64,
-    pub jobs_done: AtomicU64,
-}
-
-/// A finished job, for observers such as the benchmark.
+/// A job that ended well, for observers such as the benchmark and tests.
 #[derive(Clone, Debug)]
 pub struct JobDone {
     pub row_key: String,
+    /// Which part of a split fan-out this was.
+    pub part: Option<u32>,
+    /// The worker that ended it.
+    pub worker: String,
+    /// Entries this job wrote.
     pub delivered: u64,
-    /// From posting to the last entry written.
+    /// Whether this was the event's last job: its fan-out is complete.
+    pub event_done: bool,
+    /// From posting to now.
     pub lag: Duration,
 }
 
@@ -73,42 +97,61 @@ pub struct Worker {
     settings: WorkerSettings,
     owner: String,
     wake: Arc<Notify>,
-    stats: Arc<FanoutStats>,
+    metrics: FanoutMetrics,
     shutdown: CancellationToken,
     done_sink: Option<mpsc::UnboundedSender<JobDone>>,
     next_shard: u32,
 }
+
+/// How a job's run ended, short of an error.
+enum Step {
+    /// Every follower of the job has its entry.
+    Delivered,
+    /// A root job enqueued all its parts and handed over to them.
+    Split,
+    /// Shutdown came first; the job keeps its checkpoint.
+    Stopped,
+}
+
+/// Attempts at the compare-and-swap of a status record that other jobs of the same event
+/// are updating too.
+const RECORD_RACES: usize = 32;
 
 impl Worker {
     pub fn new(
         store: Arc<dyn Store>,
         settings: WorkerSettings,
         wake: Arc<Notify>,
-        stats: Arc<FanoutStats>,
+        metrics: FanoutMetrics,
         shutdown: CancellationToken,
     ) -> Self {
-        let owner = uuid::Uuid::new_v4().to_string();
-        let next_shard = u32::from(uuid::Uuid::new_v4().as_bytes()[0]) % SHARDS;
+        let owner = Uuid::new_v4().to_string();
+        let next_shard = u32::from(Uuid::new_v4().as_bytes()[0]) % SHARDS;
         Worker {
             store,
             settings,
             owner,
             wake,
-            stats,
+            metrics,
             shutdown,
             done_sink: None,
             next_shard,
         }
     }
 
-    /// Reports every finished job on `sink`.
+    /// Reports every job that ends well on `sink`.
     pub fn report_done_to(mut self, sink: mpsc::UnboundedSender<JobDone>) -> Self {
         self.done_sink = Some(sink);
         self
     }
 
+    /// This worker's lease owner id.
+    pub fn id(&self) -> &str {
+        &self.owner
+    }
+
     fn lease_ms(&self) -> i64 {
-        i64::try_from(self.settings.lease.as_millis()).unwrap_or(i64::MAX / 2)
+        millis(self.settings.lease)
     }
 
     /// Claims and processes one available job.
@@ -116,8 +159,7 @@ impl Worker {
         for _ in 0..SHARDS {
             let shard = queue::shard_name(self.next_shard);
             self.next_shard = (self.next_shard + 1) % SHARDS;
-            let candidates =
-                queue::available(self.store.as_ref(), &shard, 64, queue::now_ms()).await?;
+            let candidates = queue::available(self.store.as_ref(), &shard, queue::now_ms()).await?;
             for (key, job, seen) in candidates {
                 let claimed = queue::claim(
                     self.store.as_ref(),
@@ -131,7 +173,10 @@ impl Worker {
                 if let Some(leased) = claimed {
                     // More work may be waiting: let another idle worker look too.
                     self.wake.notify_one();
-                    self.process(leased).await?;
+                    self.metrics.in_flight.inc();
+                    let processed = self.process(leased).await;
+                    self.metrics.in_flight.dec();
+                    processed?;
                     return Ok(Processed::Job);
                 }
             }
@@ -140,26 +185,10 @@ impl Worker {
     }
 
     async fn process(&self, mut leased: LeasedJob) -> StoreResult<()> {
-        match self.deliver(&mut leased).await {
-            Ok(Delivery::Finished) => {
-                let lag_ticks = Ticks::now().get().saturating_sub(leased.job.enqueued_at);
-                let done = JobDone {
-                    row_key: leased.job.row_key.clone(),
-                    delivered: leased.job.delivered,
-                    lag: Duration::from_micros(lag_ticks / 10),
-                };
-                match leased.complete(self.store.as_ref()).await {
-                    Ok(()) | Err(StoreError::ConditionFailed) => {}
-                    Err(err) => return Err(err),
-                }
-                self.stats.jobs_done.fetch_add(1, Ordering::Relaxed);
-                debug!(row_key = %done.row_key, delivered = done.delivered, "fan-out done");
-                if let Some(sink) = &self.done_sink {
-                    let _ = sink.send(done);
-                }
-                Ok(())
-            }
-            Ok(Delivery::Stopped) => {
+        match self.run_job(&mut leased).await {
+            Ok(Step::Delivered) => self.finish(leased, None).await,
+            Ok(Step::Split) => Ok(()),
+            Ok(Step::Stopped) => {
                 info!(row_key = %leased.job.row_key, "fan-out paused for shutdown");
                 release(leased, self.store.as_ref(), 0).await
             }
@@ -167,69 +196,320 @@ impl Worker {
                 warn!(row_key = %leased.job.row_key, "fan-out lease lost to another worker");
                 Ok(())
             }
-            Err(err) => {
-                let delay = retry_delay_ms(leased.job.attempts);
-                warn!(row_key = %leased.job.row_key, attempts = leased.job.attempts, error = %err, "fan-out failed, will retry");
-                release(leased, self.store.as_ref(), delay).await
-            }
+            Err(err) => self.fail(leased, err).await,
         }
     }
 
-    /// Delivers the rest of a job, page by page, checkpointing after each.
-    async fn deliver(&self, leased: &mut LeasedJob) -> StoreResult<Delivery> {
+    /// Gives a failed job back for a later retry, or dead-letters it at the limit.
+    async fn fail(&self, mut leased: LeasedJob, err: StoreError) -> StoreResult<()> {
+        leased.job.failures += 1;
+        leased.job.last_error = Some(err.to_string());
+        let failures = leased.job.failures;
+        if failures >= self.settings.max_attempts {
+            error!(row_key = %leased.job.row_key, author = %leased.job.author, failures, error = %err, "fan-out job dead-lettered");
+            return self.finish(leased, Some(err.to_string())).await;
+        }
+        self.metrics.record_retry(&err);
+        let delay = retry_delay_ms(failures, millis(self.settings.retry_base));
+        warn!(row_key = %leased.job.row_key, failures, delay_ms = delay, error = %err, "fan-out failed, will retry");
+        release(leased, self.store.as_ref(), delay).await
+    }
+
+    /// Ends a job: deletes it and adds its outcome to the event's status record, in one
+    /// transaction; a failed job is filed in the dead-letter table in the same transaction.
+    async fn finish(&self, mut leased: LeasedJob, failure: Option<String>) -> StoreResult<()> {
+        let job = leased.job.clone();
+        let extra = match &failure {
+            Some(error) => vec![status::dead_letter(&leased.key, &job, error)],
+            None => Vec::new(),
+        };
+        let retention_ms = millis(self.settings.status_retention);
+        let ended = self
+            .commit_with_record(&mut leased, extra, |record| {
+                record.attempts += job.attempts;
+                match &failure {
+                    Some(error) => {
+                        record.parts_failed += 1;
+                        record.last_error = Some(error.clone());
+                    }
+                    None => {
+                        record.parts_done += 1;
+                        record.delivered += job.delivered;
+                        if job.part.is_none() {
+                            // An unsplit job: the author's entry and one per follower.
+                            record.parts_total = Some(1);
+                            record.followers_total = Some(job.delivered.saturating_sub(1));
+                        }
+                        record.finish_if_complete(retention_ms);
+                    }
+                }
+            })
+            .await?;
+        let Some(record) = ended else {
+            return Ok(());
+        };
+        if failure.is_some() {
+            self.metrics.dead_lettered.inc();
+            return Ok(());
+        }
+        self.metrics.jobs_completed.inc();
+        self.report_done(&job, &record).await;
+        Ok(())
+    }
+
+    /// Counts a job that ended well, and the event if it was the last of its jobs.
+    async fn report_done(&self, job: &queue::Job, record: &FanoutRecord) {
+        let event_done = record.finished_at.is_some();
+        let lag_ticks = Ticks::now().get().saturating_sub(job.enqueued_at);
+        let lag = Duration::from_micros(lag_ticks / 10);
+        if event_done {
+            self.metrics.events_completed.inc();
+            self.metrics.lag_seconds.observe(lag.as_secs_f64());
+            debug!(row_key = %job.row_key, delivered = record.delivered, "fan-out done");
+            if let Err(err) = status::sweep_expired(self.store.as_ref(), &job.author).await {
+                warn!(author = %job.author, error = %err, "could not sweep expired fan-out records");
+            }
+        }
+        if let Some(sink) = &self.done_sink {
+            let _ = sink.send(JobDone {
+                row_key: job.row_key.clone(),
+                part: job.part.as_ref().map(|part| part.index),
+                worker: self.owner.clone(),
+                delivered: job.delivered,
+                event_done,
+                lag,
+            });
+        }
+    }
+
+    /// Deletes the leased job with `extra` writes and an update of the event's status record,
+    /// in one transaction, retrying when another job of the event updated the record first.
+    /// Returns the record as written, or `None` if the lease was lost.
+    async fn commit_with_record(
+        &self,
+        leased: &mut LeasedJob,
+        extra: Vec<Write>,
+        update: impl Fn(&mut FanoutRecord),
+    ) -> StoreResult<Option<FanoutRecord>> {
+        let event_id = leased
+            .job
+            .event_id()
+            .ok_or_else(|| StoreError::Other(format!("job row key {:?}", leased.job.row_key)))?;
+        for _ in 0..RECORD_RACES {
+            let mut slot = status::load(self.store.as_ref(), &leased.job, event_id).await?;
+            update(&mut slot.record);
+            let mut writes = extra.clone();
+            writes.push(slot.write());
+            match leased.commit(self.store.as_ref(), false, writes).await {
+                Ok(()) => return Ok(Some(slot.record)),
+                Err(StoreError::ConditionFailed) => {
+                    if !leased.still_held(self.store.as_ref()).await? {
+                        warn!(row_key = %leased.job.row_key, "fan-out lease lost before the job ended");
+                        return Ok(None);
+                    }
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Err(StoreError::Throttled(
+            "fan-out status record kept changing".into(),
+        ))
+    }
+
+    /// Runs a job as far as it goes: delivery, or splitting for a big fresh event.
+    async fn run_job(&self, leased: &mut LeasedJob) -> StoreResult<Step> {
         let author = leased.job.author.clone();
         let row_key = leased.job.row_key.clone();
         let Some(body) = self.store.get(Table::Events, &author, &row_key).await? else {
             // The event is gone (deleted): nothing to deliver.
-            return Ok(Delivery::Finished);
+            return Ok(Step::Delivered);
         };
         let author_id = SubjectId::parse(&author)
             .map_err(|message| StoreError::Other(format!("job author: {message}")))?;
         let event = Event::decode(&author_id, &row_key, &body).map_err(StoreError::Other)?;
         let entry = event.timeline_entry_body();
 
-        loop {
-            if self.shutdown.is_cancelled() {
-                return Ok(Delivery::Stopped);
-            }
-            let first_page = leased.job.cursor.is_none();
+        let job = &leased.job;
+        if job.split.is_some() {
+            return self.split(leased, &entry).await;
+        }
+        if job.part.is_none() && job.cursor.is_none() {
+            // A fresh event: one read tells whether to split, and otherwise holds every
+            // follower to deliver to.
             let followers = self
                 .store
-                .query(
-                    Query::partition(Table::SubjectFollowers, &author, self.settings.page_size)
-                        .after(leased.job.cursor.clone()),
-                )
+                .query(Query::partition(
+                    Table::SubjectFollowers,
+                    &author,
+                    self.settings.split_above + 1,
+                ))
                 .await?;
-            let mut writes: Vec<Write> = followers
-                .iter()
-                .map(|follower| {
-                    Write::put(
-                        Table::Timelines,
-                        Item::new(&follower.row, &row_key, entry.clone()),
-                    )
-                })
-                .collect();
-            if first_page {
-                writes.push(Write::put(
-                    Table::Timelines,
-                    Item::new(&author, &row_key, entry.clone()),
-                ));
+            if followers.len() > self.settings.split_above {
+                return self.split(leased, &entry).await;
             }
-            let written = writes.len() as u64;
-            self.store.batch_write(writes).await?;
-            self.stats.deliveries.fetch_add(written, Ordering::Relaxed);
+            let mut pages = followers.chunks(self.settings.page_size.max(1)).peekable();
+            if pages.peek().is_none() {
+                self.deliver_page(leased, &[], &entry, true).await?;
+                return Ok(Step::Delivered);
+            }
+            let mut first = true;
+            while let Some(page) = pages.next() {
+                if self.shutdown.is_cancelled() {
+                    return Ok(Step::Stopped);
+                }
+                self.deliver_page(leased, page, &entry, first).await?;
+                first = false;
+                if pages.peek().is_some() {
+                    leased
+                        .checkpoint(self.store.as_ref(), self.lease_ms())
+                        .await?;
+                }
+            }
+            return Ok(Step::Delivered);
+        }
 
-            let last_page = followers.len() < self.settings.page_size;
-            leased.job.delivered += written;
-            if let Some(last) = followers.last() {
-                leased.job.cursor = Some(last.row.clone());
+        // A part job, or a root job resuming after its first checkpoint.
+        loop {
+            if self.shutdown.is_cancelled() {
+                return Ok(Step::Stopped);
             }
-            if last_page {
-                return Ok(Delivery::Finished);
+            let part = leased.job.part.clone();
+            let mut query =
+                Query::partition(Table::SubjectFollowers, &author, self.settings.page_size)
+                    .after(leased.job.cursor.clone());
+            if let Some(Part { start, end, .. }) = part {
+                query = query.range(Some(start), end);
+            }
+            let followers = self.store.query(query).await?;
+            self.deliver_page(leased, &followers, &entry, false).await?;
+            if followers.len() < self.settings.page_size {
+                return Ok(Step::Delivered);
             }
             leased
                 .checkpoint(self.store.as_ref(), self.lease_ms())
                 .await?;
+        }
+    }
+
+    /// Writes one page of entries (and the author's own, on the first page of a root job) and
+    /// advances the job's cursor in memory; the caller checkpoints it.
+    async fn deliver_page(
+        &self,
+        leased: &mut LeasedJob,
+        followers: &[Item],
+        entry: &bytes::Bytes,
+        with_author: bool,
+    ) -> StoreResult<()> {
+        let row_key = &leased.job.row_key;
+        let mut writes: Vec<Write> = followers
+            .iter()
+            .map(|follower| {
+                Write::put(
+                    Table::Timelines,
+                    Item::new(&follower.row, row_key, entry.clone()),
+                )
+            })
+            .collect();
+        if with_author {
+            writes.push(Write::put(
+                Table::Timelines,
+                Item::new(&leased.job.author, row_key, entry.clone()),
+            ));
+        }
+        let written = writes.len() as u64;
+        if written > 0 {
+            self.store.batch_write(writes).await?;
+        }
+        self.metrics.deliveries.inc_by(written);
+        leased.job.delivered += written;
+        leased.job.failures = 0;
+        if let Some(last) = followers.last() {
+            leased.job.cursor = Some(last.row.clone());
+        }
+        Ok(())
+    }
+
+    /// Splits a big event into part jobs of `split_above` followers each, bounded by follower
+    /// row keys. Each part is enqueued in one transaction with the root job's progress, so a
+    /// crash never loses or doubles a part; the last part goes with the root job's deletion.
+    async fn split(&self, leased: &mut LeasedJob, entry: &bytes::Bytes) -> StoreResult<Step> {
+        let event_id = leased
+            .job
+            .event_id()
+            .ok_or_else(|| StoreError::Other(format!("job row key {:?}", leased.job.row_key)))?;
+        if leased.job.split.is_none() {
+            self.deliver_page(leased, &[], entry, true).await?;
+            leased.job.split = Some(Split::default());
+            leased
+                .checkpoint(self.store.as_ref(), self.lease_ms())
+                .await?;
+        }
+        let part_size = self.settings.split_above.max(1);
+        loop {
+            if self.shutdown.is_cancelled() {
+                return Ok(Step::Stopped);
+            }
+            let mut split = leased.job.split.clone().unwrap_or_default();
+            let followers = self
+                .store
+                .query(
+                    Query::partition(Table::SubjectFollowers, &leased.job.author, part_size + 1)
+                        .range(split.next.clone(), None),
+                )
+                .await?;
+            let mut extra = Vec::new();
+            if let Some(first) = followers.first() {
+                let end = followers.get(part_size).map(|item| item.row.clone());
+                let part = Part {
+                    index: split.parts,
+                    start: first.row.clone(),
+                    end: end.clone(),
+                };
+                let key = JobKey::part(event_id, part.index);
+                let job = queue::new_job(
+                    &leased.job.author,
+                    &leased.job.row_key,
+                    Ticks::clamped(leased.job.enqueued_at),
+                    Some(part),
+                );
+                extra.push(Write::put_if_absent(
+                    Table::Jobs,
+                    Item::new(key.shard, key.id, job.encode()),
+                ));
+                split.parts += 1;
+                split.followers += followers.len().min(part_size) as u64;
+                split.next = end;
+            }
+            if split.next.is_some() {
+                leased.job.split = Some(split);
+                leased.job.hidden_until_ms = Some(queue::now_ms() + self.lease_ms());
+                leased.commit(self.store.as_ref(), true, extra).await?;
+                self.wake.notify_one();
+                continue;
+            }
+            // The last part: the root job hands over to the status record.
+            let root = leased.job.clone();
+            let retention_ms = millis(self.settings.status_retention);
+            let ended = self
+                .commit_with_record(leased, extra, |record| {
+                    record.parts_total = Some(split.parts);
+                    record.followers_total = Some(split.followers);
+                    record.delivered += root.delivered;
+                    record.attempts += root.attempts;
+                    record.finish_if_complete(retention_ms);
+                })
+                .await?;
+            self.wake.notify_one();
+            match ended {
+                Some(record) => {
+                    info!(row_key = %root.row_key, parts = split.parts, followers = split.followers, "fan-out split");
+                    if record.finished_at.is_some() {
+                        self.report_done(&root, &record).await;
+                    }
+                    return Ok(Step::Split);
+                }
+                None => return Err(StoreError::ConditionFailed),
+            }
         }
     }
 
@@ -252,7 +532,8 @@ impl Worker {
                 Err(err) => {
                     failures = failures.saturating_add(1);
                     warn!(error = %err, failures, "fan-out worker step failed");
-                    Duration::from_millis(u64::try_from(retry_delay_ms(failures)).unwrap_or(1000))
+                    let delay = retry_delay_ms(failures, millis(self.settings.retry_base));
+                    Duration::from_millis(u64::try_from(delay).unwrap_or(1000))
                 }
             };
             tokio::select! {
@@ -264,11 +545,6 @@ impl Worker {
     }
 }
 
-enum Delivery {
-    Finished,
-    Stopped,
-}
-
 async fn release(leased: LeasedJob, store: &dyn Store, delay_ms: i64) -> StoreResult<()> {
     match leased.release(store, delay_ms).await {
         Ok(()) | Err(StoreError::ConditionFailed) => Ok(()),
@@ -276,9 +552,16 @@ async fn release(leased: LeasedJob, store: &dyn Store, delay_ms: i64) -> StoreRe
     }
 }
 
-/// Exponential backoff with jitter: 100 ms doubling per attempt, capped at 30 s.
-fn retry_delay_ms(attempts: u32) -> i64 {
-    let base = 100i64.saturating_mul(1 << attempts.min(9));
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+/// Exponential backoff with jitter: `base_ms` doubling per failure, capped at 30 s, and a
+/// random half of it taken off so that jobs failing together do not retry together.
+fn retry_delay_ms(failures: u32, base_ms: i64) -> i64 {
+    let base = base_ms
+        .max(1)
+        .saturating_mul(1 << failures.saturating_sub(1).min(16));
     let capped = base.min(30_000);
     capped / 2 + rand::random_range(0..=capped / 2)
 }
@@ -288,119 +571,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn retry_delays_grow_and_stay_capped() {
-        for attempts in 0..40 {
-            let delay = retry_delay_ms(attempts);
-            assert!((50..=30_000).contains(&delay), "{attempts}: {delay}");
+    fn retry_delays_grow_with_jitter_and_stay_capped() {
+        for failures in 1..40 {
+            let delay = retry_delay_ms(failures, 100);
+            assert!((50..=30_000).contains(&delay), "{failures}: {delay}");
         }
-        assert!(retry_delay_ms(1) <= 200);
-        assert!(retry_delay_ms(20) >= 15_000);
+        assert!(retry_delay_ms(1, 100) <= 100);
+        assert!(retry_delay_ms(20, 100) >= 15_000);
+        assert!(retry_delay_ms(3, 1) <= 4);
+        let spread: std::collections::HashSet<i64> =
+            (0..50).map(|_| retry_delay_ms(8, 100)).collect();
+        assert!(spread.len() > 1, "jitter spreads retries out");
     }
 }
 
 #[cfg(test)]
 mod job_tests {
-    use std::sync::atomic::AtomicUsize;
-
-    use async_trait::async_trait;
-    use bytes::Bytes;
-
     use super::*;
     use crate::cursor::CursorCodec;
-    use crate::store::{Condition, EmbeddedStore, StoreExt};
+    use crate::fanout::metrics::ReasonLabel;
+    use crate::fanout::status::{self, FanoutState};
+    use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+    use crate::store::{EmbeddedStore, StoreExt};
     use crate::timeline::{Edge, NewEvent, Settings, Timelines};
 
     const FOLLOWERS: usize = 2500;
     const PAGE: usize = 1000;
-
-    /// Wraps a store to stage what the tests need: a crash or a shutdown at a chosen point.
-    struct Scripted {
-        inner: EmbeddedStore,
-        batch_writes: AtomicUsize,
-        /// The batch write with this number (1-based) never returns, like a process that died.
-        hang_on_batch: Option<usize>,
-        hung: Notify,
-        /// The batch write with this number (1-based) fails, like a store outage.
-        fail_on_batch: Option<usize>,
-        /// Cancelled at the first checkpoint, like a SIGTERM arriving mid-job.
-        shutdown_at_checkpoint: Option<CancellationToken>,
-    }
-
-    impl Scripted {
-        fn new(inner: EmbeddedStore) -> Self {
-            Scripted {
-                inner,
-                batch_writes: AtomicUsize::new(0),
-                hang_on_batch: None,
-                hung: Notify::new(),
-                fail_on_batch: None,
-                shutdown_at_checkpoint: None,
-            }
-        }
-    }
-
-    #[async_trait]
-    impl Store for Scripted {
-        async fn get(
-            &self,
-            table: Table,
-            partition: &str,
-            row: &str,
-        ) -> StoreResult<Option<Bytes>> {
-            self.inner.get(table, partition, row).await
-        }
-        async fn put(
-            &self,
-            table: Table,
-            item: Item,
-            condition: crate::store::Condition,
-        ) -> StoreResult<()> {
-            let is_checkpoint = table == Table::Jobs && matches!(condition, Condition::Equals(_));
-            self.inner.put(table, item, condition).await?;
-            if is_checkpoint
-                && self.batch_writes.load(Ordering::SeqCst) > 0
-                && let Some(token) = &self.shutdown_at_checkpoint
-            {
-                token.cancel();
-            }
-            Ok(())
-        }
-        async fn delete(
-            &self,
-            table: Table,
-            partition: &str,
-            row: &str,
-            condition: crate::store::Condition,
-        ) -> StoreResult<()> {
-            self.inner.delete(table, partition, row, condition).await
-        }
-        async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
-            self.inner.transact(writes).await
-        }
-        async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()> {
-            let call = self.batch_writes.fetch_add(1, Ordering::SeqCst) + 1;
-            if self.hang_on_batch == Some(call) {
-                self.hung.notify_one();
-                std::future::pending::<()>().await;
-            }
-            if self.fail_on_batch == Some(call) {
-                return Err(StoreError::Unavailable("injected outage".into()));
-            }
-            self.inner.batch_write(writes).await
-        }
-        async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
-            self.inner.query(query).await
-        }
-        async fn ping(&self) -> StoreResult<()> {
-            self.inner.ping().await
-        }
-    }
 
     struct Fixture {
         _dir: tempfile::TempDir,
         store: EmbeddedStore,
         followers: Vec<String>,
         row_key: String,
+        event_id: Uuid,
     }
 
     /// An author with 2,500 followers and one posted (queued, undelivered) event.
@@ -448,30 +651,40 @@ mod job_tests {
             store,
             followers,
             row_key: event.row_key,
+            event_id: event.event_id,
+        }
+    }
+
+    fn settings(lease: Duration) -> WorkerSettings {
+        WorkerSettings {
+            lease,
+            poll_interval: Duration::from_millis(10),
+            page_size: PAGE,
+            split_above: 5000,
+            max_attempts: 3,
+            retry_base: Duration::from_millis(1),
+            status_retention: Duration::from_secs(60),
         }
     }
 
     fn worker(
         store: Arc<dyn Store>,
-        lease: Duration,
+        settings: WorkerSettings,
         shutdown: CancellationToken,
-    ) -> (Worker, Arc<FanoutStats>) {
-        let stats = Arc::new(FanoutStats::default());
-        let settings = WorkerSettings {
-            lease,
-            poll_interval: Duration::from_millis(10),
-            page_size: PAGE,
-        };
-        (
-            Worker::new(
-                store,
-                settings,
-                Arc::new(Notify::new()),
-                stats.clone(),
-                shutdown,
-            ),
-            stats,
-        )
+    ) -> (Worker, FanoutMetrics) {
+        let metrics = FanoutMetrics::default();
+        let worker = Worker::new(
+            store,
+            settings,
+            Arc::new(Notify::new()),
+            metrics.clone(),
+            shutdown,
+        );
+        (worker, metrics)
+    }
+
+    fn faulty(fixture: &Fixture) -> Arc<FaultyStore> {
+        Arc::new(FaultyStore::new(Arc::new(fixture.store.clone())))
     }
 
     async fn jobs(store: &EmbeddedStore) -> Vec<queue::Job> {
@@ -488,6 +701,18 @@ mod job_tests {
             );
         }
         all
+    }
+
+    /// Steps the worker until it finds a job, for jobs hidden by a short delay or lease.
+    async fn step_until_job(worker: &mut Worker) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while worker.try_process_one().await.expect("step") == Processed::Idle {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no job became available"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Every follower and the author hold exactly one entry, the event's.
@@ -508,13 +733,20 @@ mod job_tests {
         }
     }
 
+    async fn status_of(fixture: &Fixture) -> status::FanoutStatus {
+        status::lookup(&fixture.store, "author", fixture.event_id)
+            .await
+            .expect("lookup")
+            .expect("a status")
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_is_delivered_page_by_page_then_deleted() {
         let fixture = fixture().await;
-        let scripted = Arc::new(Scripted::new(fixture.store.clone()));
-        let (mut worker, stats) = worker(
-            scripted.clone(),
-            Duration::from_secs(30),
+        assert_eq!(status_of(&fixture).await.state, FanoutState::Pending);
+        let (mut worker, metrics) = worker(
+            Arc::new(fixture.store.clone()),
+            settings(Duration::from_secs(30)),
             CancellationToken::new(),
         );
         assert_eq!(
@@ -522,16 +754,17 @@ mod job_tests {
             Processed::Job
         );
         assert_delivered_once(&fixture).await;
-        // Three pages of followers (1000 + 1000 + 500), the author's entry in the first.
-        assert_eq!(scripted.batch_writes.load(Ordering::SeqCst), 3);
-        assert_eq!(
-            stats.deliveries.load(Ordering::SeqCst),
-            FOLLOWERS as u64 + 1
-        );
+        assert_eq!(metrics.deliveries.get(), FOLLOWERS as u64 + 1);
         assert!(
             jobs(&fixture.store).await.is_empty(),
             "the finished job is deleted"
         );
+        let done = status_of(&fixture).await;
+        assert_eq!(done.state, FanoutState::Done);
+        assert_eq!(done.followers_total, Some(FOLLOWERS as u64));
+        assert_eq!(done.delivered, FOLLOWERS as u64 + 1);
+        assert_eq!(done.attempts, 1);
+        assert!(done.lag_ms().is_some());
         assert_eq!(
             worker.try_process_one().await.expect("step"),
             Processed::Idle
@@ -541,12 +774,11 @@ mod job_tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_workers_job_resumes_from_its_checkpoint_after_the_lease_expires() {
         let fixture = fixture().await;
-        let mut crashing = Scripted::new(fixture.store.clone());
-        crashing.hang_on_batch = Some(2);
-        let crashing = Arc::new(crashing);
+        let crashing = faulty(&fixture);
+        crashing.fail_nth(2, Calls::op(Op::BatchWrite), Fault::Hang);
         let (mut doomed, _) = worker(
             crashing.clone(),
-            Duration::from_millis(300),
+            settings(Duration::from_millis(300)),
             CancellationToken::new(),
         );
         // The first page is written and checkpointed; the worker "dies" inside the second.
@@ -566,10 +798,11 @@ mod job_tests {
             pending[0].lease_owner.is_some(),
             "the dead worker still holds the lease"
         );
+        assert_eq!(status_of(&fixture).await.state, FanoutState::Running);
 
-        let (mut survivor, stats) = worker(
+        let (mut survivor, metrics) = worker(
             Arc::new(fixture.store.clone()),
-            Duration::from_secs(30),
+            settings(Duration::from_secs(30)),
             CancellationToken::new(),
         );
         assert_eq!(
@@ -577,34 +810,25 @@ mod job_tests {
             Processed::Idle,
             "leased job is hidden"
         );
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while survivor.try_process_one().await.expect("step") == Processed::Idle {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the lease never expired"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        step_until_job(&mut survivor).await;
         // Only the followers after the checkpoint were delivered again.
-        assert_eq!(
-            stats.deliveries.load(Ordering::SeqCst),
-            (FOLLOWERS - PAGE) as u64
-        );
+        assert_eq!(metrics.deliveries.get(), (FOLLOWERS - PAGE) as u64);
         assert_delivered_once(&fixture).await;
         assert!(jobs(&fixture.store).await.is_empty());
+        let done = status_of(&fixture).await;
+        assert_eq!(done.state, FanoutState::Done);
+        assert_eq!(done.attempts, 2);
+        assert_eq!(done.delivered, FOLLOWERS as u64 + 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_page_releases_the_job_for_a_delayed_retry_from_its_checkpoint() {
         let fixture = fixture().await;
-        let mut failing = Scripted::new(fixture.store.clone());
-        failing.fail_on_batch = Some(2);
-        let failing = Arc::new(failing);
-        let (mut worker, stats) = worker(
-            failing.clone(),
-            Duration::from_secs(30),
-            CancellationToken::new(),
-        );
+        let failing = faulty(&fixture);
+        failing.fail_nth(2, Calls::op(Op::BatchWrite), Fault::Unavailable);
+        let mut slow_retry = settings(Duration::from_secs(30));
+        slow_retry.retry_base = Duration::from_millis(200);
+        let (mut worker, metrics) = worker(failing.clone(), slow_retry, CancellationToken::new());
         assert_eq!(
             worker.try_process_one().await.expect("step"),
             Processed::Job
@@ -623,22 +847,85 @@ mod job_tests {
             "the retry waits for a backoff delay"
         );
         assert_eq!(pending[0].attempts, 1);
+        assert_eq!(pending[0].failures, 1);
+        let waiting = status_of(&fixture).await;
+        assert_eq!(waiting.state, FanoutState::Pending);
+        assert!(
+            waiting
+                .last_error
+                .as_deref()
+                .is_some_and(|error| error.contains("injected outage"))
+        );
+        let unavailable = ReasonLabel {
+            reason: "unavailable".into(),
+        };
+        assert_eq!(metrics.retries.get_or_create(&unavailable).get(), 1);
 
         // The same worker retries once the delay has passed (the third batch write succeeds).
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while worker.try_process_one().await.expect("step") == Processed::Idle {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the job never came back"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        step_until_job(&mut worker).await;
         assert_delivered_once(&fixture).await;
         assert!(jobs(&fixture.store).await.is_empty());
         // First page (1000 + the author), then the remaining 1500 on the retry.
+        assert_eq!(metrics.deliveries.get(), FOLLOWERS as u64 + 1);
+        assert_eq!(status_of(&fixture).await.state, FanoutState::Done);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_failing_every_time_is_dead_lettered_then_requeued_by_an_admin() {
+        let fixture = fixture().await;
+        let broken = faulty(&fixture);
+        broken.fail_always(
+            Calls::on(Op::BatchWrite, Table::Timelines),
+            Fault::Permanent,
+        );
+        let (mut worker, metrics) = worker(
+            broken.clone(),
+            settings(Duration::from_secs(30)),
+            CancellationToken::new(),
+        );
+        for _ in 0..3 {
+            step_until_job(&mut worker).await;
+        }
+        assert!(jobs(&fixture.store).await.is_empty(), "it left the queue");
+        assert_eq!(metrics.dead_lettered.get(), 1);
+        let failed = status_of(&fixture).await;
+        assert_eq!(failed.state, FanoutState::Failed);
+        assert_eq!(failed.attempts, 3);
+        assert!(
+            failed
+                .last_error
+                .as_deref()
+                .is_some_and(|error| error.contains("injected failure"))
+        );
+        let letters = fixture
+            .store
+            .query(Query::partition(Table::DeadLetters, "author", 10))
+            .await
+            .expect("dead letters");
+        assert_eq!(letters.len(), 1);
         assert_eq!(
-            stats.deliveries.load(Ordering::SeqCst),
-            FOLLOWERS as u64 + 1
+            worker.try_process_one().await.expect("step"),
+            Processed::Idle,
+            "a dead letter is not retried on its own"
+        );
+
+        broken.clear();
+        let requeued = status::requeue(&fixture.store, "author", fixture.event_id)
+            .await
+            .expect("requeue");
+        assert_eq!(requeued, 1);
+        assert_eq!(status_of(&fixture).await.state, FanoutState::Pending);
+        step_until_job(&mut worker).await;
+        assert_delivered_once(&fixture).await;
+        let done = status_of(&fixture).await;
+        assert_eq!(done.state, FanoutState::Done);
+        assert_eq!(done.attempts, 4);
+        assert_eq!(
+            status::requeue(&fixture.store, "author", fixture.event_id)
+                .await
+                .expect("requeue"),
+            0,
+            "nothing is left to re-queue"
         );
     }
 
@@ -646,11 +933,13 @@ mod job_tests {
     async fn shutdown_releases_the_job_with_its_checkpoint() {
         let fixture = fixture().await;
         let shutdown = CancellationToken::new();
-        let mut stopping = Scripted::new(fixture.store.clone());
-        stopping.shutdown_at_checkpoint = Some(shutdown.clone());
+        let stopping = faulty(&fixture);
+        // The claim is the first put to the queue, the first checkpoint the second.
+        let signal = shutdown.clone();
+        stopping.on_nth(2, Calls::on(Op::Put, Table::Jobs), move || signal.cancel());
         let (mut worker_a, _) = worker(
-            Arc::new(stopping),
-            Duration::from_secs(30),
+            stopping,
+            settings(Duration::from_secs(30)),
             shutdown.clone(),
         );
         assert_eq!(
@@ -668,37 +957,99 @@ mod job_tests {
         assert_eq!(pending[0].hidden_until_ms, None, "and visible at once");
 
         // A restarted worker picks it up at once, without waiting for a lease to expire.
-        let (mut worker_b, stats) = worker(
+        let (mut worker_b, metrics) = worker(
             Arc::new(fixture.store.clone()),
-            Duration::from_secs(30),
+            settings(Duration::from_secs(30)),
             CancellationToken::new(),
         );
         assert_eq!(
             worker_b.try_process_one().await.expect("step"),
             Processed::Job
         );
-        assert_eq!(
-            stats.deliveries.load(Ordering::SeqCst),
-            (FOLLOWERS - PAGE) as u64
-        );
+        assert_eq!(metrics.deliveries.get(), (FOLLOWERS - PAGE) as u64);
         assert_delivered_once(&fixture).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_big_event_is_split_into_follower_ranges_delivered_by_several_workers() {
+        let fixture = fixture().await;
+        let mut split = settings(Duration::from_secs(30));
+        split.split_above = 1000;
+        split.page_size = 300;
+        let (sink, mut done) = mpsc::unbounded_channel();
+        let (mut splitter, _) = worker(
+            Arc::new(fixture.store.clone()),
+            split.clone(),
+            CancellationToken::new(),
+        );
+        step_until_job(&mut splitter).await;
+        // The root job made three parts: [0, 1000), [1000, 2000), [2000, end).
+        let parts = jobs(&fixture.store).await;
+        assert_eq!(parts.len(), 3);
+        let mut bounds: Vec<_> = parts
+            .iter()
+            .map(|job| job.part.clone().expect("a part job"))
+            .collect();
+        bounds.sort_by_key(|part| part.index);
+        assert_eq!(bounds[0].start, fixture.followers[0]);
+        assert_eq!(
+            bounds[0].end.as_deref(),
+            Some(fixture.followers[1000].as_str())
+        );
+        assert_eq!(bounds[2].start, fixture.followers[2000]);
+        assert_eq!(bounds[2].end, None);
+        let running = status_of(&fixture).await;
+        assert_eq!(running.state, FanoutState::Running);
+        assert_eq!(running.followers_total, Some(FOLLOWERS as u64));
+
+        let mut workers: Vec<Worker> = (0..3)
+            .map(|_| {
+                worker(
+                    Arc::new(fixture.store.clone()),
+                    split.clone(),
+                    CancellationToken::new(),
+                )
+                .0
+                .report_done_to(sink.clone())
+            })
+            .collect();
+        // Each worker takes one part; they run at once.
+        let steps = workers.iter_mut().map(|worker| worker.try_process_one());
+        for processed in futures::future::join_all(steps).await {
+            assert_eq!(processed.expect("step"), Processed::Job);
+        }
+        // The workers hold the other senders.
+        drop(workers);
+        drop(sink);
+        let mut reports = Vec::new();
+        while let Some(report) = done.recv().await {
+            reports.push(report);
+        }
+        let distinct: std::collections::HashSet<&str> = reports
+            .iter()
+            .map(|report| report.worker.as_str())
+            .collect();
+        assert_eq!(distinct.len(), 3, "three workers delivered");
+        assert_eq!(reports.iter().filter(|report| report.event_done).count(), 1);
+        assert_delivered_once(&fixture).await;
+        let finished = status_of(&fixture).await;
+        assert_eq!(finished.state, FanoutState::Done);
+        assert_eq!(finished.delivered, FOLLOWERS as u64 + 1);
+        assert!(jobs(&fixture.store).await.is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_workers_never_hold_one_job() {
         let fixture = fixture().await;
         let store = fixture.store.clone();
-        let shard_jobs = {
-            let mut found = Vec::new();
-            for shard in 0..SHARDS {
-                found.extend(
-                    queue::available(&store, &queue::shard_name(shard), 10, queue::now_ms())
-                        .await
-                        .expect("available"),
-                );
-            }
-            found
-        };
+        let mut shard_jobs = Vec::new();
+        for shard in 0..SHARDS {
+            shard_jobs.extend(
+                queue::available(&store, &queue::shard_name(shard), queue::now_ms())
+                    .await
+                    .expect("available"),
+            );
+        }
         assert_eq!(shard_jobs.len(), 1);
         let (key, job, seen) = shard_jobs.into_iter().next().expect("one job");
         let first = queue::claim(

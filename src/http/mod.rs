@@ -3,8 +3,10 @@
 mod error;
 mod events;
 mod extract;
+mod fanout;
 mod following;
 mod health;
+mod metrics;
 mod page;
 mod timeline;
 
@@ -20,12 +22,14 @@ use tracing::Level;
 
 pub use error::ApiError;
 
+use crate::metrics::Metrics;
 use crate::timeline::{SubjectId, Timelines};
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
     pub timelines: Arc<Timelines>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// The whole API. `max_body_bytes` bounds request bodies before they are read.
@@ -34,13 +38,19 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .merge(events::router())
         .merge(following::router())
         .merge(timeline::router())
+        .merge(fanout::router())
         .merge(health::router())
+        .merge(metrics::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
             refuse_declared_oversize(max_body_bytes, request, next)
         }))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track_requests,
+        ))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(DefaultMakeSpan::new().level(Level::INFO))

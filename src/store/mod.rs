@@ -12,6 +12,8 @@
 pub mod conformance;
 pub mod dynamo;
 pub mod embedded;
+pub mod fault;
+pub mod stats;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -21,6 +23,7 @@ use bytes::Bytes;
 
 pub use dynamo::{DynamoConfig, DynamoStore};
 pub use embedded::EmbeddedStore;
+pub use stats::{RetryReason, StoreStats, StoreStatsSnapshot};
 
 /// DynamoDB's `TransactWriteItems` limit; the embedded store enforces the same.
 pub const MAX_TRANSACTION_WRITES: usize = 100;
@@ -42,6 +45,11 @@ pub enum Table {
     SubjectFollowing,
     /// Queue shard -> job id: pending and leased fan-out jobs.
     Jobs,
+    /// Author subject id -> event id: progress of a split fan-out, and the outcome of a
+    /// finished or failed one (kept for a configurable time).
+    FanoutStatus,
+    /// Author subject id -> job id: jobs that failed too often, with their last error.
+    DeadLetters,
     /// Author subject id -> client event id: maps a client's retry to the first event.
     Idempotency,
     /// Service-wide settings shared by every process (for example the cursor key).
@@ -49,12 +57,14 @@ pub enum Table {
 }
 
 impl Table {
-    pub const ALL: [Table; 7] = [
+    pub const ALL: [Table; 9] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
         Table::SubjectFollowing,
         Table::Jobs,
+        Table::FanoutStatus,
+        Table::DeadLetters,
         Table::Idempotency,
         Table::Meta,
     ];
@@ -67,6 +77,8 @@ impl Table {
             Table::SubjectFollowers => "subjectFollowers",
             Table::SubjectFollowing => "subjectFollowing",
             Table::Jobs => "fanoutJobs",
+            Table::FanoutStatus => "fanoutStatus",
+            Table::DeadLetters => "fanoutDeadLetters",
             Table::Idempotency => "idempotency",
             Table::Meta => "meta",
         }

@@ -1,5 +1,6 @@
 //! The domain: posting, following and reading timelines, written against [`Store`] only.
 
+pub mod delivery;
 pub mod following;
 pub mod model;
 pub mod posting;
@@ -79,6 +80,11 @@ impl Timelines {
             settings,
             wake_workers,
         }
+    }
+
+    /// Jobs in the fan-out queue, counting at most `cap_per_shard` per shard (for metrics).
+    pub async fn queue_depth(&self, cap_per_shard: usize) -> Result<u64, StoreError> {
+        crate::fanout::queue::depth(self.store.as_ref(), cap_per_shard).await
     }
 
     /// Whether the store answers (for health checks).

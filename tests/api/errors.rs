@@ -1,5 +1,6 @@
 //! Every client error gets a JSON body with a code, and the status that fits.
 
+use fanline::store::fault::Fault;
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::json;
@@ -230,7 +231,7 @@ async fn a_store_outage_is_503_and_recovers(backend: Backend) {
     assert_eq!(app.get("/healthz").await.status, StatusCode::OK);
     app.follow("bob", "alice").await;
 
-    app.faults.set_down(true);
+    app.faults.set_outage(Some(Fault::Unavailable));
     let health = app.get("/healthz").await;
     assert_error(&health, StatusCode::SERVICE_UNAVAILABLE, "unavailable");
     let post = app.post_event("alice", json!({"payload": "lost?"})).await;
@@ -247,7 +248,7 @@ async fn a_store_outage_is_503_and_recovers(backend: Backend) {
         "unavailable",
     );
 
-    app.faults.set_down(false);
+    app.faults.set_outage(None);
     assert_eq!(app.get("/healthz").await.status, StatusCode::OK);
     // The refused post was not stored; the next one is delivered as usual.
     app.post_text("alice", "back").await;

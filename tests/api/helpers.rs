@@ -3,17 +3,12 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use fanline::app::Application;
+use fanline::app::{Application, OpenStore};
 use fanline::config::{Config, StoreKind};
-use fanline::store::{
-    Condition, DynamoStore, EmbeddedStore, Item, Query, Store, StoreError, StoreResult, Table,
-    Write,
-};
+use fanline::store::fault::FaultyStore;
+use fanline::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -56,17 +51,27 @@ impl TestStore {
     }
 
     pub async fn open(&self) -> Arc<dyn Store> {
+        self.open_counted().await.0
+    }
+
+    /// The store and the counters of its traffic (always zero on the embedded store).
+    pub async fn open_counted(&self) -> (Arc<dyn Store>, Arc<StoreStats>) {
         match self.backend {
-            Backend::Embedded => Arc::new(
-                EmbeddedStore::open_async(&self.config.data_dir)
-                    .await
-                    .expect("open embedded"),
+            Backend::Embedded => (
+                Arc::new(
+                    EmbeddedStore::open_async(&self.config.data_dir)
+                        .await
+                        .expect("open embedded"),
+                ),
+                Arc::default(),
             ),
-            Backend::Dynamo => Arc::new(
-                DynamoStore::connect(&self.config.dynamo_config())
+            Backend::Dynamo => {
+                let store = DynamoStore::connect(&self.config.dynamo_config())
                     .await
-                    .expect("connect dynamo"),
-            ),
+                    .expect("connect dynamo");
+                let stats = store.stats();
+                (Arc::new(store), stats)
+            }
         }
     }
 }
@@ -86,12 +91,12 @@ impl Api {
     }
 }
 
-/// An in-process app on port 0, with a store wrapper that can inject an outage.
+/// An in-process app on port 0, with a store wrapper that can inject faults.
 pub struct TestApp {
     pub api: Api,
     pub shutdown: CancellationToken,
     pub server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-    pub faults: Arc<FlakyStore>,
+    pub faults: Arc<FaultyStore>,
     pub store: TestStore,
 }
 
@@ -102,8 +107,13 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 pub async fn spawn_app_with(store: TestStore, adjust: impl FnOnce(&mut Config)) -> TestApp {
     let mut config = store.config.clone();
     adjust(&mut config);
-    let faults = Arc::new(FlakyStore::new(store.open().await));
-    let application = Application::build_with_store(config, faults.clone())
+    let (inner, stats) = store.open_counted().await;
+    let faults = Arc::new(FaultyStore::new(inner));
+    let opened = OpenStore {
+        store: faults.clone(),
+        stats,
+    };
+    let application = Application::build_with_store(config, opened)
         .await
         .expect("build app");
     let address = format!("http://{}", application.local_addr().expect("addr"));
@@ -274,77 +284,6 @@ impl Api {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-    }
-}
-
-/// A store wrapper that answers `Unavailable` to every call while it is switched off.
-pub struct FlakyStore {
-    inner: Arc<dyn Store>,
-    down: AtomicBool,
-}
-
-impl FlakyStore {
-    pub fn new(inner: Arc<dyn Store>) -> Self {
-        FlakyStore {
-            inner,
-            down: AtomicBool::new(false),
-        }
-    }
-
-    pub fn set_down(&self, down: bool) {
-        self.down.store(down, Ordering::SeqCst);
-    }
-
-    fn check(&self) -> StoreResult<()> {
-        if self.down.load(Ordering::SeqCst) {
-            Err(StoreError::Unavailable("injected outage".into()))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-#[async_trait]
-impl Store for FlakyStore {
-    async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>> {
-        self.check()?;
-        self.inner.get(table, partition, row).await
-    }
-
-    async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()> {
-        self.check()?;
-        self.inner.put(table, item, condition).await
-    }
-
-    async fn delete(
-        &self,
-        table: Table,
-        partition: &str,
-        row: &str,
-        condition: Condition,
-    ) -> StoreResult<()> {
-        self.check()?;
-        self.inner.delete(table, partition, row, condition).await
-    }
-
-    async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
-        self.check()?;
-        self.inner.transact(writes).await
-    }
-
-    async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()> {
-        self.check()?;
-        self.inner.batch_write(writes).await
-    }
-
-    async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
-        self.check()?;
-        self.inner.query(query).await
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        self.check()?;
-        self.inner.ping().await
     }
 }
 

@@ -1,0 +1,73 @@
+//! `GET /metrics`: Prometheus (OpenMetrics) text, and the middleware that counts requests.
+
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use super::AppState;
+use crate::metrics::HttpLabels;
+
+/// Jobs counted per queue shard for the depth gauge; a deeper queue shows as this cap.
+const QUEUE_DEPTH_CAP_PER_SHARD: usize = 10_000;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/metrics", get(get_metrics))
+}
+
+async fn get_metrics(State(state): State<AppState>) -> Response {
+    match state.timelines.queue_depth(QUEUE_DEPTH_CAP_PER_SHARD).await {
+        Ok(depth) => {
+            state
+                .metrics
+                .queue_depth
+                .set(i64::try_from(depth).unwrap_or(i64::MAX));
+        }
+        // Still answer: the other metrics matter most when the store is in trouble.
+        Err(err) => tracing::warn!(error = %err, "could not count the fan-out queue"),
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Counts each request and its latency by method, route template and status.
+pub async fn track_requests(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let method = match *request.method() {
+        Method::GET
+        | Method::POST
+        | Method::PUT
+        | Method::DELETE
+        | Method::HEAD
+        | Method::PATCH
+        | Method::OPTIONS => request.method().as_str().to_owned(),
+        _ => "other".to_owned(),
+    };
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let labels = HttpLabels {
+        method,
+        route,
+        status: response.status().as_u16(),
+    };
+    state.metrics.http.observe(labels, started.elapsed());
+    response
+}

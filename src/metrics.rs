@@ -1,0 +1,149 @@
+//! The process's Prometheus metrics: fan-out, HTTP, and the store's own traffic. One
+//! [`Metrics`] per process, encoded in the OpenMetrics text format at `GET /metrics`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::fanout::FanoutMetrics;
+use crate::store::StoreStats;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    /// The route template (`/v1/subjects/{subject}/timeline`), never the raw path, so the
+    /// number of series stays bounded.
+    pub route: String,
+    pub status: u16,
+}
+
+type HistogramFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.1 ms to about 3.3 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+/// Request counts and latency by route and status.
+#[derive(Clone, Debug)]
+pub struct HttpMetrics {
+    requests: Family<HttpLabels, Counter>,
+    latency: HistogramFamily,
+}
+
+impl HttpMetrics {
+    pub fn observe(&self, labels: HttpLabels, elapsed: Duration) {
+        self.latency
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        self.requests.get_or_create(&labels).inc();
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub fanout: FanoutMetrics,
+    pub http: HttpMetrics,
+    /// Jobs waiting or leased in the queue, read from the store at each scrape.
+    pub queue_depth: Gauge,
+}
+
+impl Metrics {
+    pub fn new(store_stats: Arc<StoreStats>) -> Self {
+        let mut registry = Registry::default();
+        let fanout = FanoutMetrics::default();
+        fanout.register(&mut registry);
+        let http = HttpMetrics {
+            requests: Family::default(),
+            latency: HistogramFamily::new_with_constructor(latency_histogram),
+        };
+        registry.register(
+            "fanline_http_requests",
+            "HTTP requests by method, route and status",
+            http.requests.clone(),
+        );
+        registry.register(
+            "fanline_http_request_duration_seconds",
+            "HTTP request latency by method, route and status",
+            http.latency.clone(),
+        );
+        let queue_depth = Gauge::default();
+        registry.register(
+            "fanline_fanout_queue_depth",
+            "Fan-out jobs in the queue, pending or leased (counted at scrape time, up to 10000 per shard)",
+            queue_depth.clone(),
+        );
+        registry.register_collector(Box::new(StoreCollector(store_stats)));
+        Metrics {
+            registry,
+            fanout,
+            http,
+            queue_depth,
+        }
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// Reads the store's counters at scrape time.
+#[derive(Debug)]
+struct StoreCollector(Arc<StoreStats>);
+
+impl Collector for StoreCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let snapshot = self.0.snapshot();
+        let counters = [
+            (
+                "fanline_store_requests",
+                "Requests sent to the store backend, retries included",
+                snapshot.requests,
+            ),
+            (
+                "fanline_store_write_requests",
+                "Write requests sent to the store backend",
+                snapshot.write_requests,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        let capacity = ConstCounter::new(snapshot.write_capacity_units);
+        capacity.encode(encoder.encode_descriptor(
+            "fanline_store_write_capacity_units",
+            "Write capacity units the backend reported as consumed",
+            None,
+            capacity.metric_type(),
+        )?)?;
+        let mut retries = encoder.encode_descriptor(
+            "fanline_store_retries",
+            "Store requests retried, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, count) in snapshot.retries {
+            let labels = [("reason", reason.label())];
+            ConstCounter::new(count).encode(retries.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,352 @@
+//! A [`Store`] wrapper that injects faults, for tests of what the service does when its
+//! backend misbehaves: fail or throttle every Nth call, fail one chosen call, hang one
+//! (a process that died mid-call), or fail everything for a stretch of time (an outage).
+//!
+//! Rules match calls by operation and table. Each rule counts its own matching calls, so
+//! "the second batch write to `timelines`" means the same thing however busy the other
+//! tables are.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use super::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
+
+/// A store operation, as rules see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Get,
+    Put,
+    Delete,
+    Transact,
+    BatchWrite,
+    Query,
+    Ping,
+}
+
+/// Which calls a rule applies to; `None` matches any.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Calls {
+    pub op: Option<Op>,
+    pub table: Option<Table>,
+}
+
+impl Calls {
+    pub const ANY: Calls = Calls {
+        op: None,
+        table: None,
+    };
+
+    pub fn op(op: Op) -> Self {
+        Calls {
+            op: Some(op),
+            table: None,
+        }
+    }
+
+    pub fn on(op: Op, table: Table) -> Self {
+        Calls {
+            op: Some(op),
+            table: Some(table),
+        }
+    }
+
+    /// Whether a call matches. A transaction or batch matches a table if any write does.
+    fn matches(&self, op: Op, tables: &[Table]) -> bool {
+        self.op.is_none_or(|wanted| wanted == op)
+            && self.table.is_none_or(|wanted| tables.contains(&wanted))
+    }
+}
+
+/// What an injected fault does to the call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `StoreError::Throttled`: the backend asks to slow down.
+    Throttle,
+    /// `StoreError::Unavailable`: the backend cannot be reached.
+    Unavailable,
+    /// `StoreError::Other`: a failure that retrying does not fix.
+    Permanent,
+    /// The call never returns, like a process killed in the middle of it.
+    Hang,
+}
+
+impl Fault {
+    fn error(&self) -> StoreError {
+        match self {
+            Fault::Throttle => StoreError::Throttled("injected throttling".into()),
+            Fault::Unavailable => StoreError::Unavailable("injected outage".into()),
+            Fault::Permanent | Fault::Hang => StoreError::Other("injected failure".into()),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum When {
+    /// Calls number n, 2n, 3n, ... (1-based).
+    EveryNth(u64),
+    /// Call number n only.
+    Nth(u64),
+    /// Every call while the rule is in place.
+    Always,
+}
+
+#[derive(Debug)]
+struct Rule {
+    calls: Calls,
+    when: When,
+    fault: Fault,
+    seen: u64,
+}
+
+struct Hook {
+    calls: Calls,
+    n: u64,
+    seen: u64,
+    hook: Box<dyn Fn() + Send + Sync>,
+}
+
+/// Wraps a store and injects the faults its rules describe. Calls no rule picks go through.
+pub struct FaultyStore {
+    inner: std::sync::Arc<dyn Store>,
+    rules: Mutex<Vec<Rule>>,
+    hooks: Mutex<Vec<Hook>>,
+    /// Set while an outage (see [`FaultyStore::set_outage`]) is on.
+    outage: Mutex<Option<Fault>>,
+    injected: AtomicU64,
+    /// Woken when a call starts hanging.
+    pub hung: Notify,
+    hanging: AtomicBool,
+}
+
+impl FaultyStore {
+    pub fn new(inner: std::sync::Arc<dyn Store>) -> Self {
+        FaultyStore {
+            inner,
+            rules: Mutex::new(Vec::new()),
+            hooks: Mutex::new(Vec::new()),
+            outage: Mutex::new(None),
+            injected: AtomicU64::new(0),
+            hung: Notify::new(),
+            hanging: AtomicBool::new(false),
+        }
+    }
+
+    /// Every `n`th matching call fails with `fault`.
+    pub fn fail_every(&self, n: u64, calls: Calls, fault: Fault) {
+        self.add(calls, When::EveryNth(n.max(1)), fault);
+    }
+
+    /// The `n`th matching call (1-based) fails with `fault`.
+    pub fn fail_nth(&self, n: u64, calls: Calls, fault: Fault) {
+        self.add(calls, When::Nth(n), fault);
+    }
+
+    /// Every matching call fails with `fault`, until [`FaultyStore::clear`].
+    pub fn fail_always(&self, calls: Calls, fault: Fault) {
+        self.add(calls, When::Always, fault);
+    }
+
+    /// Calls `hook` when the `n`th matching call starts (the call then goes ahead), to stage
+    /// an event at an exact point, such as a shutdown signal between two pages.
+    pub fn on_nth(&self, n: u64, calls: Calls, hook: impl Fn() + Send + Sync + 'static) {
+        self.hooks
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .push(Hook {
+                calls,
+                n,
+                seen: 0,
+                hook: Box::new(hook),
+            });
+    }
+
+    /// Every call fails with `fault` while the outage lasts (`None` ends it).
+    pub fn set_outage(&self, fault: Option<Fault>) {
+        *self
+            .outage
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner()) = fault;
+    }
+
+    /// Removes every rule.
+    pub fn clear(&self) {
+        self.rules
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clear();
+    }
+
+    /// How many calls have failed (or hung) because of a rule or an outage.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::SeqCst)
+    }
+
+    /// Whether some call is hanging.
+    pub fn is_hanging(&self) -> bool {
+        self.hanging.load(Ordering::SeqCst)
+    }
+
+    fn add(&self, calls: Calls, when: When, fault: Fault) {
+        self.rules
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .push(Rule {
+                calls,
+                when,
+                fault,
+                seen: 0,
+            });
+    }
+
+    /// The fault for this call, if any rule (or the outage) picks it.
+    fn pick(&self, op: Op, tables: &[Table]) -> Option<Fault> {
+        let outage = self
+            .outage
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone();
+        let mut picked = outage;
+        let mut rules = self
+            .rules
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        for rule in rules.iter_mut() {
+            if !rule.calls.matches(op, tables) {
+                continue;
+            }
+            rule.seen += 1;
+            let hit = match rule.when {
+                When::EveryNth(n) => rule.seen % n == 0,
+                When::Nth(n) => rule.seen == n,
+                When::Always => true,
+            };
+            if hit && picked.is_none() {
+                picked = Some(rule.fault.clone());
+            }
+        }
+        picked
+    }
+
+    async fn check(&self, op: Op, tables: &[Table]) -> StoreResult<()> {
+        for hook in self
+            .hooks
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .iter_mut()
+        {
+            if hook.calls.matches(op, tables) {
+                hook.seen += 1;
+                if hook.seen == hook.n {
+                    (hook.hook)();
+                }
+            }
+        }
+        let Some(fault) = self.pick(op, tables) else {
+            return Ok(());
+        };
+        self.injected.fetch_add(1, Ordering::SeqCst);
+        if fault == Fault::Hang {
+            self.hanging.store(true, Ordering::SeqCst);
+            self.hung.notify_waiters();
+            self.hung.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Err(fault.error())
+    }
+}
+
+fn tables_of(writes: &[Write]) -> Vec<Table> {
+    let mut tables: Vec<Table> = writes.iter().map(Write::table).collect();
+    tables.dedup();
+    tables
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>> {
+        self.check(Op::Get, &[table]).await?;
+        self.inner.get(table, partition, row).await
+    }
+
+    async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()> {
+        self.check(Op::Put, &[table]).await?;
+        self.inner.put(table, item, condition).await
+    }
+
+    async fn delete(
+        &self,
+        table: Table,
+        partition: &str,
+        row: &str,
+        condition: Condition,
+    ) -> StoreResult<()> {
+        self.check(Op::Delete, &[table]).await?;
+        self.inner.delete(table, partition, row, condition).await
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
+        self.check(Op::Transact, &tables_of(&writes)).await?;
+        self.inner.transact(writes).await
+    }
+
+    async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()> {
+        self.check(Op::BatchWrite, &tables_of(&writes)).await?;
+        self.inner.batch_write(writes).await
+    }
+
+    async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
+        self.check(Op::Query, &[query.table]).await?;
+        self.inner.query(query).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.check(Op::Ping, &[]).await?;
+        self.inner.ping().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::EmbeddedStore;
+
+    #[tokio::test]
+    async fn rules_pick_the_calls_they_name() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let inner = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let faulty = FaultyStore::new(Arc::new(inner));
+        faulty.fail_every(3, Calls::on(Op::Get, Table::Events), Fault::Throttle);
+        faulty.fail_nth(2, Calls::op(Op::Query), Fault::Permanent);
+
+        let mut outcomes = Vec::new();
+        for _ in 0..6 {
+            outcomes.push(faulty.get(Table::Events, "p", "r").await.is_ok());
+        }
+        assert_eq!(outcomes, [true, true, false, true, true, false]);
+        // Other tables are not counted by the `events` rule.
+        assert!(faulty.get(Table::Meta, "p", "r").await.is_ok());
+
+        let query = || Query::partition(Table::Meta, "p", 1);
+        assert!(faulty.query(query()).await.is_ok());
+        assert!(matches!(
+            faulty.query(query()).await,
+            Err(StoreError::Other(_))
+        ));
+        assert!(faulty.query(query()).await.is_ok());
+
+        faulty.set_outage(Some(Fault::Unavailable));
+        assert!(matches!(
+            faulty.ping().await,
+            Err(StoreError::Unavailable(_))
+        ));
+        faulty.set_outage(None);
+        assert!(faulty.ping().await.is_ok());
+        assert_eq!(faulty.injected(), 4);
+    }
+}
