@@ -7,6 +7,7 @@ mod helpers;
 
 mod conformance;
 mod errors;
+mod fanout;
 mod following;
 mod posting;
 mod restart;
