@@ -1,5 +1,6 @@
-//! `fanline bench`: fan-out throughput and lag, page-read speed and bytes on disk, measured
-//! in-process on an embedded store in a temporary directory.
+//! `fanline bench`: fan-out throughput with 1, 2 and 4 worker tasks, fan-out lag, page-read
+//! speed and bytes on disk (embedded store in a temporary directory), or requests and write
+//! capacity per 1,000 deliveries (`--store dynamodb`, on fresh tables of its own).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,10 +11,13 @@ use serde_json::value::RawValue;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::StoreKind;
 use crate::cursor::CursorCodec;
 use crate::fanout::{FanoutMetrics, JobDone, Worker, WorkerSettings};
 use crate::keys::Ticks;
-use crate::store::{EmbeddedStore, Item, Store, Table, Write};
+use crate::store::{
+    DynamoConfig, DynamoStore, EmbeddedStore, Item, Store, StoreStats, Table, Write,
+};
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, Settings, SubjectId, Timelines};
 
 #[derive(Clone, Debug, Args)]
@@ -21,122 +25,271 @@ pub struct BenchArgs {
     /// Followers of the posting author.
     #[arg(long, default_value_t = 10_000)]
     pub followers: usize,
-    /// Events posted (and fanned out to every follower) in the throughput run.
+    /// Events posted, then fanned out to every follower, in each throughput run.
     #[arg(long, default_value_t = 300)]
     pub posts: usize,
-    /// 250-item timeline pages read.
-    #[arg(long, default_value_t = 2_000)]
-    pub reads: usize,
-    /// Fan-out worker tasks.
-    #[arg(long, default_value_t = 2)]
-    pub workers: usize,
-    /// Events posted one at a time, each waited for, to measure fan-out lag.
+    /// Worker task counts to measure throughput with, one run (and one fresh store) each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub workers: Vec<usize>,
+    /// Events posted one at a time, each waited for, to measure fan-out lag (2 workers).
     #[arg(long, default_value_t = 20)]
     pub lag_samples: usize,
+    /// 250-item timeline pages read after the lag run.
+    #[arg(long, default_value_t = 2_000)]
+    pub reads: usize,
+    /// Backend: `embedded` (a temp dir) or `dynamodb` (fresh tables, deleted afterwards).
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub store: StoreKind,
+    /// DynamoDB endpoint (for example DynamoDB Local); otherwise the standard AWS settings.
+    #[arg(long, env = "FANLINE_DYNAMODB_ENDPOINT")]
+    pub dynamodb_endpoint: Option<String>,
+    /// Followers above which an event's fan-out is split into parts.
+    #[arg(long, default_value_t = 5_000)]
+    pub split_above: usize,
+    /// Followers per fan-out page (one query and one checkpoint each).
+    #[arg(long, default_value_t = 1_000)]
+    pub page_size: usize,
 }
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir().context("failed to create a temp dir")?;
-    let embedded = EmbeddedStore::open_async(dir.path()).await?;
-    let store: Arc<dyn Store> = Arc::new(embedded.clone());
-    let author = SubjectId::parse("bench-author").map_err(anyhow::Error::msg)?;
-    let followers: Vec<String> = (0..args.followers)
-        .map(|i| format!("bench-follower-{i:07}"))
-        .collect();
-    add_followers(store.as_ref(), &author, &followers).await?;
+/// One bench store: the backend, its traffic counters, and what must go when done.
+struct BenchStore {
+    store: Arc<dyn Store>,
+    stats: Arc<StoreStats>,
+    embedded: Option<(EmbeddedStore, tempfile::TempDir)>,
+    dynamo: Option<DynamoStore>,
+}
 
-    let wake = Arc::new(Notify::new());
-    let timelines = Timelines::new(
-        store.clone(),
-        CursorCodec::new(b"bench"),
-        Settings {
-            max_payload_bytes: 64 * 1024,
-        },
-        wake.clone(),
-    );
-    let shutdown = CancellationToken::new();
-    let (done_sender, mut done) = mpsc::unbounded_channel::<JobDone>();
-    let metrics = FanoutMetrics::default();
-    let mut tasks = Vec::new();
-    for _ in 0..args.workers.max(1) {
-        let worker = Worker::new(
-            store.clone(),
-            WorkerSettings {
-                poll_interval: Duration::from_millis(50),
-                ..WorkerSettings::default()
-            },
-            wake.clone(),
-            metrics.clone(),
-            shutdown.clone(),
-        )
-        .report_done_to(done_sender.clone());
-        tasks.push(tokio::spawn(worker.run()));
-    }
-
-    println!(
-        "fanline bench: {} followers, {} posts, {} reads, {} worker tasks, embedded store in {}",
-        args.followers,
-        args.posts,
-        args.reads,
-        args.workers.max(1),
-        dir.path().display()
-    );
-
-    // Throughput: post everything, wait for every job.
-    let started = Instant::now();
-    for i in 0..args.posts {
-        timelines.post_event(&author, bench_event(i)?).await?;
-    }
-    let mut delivered = 0u64;
-    let mut events_done = 0;
-    while events_done < args.posts {
-        let job = done.recv().await.context("workers stopped")?;
-        delivered += job.delivered;
-        events_done += usize::from(job.event_done);
-    }
-    let elapsed = started.elapsed();
-    println!(
-        "fan-out: {delivered} durable deliveries in {:.2} s = {:.0} deliveries/s",
-        elapsed.as_secs_f64(),
-        delivered as f64 / elapsed.as_secs_f64()
-    );
-
-    // Lag: one event at a time, from posting to its last entry written.
-    let mut lags = Vec::with_capacity(args.lag_samples);
-    for i in 0..args.lag_samples {
-        timelines
-            .post_event(&author, bench_event(args.posts + i)?)
-            .await?;
-        loop {
-            let job = done.recv().await.context("workers stopped")?;
-            if job.event_done {
-                lags.push(job.lag);
-                break;
+impl BenchStore {
+    /// Opens a fresh store; an embedded one goes in a new directory under `parent`, which
+    /// outlives every store of the run (fjall's threads may still touch files as they stop).
+    async fn open(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Result<BenchStore> {
+        match args.store {
+            StoreKind::Embedded => {
+                let dir = tempfile::tempdir_in(parent).context("failed to create a temp dir")?;
+                let embedded = EmbeddedStore::open_async(dir.path()).await?;
+                Ok(BenchStore {
+                    store: Arc::new(embedded.clone()),
+                    stats: Arc::default(),
+                    embedded: Some((embedded, dir)),
+                    dynamo: None,
+                })
+            }
+            StoreKind::Dynamodb => {
+                let config = DynamoConfig {
+                    endpoint: args.dynamodb_endpoint.clone(),
+                    table_prefix: format!("fanline-bench-{}-", uuid::Uuid::new_v4().simple()),
+                };
+                let dynamo = DynamoStore::connect(&config).await?;
+                dynamo
+                    .create_tables()
+                    .await
+                    .context("failed to create the bench tables")?;
+                Ok(BenchStore {
+                    store: Arc::new(dynamo.clone()),
+                    stats: dynamo.stats(),
+                    embedded: None,
+                    dynamo: Some(dynamo),
+                })
             }
         }
     }
+
+    async fn close(self) -> anyhow::Result<()> {
+        if let Some((_, dir)) = self.embedded {
+            // Removed with the parent directory at the end of the run.
+            let _kept = dir.keep();
+        }
+        if let Some(dynamo) = self.dynamo {
+            dynamo
+                .delete_tables()
+                .await
+                .context("failed to delete the bench tables")?;
+        }
+        Ok(())
+    }
+}
+
+/// An author with followers on a bench store, and the workers fanning its posts out.
+struct Rig {
+    bench_store: BenchStore,
+    timelines: Timelines,
+    author: SubjectId,
+    followers: Vec<String>,
+    wake: Arc<Notify>,
+    settings: WorkerSettings,
+    /// Shared by all the rig's workers: deliveries counted here include the authors' own
+    /// entries, which no single job reports.
+    metrics: FanoutMetrics,
+}
+
+impl Rig {
+    async fn new(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Result<Rig> {
+        let bench_store = BenchStore::open(args, parent).await?;
+        let store = bench_store.store.clone();
+        let author = SubjectId::parse("bench-author").map_err(anyhow::Error::msg)?;
+        let followers: Vec<String> = (0..args.followers)
+            .map(|i| format!("bench-follower-{i:07}"))
+            .collect();
+        add_followers(store.as_ref(), &author, &followers).await?;
+        let wake = Arc::new(Notify::new());
+        let timelines = Timelines::new(
+            store,
+            CursorCodec::new(b"bench"),
+            Settings {
+                max_payload_bytes: 64 * 1024,
+            },
+            wake.clone(),
+        );
+        // In-process workers are woken by posts; polling is only the fallback, so it keeps
+        // its default and idle workers do not inflate the request counts.
+        let settings = WorkerSettings {
+            split_above: args.split_above,
+            page_size: args.page_size,
+            ..WorkerSettings::default()
+        };
+        Ok(Rig {
+            bench_store,
+            timelines,
+            author,
+            followers,
+            wake,
+            settings,
+            metrics: FanoutMetrics::default(),
+        })
+    }
+
+    fn start_workers(&self, count: usize) -> Workers {
+        let shutdown = CancellationToken::new();
+        let (sink, done) = mpsc::unbounded_channel();
+        let tasks = (0..count.max(1))
+            .map(|_| {
+                let worker = Worker::new(
+                    self.bench_store.store.clone(),
+                    self.settings.clone(),
+                    self.wake.clone(),
+                    self.metrics.clone(),
+                    shutdown.clone(),
+                )
+                .report_done_to(sink.clone());
+                tokio::spawn(worker.run())
+            })
+            .collect();
+        self.wake.notify_waiters();
+        Workers {
+            shutdown,
+            tasks,
+            done,
+        }
+    }
+}
+
+struct Workers {
+    shutdown: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    done: mpsc::UnboundedReceiver<JobDone>,
+}
+
+impl Workers {
+    /// Waits for `events` events to be completely delivered; returns each event's lag.
+    async fn wait_for(&mut self, events: usize) -> anyhow::Result<Vec<Duration>> {
+        let mut lags = Vec::with_capacity(events);
+        while lags.len() < events {
+            let job = self.done.recv().await.context("workers stopped")?;
+            if job.event_done {
+                lags.push(job.lag);
+            }
+        }
+        Ok(lags)
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            task.await.ok();
+        }
+    }
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let parent = tempfile::tempdir().context("failed to create a temp dir")?;
+    println!(
+        "fanline bench: {:?} store, {} followers (split above {}, pages of {}), {} posts per run",
+        args.store, args.followers, args.split_above, args.page_size, args.posts
+    );
+
+    // Throughput: post everything with no worker running, then time the fan-out alone. The
+    // last run's store is kept for the read and disk figures.
+    let mut last_rig: Option<Rig> = None;
+    for &count in &args.workers {
+        if let Some(previous) = last_rig.take() {
+            previous.bench_store.close().await?;
+        }
+        let rig = Rig::new(&args, parent.path()).await?;
+        for i in 0..args.posts {
+            rig.timelines
+                .post_event(&rig.author, bench_event(i)?)
+                .await?;
+        }
+        let before = rig.bench_store.stats.snapshot();
+        let started = Instant::now();
+        let mut workers = rig.start_workers(count);
+        workers.wait_for(args.posts).await?;
+        let delivered = rig.metrics.deliveries.get();
+        let elapsed = started.elapsed();
+        workers.stop().await;
+        let after = rig.bench_store.stats.snapshot();
+        println!(
+            "fan-out, {count} worker task(s): {delivered} durable deliveries in {:.2} s = {:.0} deliveries/s",
+            elapsed.as_secs_f64(),
+            delivered as f64 / elapsed.as_secs_f64()
+        );
+        if args.store == StoreKind::Dynamodb && delivered > 0 {
+            let per_thousand = 1000.0 / delivered as f64;
+            println!(
+                "  dynamodb per 1,000 deliveries: {:.1} requests ({:.1} writes), {:.1} WCU; {} retries",
+                (after.requests - before.requests) as f64 * per_thousand,
+                (after.write_requests - before.write_requests) as f64 * per_thousand,
+                (after.write_capacity_units - before.write_capacity_units) * per_thousand,
+                after.retries.iter().map(|(_, count)| count).sum::<u64>()
+                    - before.retries.iter().map(|(_, count)| count).sum::<u64>(),
+            );
+        }
+        last_rig = Some(rig);
+    }
+
+    // Lag: one event at a time, from posting to its last entry written, on a fresh store.
+    let rig = Rig::new(&args, parent.path()).await?;
+    let mut workers = rig.start_workers(2);
+    let mut lags = Vec::with_capacity(args.lag_samples);
+    for i in 0..args.lag_samples {
+        rig.timelines
+            .post_event(&rig.author, bench_event(i)?)
+            .await?;
+        lags.extend(workers.wait_for(1).await?);
+    }
+    workers.stop().await;
+    rig.bench_store.close().await?;
     if !lags.is_empty() {
         println!(
-            "fan-out lag to {} followers: p50 {:.1} ms, p99 {:.1} ms ({} samples)",
+            "fan-out lag to {} followers, 2 worker tasks: p50 {:.1} ms, p99 {:.1} ms ({} samples)",
             args.followers,
             millis(percentile(&mut lags, 50.0)),
             millis(percentile(&mut lags, 99.0)),
             lags.len()
         );
     }
-    shutdown.cancel();
-    for task in tasks {
-        task.await.ok();
-    }
 
+    let Some(rig) = last_rig else {
+        return Ok(());
+    };
     // Reads: first pages of followers' timelines, two readers at a time.
-    if args.reads > 0 && !followers.is_empty() {
-        let timelines = Arc::new(timelines);
+    if args.reads > 0 && !rig.followers.is_empty() && args.posts > 0 {
+        let timelines = Arc::new(rig.timelines);
         let started = Instant::now();
         let mut readers = Vec::new();
         for reader in 0..2 {
             let timelines = timelines.clone();
-            let followers = followers.clone();
+            let followers = rig.followers.clone();
             let reads = args.reads / 2 + usize::from(reader == 0) * (args.reads % 2);
             readers.push(tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(reads);
@@ -165,16 +318,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
 
-    let entries = (args.followers as u64 + 1) * (args.posts + args.lag_samples) as u64;
-    let bytes = embedded.flushed_disk_space(Table::Timelines).await?;
-    if entries > 0 {
-        println!(
-            "disk: {bytes} bytes for {entries} timeline entries = {:.1} bytes/entry (payload ~{} bytes)",
-            bytes as f64 / entries as f64,
-            bench_event(0)?.payload.get().len()
-        );
+    if let Some((embedded, _)) = &rig.bench_store.embedded {
+        let entries = (args.followers as u64 + 1) * args.posts as u64;
+        let bytes = embedded.flushed_disk_space(Table::Timelines).await?;
+        if entries > 0 {
+            println!(
+                "disk: {bytes} bytes for {entries} timeline entries = {:.1} bytes/entry (payload ~{} bytes)",
+                bytes as f64 / entries as f64,
+                bench_event(0)?.payload.get().len()
+            );
+        }
     }
-    Ok(())
+    rig.bench_store.close().await
 }
 
 async fn add_followers(

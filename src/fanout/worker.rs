@@ -331,7 +331,7 @@ impl Worker {
 
         let job = &leased.job;
         if job.split.is_some() {
-            return self.split(leased, &entry).await;
+            return self.split(leased).await;
         }
         if job.part.is_none() && job.cursor.is_none() {
             // A fresh event: one read tells whether to split, and otherwise holds every
@@ -345,7 +345,7 @@ impl Worker {
                 ))
                 .await?;
             if followers.len() > self.settings.split_above {
-                return self.split(leased, &entry).await;
+                return self.split(leased).await;
             }
             let mut pages = followers.chunks(self.settings.page_size.max(1)).peekable();
             if pages.peek().is_none() {
@@ -381,7 +381,12 @@ impl Worker {
                 query = query.range(Some(start), end);
             }
             let followers = self.store.query(query).await?;
-            self.deliver_page(leased, &followers, &entry, false).await?;
+            // The author's own entry goes with the first page of the first part, so it
+            // costs no request of its own.
+            let with_author = leased.job.cursor.is_none()
+                && leased.job.part.as_ref().is_some_and(|part| part.index == 0);
+            self.deliver_page(leased, &followers, &entry, with_author)
+                .await?;
             if followers.len() < self.settings.page_size {
                 return Ok(Step::Delivered);
             }
@@ -430,15 +435,14 @@ impl Worker {
     }
 
     /// Splits a big event into part jobs of `split_above` followers each, bounded by follower
-    /// row keys. Each part is enqueued in one transaction with the root job's progress, so a
+    /// row keys (the first part also writes the author's own entry). Each part is enqueued in one transaction with the root job's progress, so a
     /// crash never loses or doubles a part; the last part goes with the root job's deletion.
-    async fn split(&self, leased: &mut LeasedJob, entry: &bytes::Bytes) -> StoreResult<Step> {
+    async fn split(&self, leased: &mut LeasedJob) -> StoreResult<Step> {
         let event_id = leased
             .job
             .event_id()
             .ok_or_else(|| StoreError::Other(format!("job row key {:?}", leased.job.row_key)))?;
         if leased.job.split.is_none() {
-            self.deliver_page(leased, &[], entry, true).await?;
             leased.job.split = Some(Split::default());
             leased
                 .checkpoint(self.store.as_ref(), self.lease_ms())
@@ -502,7 +506,7 @@ impl Worker {
             self.wake.notify_one();
             match ended {
                 Some(record) => {
-                    info!(row_key = %root.row_key, parts = split.parts, followers = split.followers, "fan-out split");
+                    debug!(row_key = %root.row_key, parts = split.parts, followers = split.followers, "fan-out split");
                     if record.finished_at.is_some() {
                         self.report_done(&root, &record).await;
                     }

@@ -133,6 +133,7 @@ enum Operation {
     Query,
     CreateTable,
     DescribeTable,
+    DeleteTable,
 }
 
 impl Operation {
@@ -145,6 +146,7 @@ impl Operation {
             Operation::BatchWriteItem => "BatchWriteItem",
             Operation::Query => "Query",
             Operation::CreateTable => "CreateTable",
+            Operation::DeleteTable => "DeleteTable",
             Operation::DescribeTable => "DescribeTable",
         }
     }
@@ -224,6 +226,28 @@ impl DynamoStore {
 
     /// Creates every table that does not exist yet and waits until all are ACTIVE. Idempotent,
     /// so every process may call it at start-up.
+    /// Deletes every table of this prefix (for benchmarks and tools that made their own);
+    /// tables that do not exist are skipped.
+    pub async fn delete_tables(&self) -> StoreResult<()> {
+        for table in Table::ALL {
+            let request = self
+                .client
+                .delete_table()
+                .table_name(self.table_name(table));
+            match self
+                .call(Operation::DeleteTable, retry_reason, || {
+                    request.clone().send()
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(err) if err.code() == Some("ResourceNotFoundException") => {}
+                Err(err) => return Err(map_sdk_error(err)),
+            }
+        }
+        Ok(())
+    }
+
     pub async fn create_tables(&self) -> StoreResult<()> {
         for table in Table::ALL {
             let name = self.table_name(table);
