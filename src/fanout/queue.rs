@@ -21,8 +21,10 @@ use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table
 /// Queue partitions: enough to spread load, few enough that an idle poll is cheap.
 pub const SHARDS: u32 = 8;
 
-/// Jobs read per shard by one poll.
+/// Jobs read per page of a shard by one poll.
 const SCAN_LIMIT: usize = 64;
+/// How deep a poll looks into a shard for a job no lease hides.
+const SCAN_MAX: usize = 4096;
 
 /// A pending or leased fan-out job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,18 +181,25 @@ pub async fn read(store: &dyn Store, key: &JobKey) -> StoreResult<Option<Job>> {
         .map_err(|err| StoreError::Other(format!("job {}: {err}", key.id)))
 }
 
-/// Jobs of one shard that no live lease hides, oldest first.
+/// Jobs of one shard that no live lease hides, oldest first. Reads the shard a page at a
+/// time until it finds some, so that jobs held by many busy workers at the head of a shard
+/// do not hide the ones behind them (up to [`SCAN_MAX`] jobs deep).
 pub async fn available(
     store: &dyn Store,
     shard: &str,
     now_ms: i64,
 ) -> StoreResult<Vec<(JobKey, Job, Bytes)>> {
-    let items = store
-        .query(Query::partition(Table::Jobs, shard, SCAN_LIMIT))
-        .await?;
-    Ok(items
-        .into_iter()
-        .filter_map(|item| {
+    let mut found = Vec::new();
+    let mut after = None;
+    let mut scanned = 0;
+    loop {
+        let items = store
+            .query(Query::partition(Table::Jobs, shard, SCAN_LIMIT).after(after))
+            .await?;
+        scanned += items.len();
+        let full = items.len() == SCAN_LIMIT;
+        after = items.last().map(|item| item.row.clone());
+        found.extend(items.into_iter().filter_map(|item| {
             let job: Job = serde_json::from_slice(&item.value).ok()?;
             let visible = job.hidden_until_ms.is_none_or(|until| until <= now_ms);
             visible.then(|| {
@@ -200,8 +209,11 @@ pub async fn available(
                 };
                 (key, job, item.value)
             })
-        })
-        .collect())
+        }));
+        if !found.is_empty() || !full || scanned >= SCAN_MAX {
+            return Ok(found);
+        }
+    }
 }
 
 /// How many jobs the queue holds, counting at most `cap` per shard (for `/metrics`).
@@ -308,5 +320,35 @@ impl LeasedJob {
         self.job.lease_owner = None;
         self.job.hidden_until_ms = (delay_ms > 0).then(|| now_ms() + delay_ms);
         self.commit(store, true, Vec::new()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::EmbeddedStore;
+
+    #[tokio::test]
+    async fn a_poll_looks_past_jobs_hidden_by_leases_at_the_head_of_a_shard() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let now = now_ms();
+        let mut writes = Vec::new();
+        for i in 0..(SCAN_LIMIT * 2 + 5) {
+            let mut job = new_job("author", &format!("row-{i:04}"), Ticks::now(), None);
+            if i < SCAN_LIMIT * 2 {
+                job.lease_owner = Some("busy".into());
+                job.hidden_until_ms = Some(now + 60_000);
+            }
+            writes.push(Write::put(
+                Table::Jobs,
+                Item::new("shard-00", format!("job-{i:04}"), job.encode()),
+            ));
+        }
+        store.batch_write(writes).await.expect("jobs");
+        let visible = available(&store, "shard-00", now).await.expect("poll");
+        let ids: Vec<&str> = visible.iter().map(|(key, _, _)| key.id.as_str()).collect();
+        assert_eq!(ids, ["job-0128", "job-0129", "job-0130", "job-0131", "job-0132"]);
+        assert_eq!(depth(&store, 10_000).await.expect("depth"), 133);
     }
 }

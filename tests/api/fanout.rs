@@ -25,6 +25,7 @@ on_both_backends!(
     fanout_status_of_unknown_or_malformed_events_is_a_client_error,
     metrics_expose_fanout_http_and_queue_series,
     throttling_every_third_write_still_delivers_exactly_once_and_counts_retries,
+    a_stretch_of_failed_writes_delays_the_fanout_but_loses_nothing,
     a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint,
     a_split_fanout_is_delivered_by_several_workers_like_a_single_worker,
 );
@@ -217,6 +218,55 @@ async fn throttling_every_third_write_still_delivers_exactly_once_and_counts_ret
         metric(&app, r#"fanline_fanout_retries_total{reason="throttled"}"#).await >= 1.0,
         "retries show in the metrics"
     );
+}
+
+async fn a_stretch_of_failed_writes_delays_the_fanout_but_loses_nothing(backend: Backend) {
+    let app = spawn_app_with(TestStore::new(backend).await, |config| {
+        config.fanout_page_size = 10;
+        config.retry_base_ms = 1;
+        // However long the test takes to notice the retries, the job must not be
+        // dead-lettered meanwhile.
+        config.max_attempts = 1000;
+    })
+    .await;
+    let followers: Vec<String> = (0..30).map(|i| format!("reader{i:02}")).collect();
+    follow_all(&app, "writer", &followers).await;
+    // Timeline writes fail until the outage ends; the job keeps being retried meanwhile.
+    app.faults.fail_always(
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Unavailable,
+    );
+    let posted = app.post_text("writer", "after the outage").await;
+    let id = event_id(&posted);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(
+        &app,
+        r#"fanline_fanout_retries_total{reason="unavailable"}"#,
+    )
+    .await
+        < 3.0
+    {
+        assert!(Instant::now() < deadline, "the job was not retried");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = app.get(&fanout_path("writer", &id)).await;
+    assert_ne!(waiting.body["state"], "done", "{waiting:?}");
+    assert!(app.timeline("reader00").await.is_empty());
+    app.faults.clear();
+
+    let done = wait_for_fanout(&app, "writer", &id, "done").await;
+    assert_eq!(done["followers_total"], 30);
+    assert_eq!(
+        metric(&app, "fanline_fanout_dead_lettered_total").await,
+        0.0
+    );
+    for follower in &followers {
+        assert_eq!(
+            app.timeline(follower).await.len(),
+            1,
+            "entries of {follower}"
+        );
+    }
 }
 
 async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(backend: Backend) {
