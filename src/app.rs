@@ -189,13 +189,47 @@ impl Application {
     }
 }
 
-/// Runs fan-out workers only (`fanline worker`), until the token fires.
+/// Runs fan-out workers only (`fanline worker`), until the token fires. With
+/// `--metrics-listen`, it also serves `/metrics` and `/healthz` there, since its fan-out
+/// counters live in this process.
 pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let OpenStore { store, .. } = open_store(config).await?;
+    let OpenStore { store, stats } = open_store(config).await?;
     store.ping().await.context("the store does not answer")?;
     let wake = Arc::new(Notify::new());
+    let metrics = Arc::new(Metrics::new(stats));
     let tracker = TaskTracker::new();
-    Workers::new(config, &store, &wake, &FanoutMetrics::default(), &shutdown).spawn_on(&tracker);
+    Workers::new(config, &store, &wake, &metrics.fanout, &shutdown).spawn_on(&tracker);
+    if let Some(address) = config.metrics_listen {
+        let key = cursor_key(store.as_ref())
+            .await
+            .context("failed to read the cursor key from the store (is it initialised?)")?;
+        let timelines = Timelines::new(
+            store.clone(),
+            CursorCodec::new(&key),
+            config.timeline_settings(),
+            wake.clone(),
+        );
+        let state = AppState {
+            timelines: Arc::new(timelines),
+            metrics,
+        };
+        let listener = TcpListener::bind(address)
+            .await
+            .with_context(|| format!("failed to listen on {address}"))?;
+        println!(
+            "fanline worker metrics on http://{}",
+            listener.local_addr()?
+        );
+        let stopped = shutdown.clone().cancelled_owned();
+        tracker.spawn(async move {
+            if let Err(err) = axum::serve(listener, http::ops_router(state))
+                .with_graceful_shutdown(stopped)
+                .await
+            {
+                tracing::error!(error = %err, "metrics server failed");
+            }
+        });
+    }
     tracker.close();
     info!(workers = config.workers, "fan-out workers running");
     tracker.wait().await;

@@ -79,6 +79,11 @@ pub struct Config {
     #[arg(long, env = "FANLINE_RETRY_BASE_MS", default_value_t = 100)]
     pub retry_base_ms: u64,
 
+    /// `fanline worker` only: serve `/metrics` and `/healthz` on this address (port 0 picks
+    /// one; the chosen address is printed).
+    #[arg(long, env = "FANLINE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Seconds the status of a finished fan-out stays readable.
     #[arg(long, env = "FANLINE_STATUS_RETENTION_SECS", default_value_t = 86_400)]
     pub status_retention_secs: u64,

@@ -59,6 +59,14 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
+/// `/metrics` and `/healthz` alone, for `fanline worker` processes.
+pub fn ops_router(state: AppState) -> Router {
+    Router::new()
+        .merge(health::router())
+        .merge(metrics::router())
+        .with_state(state)
+}
+
 /// Answers 413 to a body whose declared length is over the limit before reading any of it,
 /// so the client gets a clean answer instead of a connection closed mid-upload. Bodies
 /// without a length are cut off at the limit by `DefaultBodyLimit`.
