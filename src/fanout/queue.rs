@@ -348,7 +348,10 @@ mod tests {
         store.batch_write(writes).await.expect("jobs");
         let visible = available(&store, "shard-00", now).await.expect("poll");
         let ids: Vec<&str> = visible.iter().map(|(key, _, _)| key.id.as_str()).collect();
-        assert_eq!(ids, ["job-0128", "job-0129", "job-0130", "job-0131", "job-0132"]);
+        assert_eq!(
+            ids,
+            ["job-0128", "job-0129", "job-0130", "job-0131", "job-0132"]
+        );
         assert_eq!(depth(&store, 10_000).await.expect("depth"), 133);
     }
 }

@@ -183,6 +183,48 @@ impl FanoutStatus {
     }
 }
 
+/// Reads an event's status record and root job as of one moment.
+///
+/// A job ends in one transaction that deletes it and adds its progress to the record, so the
+/// two must not be read on either side of that transaction: the progress would count twice
+/// (or the event would seem to have vanished). The job is read before and after the record;
+/// if it changed meanwhile, the reads are repeated. When the job was absent at the first
+/// read, the record read after it already holds everything the job did.
+async fn consistent_read(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+) -> StoreResult<(Option<FanoutRecord>, Option<Job>)> {
+    const ATTEMPTS: usize = 8;
+    let key = JobKey::root(event_id);
+    let row = event_id.as_hyphenated().to_string();
+    let mut before = store.get(Table::Jobs, &key.shard, &key.id).await?;
+    for _ in 0..ATTEMPTS {
+        let record = match store.get(Table::FanoutStatus, author, &row).await? {
+            Some(body) => Some(decode(&body)?),
+            None => None,
+        };
+        let after = match &before {
+            None => None,
+            Some(_) => store.get(Table::Jobs, &key.shard, &key.id).await?,
+        };
+        if after == before {
+            let job = match after {
+                Some(body) => Some(
+                    serde_json::from_slice(&body)
+                        .map_err(|err| StoreError::Other(format!("job {}: {err}", key.id)))?,
+                ),
+                None => None,
+            };
+            return Ok((record, job));
+        }
+        before = after;
+    }
+    Err(StoreError::Throttled(
+        "the fan-out kept changing while its status was read".into(),
+    ))
+}
+
 /// Reads the status of an event's fan-out; `None` if there is no trace of it (never posted,
 /// or done and past its retention).
 pub async fn lookup(
@@ -191,14 +233,8 @@ pub async fn lookup(
     event_id: Uuid,
 ) -> StoreResult<Option<FanoutStatus>> {
     let now = queue::now_ms();
-    // The job first: a job ends in one transaction that also writes the record, so a missing
-    // job read before the record cannot miss both.
-    let job_opt = queue::read(store, &JobKey::root(event_id)).await?;
-    let row = event_id.as_hyphenated().to_string();
-    let record_opt = match store.get(Table::FanoutStatus, author, &row).await? {
-        Some(body) => Some(decode(&body)?).filter(|record| !record.is_expired(now)),
-        None => None,
-    };
+    let (record_opt, job_opt) = consistent_read(store, author, event_id).await?;
+    let record_opt = record_opt.filter(|record| !record.is_expired(now));
     let job_opt = job_opt.filter(|job| job.author == author);
     Ok(match (record_opt, job_opt) {
         (None, None) => None,

@@ -117,6 +117,9 @@ enum Step {
 /// are updating too.
 const RECORD_RACES: usize = 32;
 
+/// Longest pause of the worker loop after a failed step (the store unreachable).
+const STEP_BACKOFF_CAP_MS: i64 = 2_000;
+
 impl Worker {
     pub fn new(
         store: Arc<dyn Store>,
@@ -536,7 +539,10 @@ impl Worker {
                 Err(err) => {
                     failures = failures.saturating_add(1);
                     warn!(error = %err, failures, "fan-out worker step failed");
-                    let delay = retry_delay_ms(failures, millis(self.settings.retry_base));
+                    // Capped lower than a job's retry: a worker process is not woken by
+                    // posts, and should notice soon that the store is back.
+                    let delay = retry_delay_ms(failures, millis(self.settings.retry_base))
+                        .min(STEP_BACKOFF_CAP_MS);
                     Duration::from_millis(u64::try_from(delay).unwrap_or(1000))
                 }
             };

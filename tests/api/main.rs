@@ -10,5 +10,6 @@ mod errors;
 mod fanout;
 mod following;
 mod posting;
+mod reliability;
 mod restart;
 mod timeline;

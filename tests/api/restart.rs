@@ -15,7 +15,7 @@ on_both_backends!(
 );
 
 /// `fanline <subcommand>` configured for the test's store.
-fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Command {
+pub(crate) fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Command {
     let config = &store.config;
     let mut command = Command::new(env!("CARGO_BIN_EXE_fanline"));
     command
@@ -44,14 +44,14 @@ fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Command {
 
 /// A process of ours: `stop` sends SIGTERM and expects a clean exit; dropping it first (a
 /// failing test) kills it by PID, so nothing is left behind.
-struct Process(Child);
+pub(crate) struct Process(Child);
 
 impl Process {
-    fn spawn(mut command: Command) -> Process {
+    pub(crate) fn spawn(mut command: Command) -> Process {
         Process(command.spawn().expect("start fanline"))
     }
 
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let pid = self.0.id().to_string();
         let status = Command::new("kill")
             .args(["-TERM", &pid])
@@ -72,9 +72,14 @@ impl Process {
 
 impl Process {
     /// SIGKILL: no shutdown, no flush, nothing.
-    fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         self.0.kill().expect("kill -9");
         self.0.wait().expect("reap");
+    }
+
+    /// Whether the process has not exited (yet).
+    pub(crate) fn is_running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
     }
 }
 
@@ -89,7 +94,17 @@ impl Drop for Process {
 
 /// Starts `fanline serve` and reads the address it prints.
 fn serve(store: &TestStore, workers: usize) -> (Process, Api) {
-    let mut process = Process::spawn(fanline("serve", store, workers));
+    serve_command(fanline("serve", store, workers))
+}
+
+/// Starts a `fanline serve` command (see [`fanline`]) and reads the address it prints.
+pub(crate) fn serve_command(command: Command) -> (Process, Api) {
+    spawn_announcing(command, "fanline listening on ")
+}
+
+/// Starts a command whose first line of output is `announcement` then an address.
+fn spawn_announcing(command: Command, announcement: &str) -> (Process, Api) {
+    let mut process = Process::spawn(command);
     let stdout = process.0.stdout.take().expect("stdout");
     let mut line = String::new();
     BufReader::new(stdout)
@@ -97,13 +112,13 @@ fn serve(store: &TestStore, workers: usize) -> (Process, Api) {
         .expect("read address line");
     let address = line
         .trim()
-        .strip_prefix("fanline listening on ")
+        .strip_prefix(announcement)
         .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
     let api = Api::new(address);
     (process, api)
 }
 
-async fn stop(process: Process) {
+pub(crate) async fn stop(process: Process) {
     tokio::task::spawn_blocking(move || process.stop())
         .await
         .expect("stop task");
@@ -144,7 +159,9 @@ async fn jobs_posted_before_a_restart_are_delivered_after_it(backend: Backend) {
 async fn a_worker_process_fans_out_for_a_server_without_workers() {
     let store = TestStore::new(Backend::Dynamo).await;
     let (server, api) = serve(&store, 0);
-    let worker = Process::spawn(fanline("worker", &store, 2));
+    let mut worker_command = fanline("worker", &store, 2);
+    worker_command.env("FANLINE_METRICS_LISTEN", "127.0.0.1:0");
+    let (worker, worker_ops) = spawn_announcing(worker_command, "fanline worker metrics on ");
     assert_eq!(
         api.follow("reader", "writer").await.status,
         StatusCode::NO_CONTENT
@@ -153,6 +170,29 @@ async fn a_worker_process_fans_out_for_a_server_without_workers() {
         .await;
     let items = api.wait_for_timeline("reader", 1).await;
     assert_eq!(items[0]["payload"]["text"], "delivered by another process");
+    // The worker process's own counters say it did the work (the counter moves just after
+    // the entries are written, so it is polled).
+    assert_eq!(worker_ops.get("/healthz").await.status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = worker_ops
+            .client
+            .get(worker_ops.url("/metrics"))
+            .send()
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("metrics");
+        if metrics
+            .lines()
+            .any(|line| line == "fanline_fanout_deliveries_total 2")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Both exit cleanly on SIGTERM.
     stop(worker).await;
     stop(server).await;
