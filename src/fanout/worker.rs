@@ -334,7 +334,7 @@ impl Worker {
 
         let job = &leased.job;
         if job.split.is_some() {
-            return self.split(leased).await;
+            return self.split(leased, None).await;
         }
         if job.part.is_none() && job.cursor.is_none() {
             // A fresh event: one read tells whether to split, and otherwise holds every
@@ -348,7 +348,7 @@ impl Worker {
                 ))
                 .await?;
             if followers.len() > self.settings.split_above {
-                return self.split(leased).await;
+                return self.split(leased, Some(followers)).await;
             }
             let mut pages = followers.chunks(self.settings.page_size.max(1)).peekable();
             if pages.peek().is_none() {
@@ -440,7 +440,8 @@ impl Worker {
     /// Splits a big event into part jobs of `split_above` followers each, bounded by follower
     /// row keys (the first part also writes the author's own entry). Each part is enqueued in one transaction with the root job's progress, so a
     /// crash never loses or doubles a part; the last part goes with the root job's deletion.
-    async fn split(&self, leased: &mut LeasedJob) -> StoreResult<Step> {
+    /// `first` holds the first `split_above + 1` followers if the caller has read them.
+    async fn split(&self, leased: &mut LeasedJob, first: Option<Vec<Item>>) -> StoreResult<Step> {
         let event_id = leased
             .job
             .event_id()
@@ -452,18 +453,27 @@ impl Worker {
                 .await?;
         }
         let part_size = self.settings.split_above.max(1);
+        let mut first = first;
         loop {
             if self.shutdown.is_cancelled() {
                 return Ok(Step::Stopped);
             }
             let mut split = leased.job.split.clone().unwrap_or_default();
-            let followers = self
-                .store
-                .query(
-                    Query::partition(Table::SubjectFollowers, &leased.job.author, part_size + 1)
-                        .range(split.next.clone(), None),
-                )
-                .await?;
+            let followers = match first.take() {
+                Some(followers) if split.parts == 0 => followers,
+                _ => {
+                    self.store
+                        .query(
+                            Query::partition(
+                                Table::SubjectFollowers,
+                                &leased.job.author,
+                                part_size + 1,
+                            )
+                            .range(split.next.clone(), None),
+                        )
+                        .await?
+                }
+            };
             let mut extra = Vec::new();
             if let Some(first) = followers.first() {
                 let end = followers.get(part_size).map(|item| item.row.clone());
