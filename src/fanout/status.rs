@@ -302,7 +302,14 @@ pub async fn requeue(store: &dyn Store, author: &str, event_id: Uuid) -> StoreRe
             let mut slot = load(store, &job, event_id).await?;
             slot.record.parts_failed = slot.record.parts_failed.saturating_sub(1);
             slot.record.attempts = slot.record.attempts.saturating_sub(job.attempts);
-            let record_write = if slot.record == FanoutRecord::default() {
+            // A record that only said "failed" (an unsplit job's) has nothing left to say: the
+            // job tells the status again.
+            let record = &slot.record;
+            let only_the_failure = record.parts_total.is_none()
+                && record.parts_done == 0
+                && record.parts_failed == 0
+                && record.delivered == 0;
+            let record_write = if only_the_failure {
                 slot.delete()
             } else {
                 Some(slot.write())
