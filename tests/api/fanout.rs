@@ -432,6 +432,10 @@ impl FanoutRun {
         for task in tasks {
             task.await.expect("worker task");
         }
+        // A part that ended just before the last one may report just after it.
+        while let Ok(report) = reports.try_recv() {
+            done.push(report);
+        }
         done
     }
 
