@@ -86,6 +86,23 @@ async fn metric(api: &Api, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Polls a metric until it has `value`: counters move just after the store write that
+/// clients see.
+async fn wait_for_metric(api: &Api, series: &str, value: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let current = metric(api, series).await;
+        if current == value {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} is {current}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn fanout_status_reports_counts_and_lag_once_done(backend: Backend) {
     let app = spawn_app(backend).await;
     let followers: Vec<String> = (0..3).map(|i| format!("reader{i}")).collect();
@@ -146,6 +163,8 @@ async fn metrics_expose_fanout_http_and_queue_series(backend: Backend) {
     follow_all(&app, "writer", &["reader".to_owned()]).await;
     let posted = app.post_text("writer", "counted").await;
     wait_for_fanout(&app, "writer", &event_id(&posted), "done").await;
+    // The worker lets go of the job last, after counting it.
+    wait_for_metric(&app, "fanline_fanout_jobs_in_flight", 0.0).await;
 
     assert_eq!(metric(&app, "fanline_fanout_deliveries_total").await, 2.0);
     assert_eq!(
@@ -290,10 +309,7 @@ async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(ba
             .is_some_and(|error| error.contains("injected failure")),
         "{failed}"
     );
-    assert_eq!(
-        metric(&app, "fanline_fanout_dead_lettered_total").await,
-        1.0
-    );
+    wait_for_metric(&app, "fanline_fanout_dead_lettered_total", 1.0).await;
     assert!(app.timeline("reader").await.is_empty());
 
     app.faults.clear();
