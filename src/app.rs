@@ -80,6 +80,28 @@ pub async fn init_store(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the HTTP handlers share: the domain on `store`, and the process's metrics.
+async fn app_state(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    wake: &Arc<Notify>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<AppState> {
+    let key = cursor_key(store.as_ref())
+        .await
+        .context("failed to read the cursor key from the store (is it initialised?)")?;
+    let timelines = Timelines::new(
+        store.clone(),
+        CursorCodec::new(&key),
+        config.timeline_settings(),
+        wake.clone(),
+    );
+    Ok(AppState {
+        timelines: Arc::new(timelines),
+        metrics,
+    })
+}
+
 /// The fan-out workers of one process.
 pub struct Workers {
     workers: Vec<Worker>,
@@ -134,22 +156,10 @@ impl Application {
         opened: OpenStore,
     ) -> anyhow::Result<Application> {
         let OpenStore { store, stats } = opened;
-        let key = cursor_key(store.as_ref())
-            .await
-            .context("failed to read the cursor key from the store (is it initialised?)")?;
         let wake = Arc::new(Notify::new());
         let metrics = Arc::new(Metrics::new(stats));
         let shutdown = CancellationToken::new();
-        let timelines = Timelines::new(
-            store.clone(),
-            CursorCodec::new(&key),
-            config.timeline_settings(),
-            wake.clone(),
-        );
-        let state = AppState {
-            timelines: Arc::new(timelines),
-            metrics: metrics.clone(),
-        };
+        let state = app_state(&config, &store, &wake, metrics.clone()).await?;
         let router = http::router(state, config.max_payload_bytes + BODY_OVERHEAD_BYTES);
         let workers = Workers::new(&config, &store, &wake, &metrics.fanout, &shutdown);
         let listener = TcpListener::bind(config.listen)
@@ -200,19 +210,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     let tracker = TaskTracker::new();
     Workers::new(config, &store, &wake, &metrics.fanout, &shutdown).spawn_on(&tracker);
     if let Some(address) = config.metrics_listen {
-        let key = cursor_key(store.as_ref())
-            .await
-            .context("failed to read the cursor key from the store (is it initialised?)")?;
-        let timelines = Timelines::new(
-            store.clone(),
-            CursorCodec::new(&key),
-            config.timeline_settings(),
-            wake.clone(),
-        );
-        let state = AppState {
-            timelines: Arc::new(timelines),
-            metrics,
-        };
+        let state = app_state(config, &store, &wake, metrics).await?;
         let listener = TcpListener::bind(address)
             .await
             .with_context(|| format!("failed to listen on {address}"))?;

@@ -173,12 +173,13 @@ pub fn enqueue(author: &str, row_key: &str, event_id: Uuid, enqueued_at: Ticks) 
 
 /// Reads one job.
 pub async fn read(store: &dyn Store, key: &JobKey) -> StoreResult<Option<Job>> {
-    let Some(body) = store.get(Table::Jobs, &key.shard, &key.id).await? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&body)
-        .map(Some)
-        .map_err(|err| StoreError::Other(format!("job {}: {err}", key.id)))
+    let body = store.get(Table::Jobs, &key.shard, &key.id).await?;
+    body.map(|body| decode(key, &body)).transpose()
+}
+
+/// A job from its stored bytes.
+pub fn decode(key: &JobKey, body: &[u8]) -> StoreResult<Job> {
+    serde_json::from_slice(body).map_err(|err| StoreError::Other(format!("job {}: {err}", key.id)))
 }
 
 /// Jobs of one shard that no live lease hides, oldest first. Reads the shard a page at a

@@ -15,6 +15,10 @@ use super::queue::{self, Job, JobKey};
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
 
+/// Attempts at a compare-and-swap of a status record that other jobs of the same event are
+/// updating too.
+pub const RECORD_RACES: usize = 32;
+
 /// Progress and outcome of one event's fan-out, across all its jobs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FanoutRecord {
@@ -52,7 +56,7 @@ impl FanoutRecord {
     }
 
     /// Marks the record done if every part has ended well.
-    pub fn finish_if_complete(&mut self, retention_ms: i64) -> bool {
+    pub fn finish_if_complete(&mut self, retention_ms: i64) {
         let complete = self
             .parts_total
             .is_some_and(|total| total == self.parts_done);
@@ -60,7 +64,6 @@ impl FanoutRecord {
             self.finished_at = Some(Ticks::now().get());
             self.expires_at_ms = Some(queue::now_ms().saturating_add(retention_ms));
         }
-        complete
     }
 }
 
@@ -209,13 +212,7 @@ async fn consistent_read(
             Some(_) => store.get(Table::Jobs, &key.shard, &key.id).await?,
         };
         if after == before {
-            let job = match after {
-                Some(body) => Some(
-                    serde_json::from_slice(&body)
-                        .map_err(|err| StoreError::Other(format!("job {}: {err}", key.id)))?,
-                ),
-                None => None,
-            };
+            let job = after.map(|body| queue::decode(&key, &body)).transpose()?;
             return Ok((record, job));
         }
         before = after;
@@ -298,7 +295,14 @@ pub async fn requeue(store: &dyn Store, author: &str, event_id: Uuid) -> StoreRe
         job.failures = 0;
         job.lease_owner = None;
         job.hidden_until_ms = None;
+        let mut races = 0;
         loop {
+            races += 1;
+            if races > RECORD_RACES {
+                return Err(StoreError::Throttled(
+                    "the fan-out kept changing while it was re-queued".into(),
+                ));
+            }
             let mut slot = load(store, &job, event_id).await?;
             slot.record.parts_failed = slot.record.parts_failed.saturating_sub(1);
             slot.record.attempts = slot.record.attempts.saturating_sub(job.attempts);

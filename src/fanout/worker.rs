@@ -27,7 +27,7 @@ use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
 use super::metrics::FanoutMetrics;
-use super::queue::{self, JobKey, LeasedJob, Part, SHARDS, Split};
+use super::queue::{self, JobKey, LeasedJob, Part, SHARDS};
 use super::status::{self, FanoutRecord};
 use crate::keys::Ticks;
 use crate::store::{Item, Query, Store, StoreError, StoreResult, Table, Write};
@@ -113,10 +113,6 @@ enum Step {
     Stopped,
 }
 
-/// Attempts at the compare-and-swap of a status record that other jobs of the same event
-/// are updating too.
-const RECORD_RACES: usize = 32;
-
 /// Longest pause of the worker loop after a failed step (the store unreachable).
 const STEP_BACKOFF_CAP_MS: i64 = 2_000;
 
@@ -146,11 +142,6 @@ impl Worker {
     pub fn report_done_to(mut self, sink: mpsc::UnboundedSender<JobDone>) -> Self {
         self.done_sink = Some(sink);
         self
-    }
-
-    /// This worker's lease owner id.
-    pub fn id(&self) -> &str {
-        &self.owner
     }
 
     fn lease_ms(&self) -> i64 {
@@ -298,7 +289,7 @@ impl Worker {
             .job
             .event_id()
             .ok_or_else(|| StoreError::Other(format!("job row key {:?}", leased.job.row_key)))?;
-        for _ in 0..RECORD_RACES {
+        for _ in 0..status::RECORD_RACES {
             let mut slot = status::load(self.store.as_ref(), &leased.job, event_id).await?;
             update(&mut slot.record);
             let mut writes = extra.clone();
@@ -336,9 +327,10 @@ impl Worker {
         if job.split.is_some() {
             return self.split(leased, None).await;
         }
+        // A fresh event: one read tells whether to split, and otherwise holds every follower
+        // to deliver to, in memory.
+        let mut preread_opt = None;
         if job.part.is_none() && job.cursor.is_none() {
-            // A fresh event: one read tells whether to split, and otherwise holds every
-            // follower to deliver to.
             let followers = self
                 .store
                 .query(Query::partition(
@@ -350,47 +342,37 @@ impl Worker {
             if followers.len() > self.settings.split_above {
                 return self.split(leased, Some(followers)).await;
             }
-            let mut pages = followers.chunks(self.settings.page_size.max(1)).peekable();
-            if pages.peek().is_none() {
-                self.deliver_page(leased, &[], &entry, true).await?;
-                return Ok(Step::Delivered);
-            }
-            let mut first = true;
-            while let Some(page) = pages.next() {
-                if self.shutdown.is_cancelled() {
-                    return Ok(Step::Stopped);
-                }
-                self.deliver_page(leased, page, &entry, first).await?;
-                first = false;
-                if pages.peek().is_some() {
-                    leased
-                        .checkpoint(self.store.as_ref(), self.lease_ms())
-                        .await?;
-                }
-            }
-            return Ok(Step::Delivered);
+            preread_opt = Some(followers.into_iter());
         }
 
-        // A part job, or a root job resuming after its first checkpoint.
+        let page_size = self.settings.page_size.max(1);
         loop {
             if self.shutdown.is_cancelled() {
                 return Ok(Step::Stopped);
             }
-            let part = leased.job.part.clone();
-            let mut query =
-                Query::partition(Table::SubjectFollowers, &author, self.settings.page_size)
-                    .after(leased.job.cursor.clone());
-            if let Some(Part { start, end, .. }) = part {
-                query = query.range(Some(start), end);
-            }
-            let followers = self.store.query(query).await?;
-            // The author's own entry goes with the first page of the first part, so it
-            // costs no request of its own.
+            let (followers, last_page) = match preread_opt.as_mut() {
+                Some(preread) => {
+                    let page: Vec<Item> = preread.by_ref().take(page_size).collect();
+                    (page, preread.len() == 0)
+                }
+                None => {
+                    let mut query = Query::partition(Table::SubjectFollowers, &author, page_size)
+                        .after(leased.job.cursor.clone());
+                    if let Some(Part { start, end, .. }) = leased.job.part.clone() {
+                        query = query.range(Some(start), end);
+                    }
+                    let page = self.store.query(query).await?;
+                    let last_page = page.len() < page_size;
+                    (page, last_page)
+                }
+            };
+            // The author's own entry goes with the first page of the event (of its first part
+            // when split), so it costs no request of its own.
             let with_author = leased.job.cursor.is_none()
-                && leased.job.part.as_ref().is_some_and(|part| part.index == 0);
+                && leased.job.part.as_ref().is_none_or(|part| part.index == 0);
             self.deliver_page(leased, &followers, &entry, with_author)
                 .await?;
-            if followers.len() < self.settings.page_size {
+            if last_page {
                 return Ok(Step::Delivered);
             }
             leased
@@ -438,22 +420,20 @@ impl Worker {
     }
 
     /// Splits a big event into part jobs of `split_above` followers each, bounded by follower
-    /// row keys (the first part also writes the author's own entry). Each part is enqueued in one transaction with the root job's progress, so a
-    /// crash never loses or doubles a part; the last part goes with the root job's deletion.
-    /// `first` holds the first `split_above + 1` followers if the caller has read them.
-    async fn split(&self, leased: &mut LeasedJob, first: Option<Vec<Item>>) -> StoreResult<Step> {
+    /// row keys (the first part also writes the author's own entry). Each part is enqueued in
+    /// one transaction with the root job's progress, so a crash never loses or doubles a part;
+    /// the last part goes with the root job's deletion. `first` holds the first
+    /// `split_above + 1` followers if the caller has read them.
+    async fn split(
+        &self,
+        leased: &mut LeasedJob,
+        mut first: Option<Vec<Item>>,
+    ) -> StoreResult<Step> {
         let event_id = leased
             .job
             .event_id()
             .ok_or_else(|| StoreError::Other(format!("job row key {:?}", leased.job.row_key)))?;
-        if leased.job.split.is_none() {
-            leased.job.split = Some(Split::default());
-            leased
-                .checkpoint(self.store.as_ref(), self.lease_ms())
-                .await?;
-        }
         let part_size = self.settings.split_above.max(1);
-        let mut first = first;
         loop {
             if self.shutdown.is_cancelled() {
                 return Ok(Step::Stopped);
@@ -764,8 +744,17 @@ mod job_tests {
     async fn a_job_is_delivered_page_by_page_then_deleted() {
         let fixture = fixture().await;
         assert_eq!(status_of(&fixture).await.state, FanoutState::Pending);
+        // Counts batch writes: the third must happen, a fourth must not.
+        let counted = faulty(&fixture);
+        let batches = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        for n in 1..=4 {
+            let batches = batches.clone();
+            counted.on_nth(n, Calls::op(Op::BatchWrite), move || {
+                batches.store(n, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
         let (mut worker, metrics) = worker(
-            Arc::new(fixture.store.clone()),
+            counted,
             settings(Duration::from_secs(30)),
             CancellationToken::new(),
         );
@@ -774,6 +763,9 @@ mod job_tests {
             Processed::Job
         );
         assert_delivered_once(&fixture).await;
+        // Three pages (1000 + 1000 + 500) from the one read of the followers, the author's
+        // entry in the first.
+        assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 3);
         assert_eq!(metrics.deliveries.get(), FOLLOWERS as u64 + 1);
         assert!(
             jobs(&fixture.store).await.is_empty(),
