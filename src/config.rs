@@ -87,6 +87,28 @@ pub struct Config {
     /// Seconds the status of a finished fan-out stays readable.
     #[arg(long, env = "FANLINE_STATUS_RETENTION_SECS", default_value_t = 86_400)]
     pub status_retention_secs: u64,
+
+    /// Entries a timeline keeps; older ones are trimmed and never read.
+    #[arg(long, env = "FANLINE_MAX_TIMELINE_LEN", default_value_t = 800,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_timeline_len: u32,
+
+    /// Newest events of a subject copied into a new follower's timeline.
+    #[arg(long, env = "FANLINE_BACKFILL", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub backfill: u32,
+
+    /// An author with more followers than this is merged into timelines at read time
+    /// instead of fanned out on write.
+    #[arg(long, env = "FANLINE_CELEBRITY_THRESHOLD", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub celebrity_threshold: u32,
+
+    /// Seconds late an entry may arrive (behind newer ones already read) and still reach a
+    /// catch-up reader.
+    #[arg(long, env = "FANLINE_CATCH_UP_WINDOW_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub catch_up_window_secs: u64,
 }
 
 impl Config {
@@ -109,6 +131,9 @@ impl Config {
     pub fn timeline_settings(&self) -> Settings {
         Settings {
             max_payload_bytes: self.max_payload_bytes,
+            max_timeline_len: self.max_timeline_len as usize,
+            backfill: self.backfill as usize,
+            catch_up_window: Duration::from_secs(self.catch_up_window_secs),
         }
     }
 
@@ -121,6 +146,9 @@ impl Config {
             max_attempts: self.max_attempts,
             retry_base: Duration::from_millis(self.retry_base_ms),
             status_retention: Duration::from_secs(self.status_retention_secs),
+            max_timeline_len: self.max_timeline_len as usize,
+            backfill: self.backfill as usize,
+            celebrity_threshold: self.celebrity_threshold as usize,
         }
     }
 
@@ -148,5 +176,9 @@ mod tests {
         assert_eq!(config.fanout_split_above, 5000);
         assert_eq!(config.max_attempts, 8);
         assert_eq!(config.status_retention_secs, 86_400);
+        assert_eq!(config.max_timeline_len, 800);
+        assert_eq!(config.backfill, 100);
+        assert_eq!(config.celebrity_threshold, 10_000);
+        assert_eq!(config.catch_up_window_secs, 60);
     }
 }

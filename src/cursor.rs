@@ -16,8 +16,9 @@ type HmacSha256 = Hmac<Sha256>;
 /// Bytes of the tag kept in a cursor: 128 bits is ample against forgery, and short.
 const TAG_BYTES: usize = 16;
 
-/// Longest cursor accepted before any decoding work (row keys are at most 1 KiB).
-const MAX_CURSOR_CHARS: usize = 2048;
+/// Longest cursor accepted before any decoding work (row keys are at most 1 KiB; a catch-up
+/// cursor holds up to a few hundred short entry ids).
+const MAX_CURSOR_CHARS: usize = 4096;
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("cursor is malformed or was not issued for this listing")]
@@ -33,24 +34,36 @@ impl CursorCodec {
         CursorCodec { key: key.to_vec() }
     }
 
-    fn tag(&self, scope: &str, row: &str) -> HmacSha256 {
+    fn tag(&self, scope: &str, body: &[u8]) -> HmacSha256 {
         // HMAC takes keys of any length.
         let mut mac = HmacSha256::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!());
         mac.update(&(scope.len() as u64).to_be_bytes());
         mac.update(scope.as_bytes());
-        mac.update(row.as_bytes());
+        mac.update(body);
         mac
     }
 
+    /// A cursor for `row` of the listing `scope`.
     pub fn encode(&self, scope: &str, row: &str) -> String {
-        let tag = self.tag(scope, row).finalize().into_bytes();
-        let mut raw = Vec::with_capacity(TAG_BYTES + row.len());
+        self.encode_bytes(scope, row.as_bytes())
+    }
+
+    /// The row a cursor of `scope` holds.
+    pub fn decode(&self, scope: &str, cursor: &str) -> Result<String, InvalidCursor> {
+        let body = self.decode_bytes(scope, cursor)?;
+        String::from_utf8(body).map_err(|_| InvalidCursor)
+    }
+
+    /// A cursor holding any non-empty bytes.
+    pub fn encode_bytes(&self, scope: &str, body: &[u8]) -> String {
+        let tag = self.tag(scope, body).finalize().into_bytes();
+        let mut raw = Vec::with_capacity(TAG_BYTES + body.len());
         raw.extend_from_slice(&tag[..TAG_BYTES]);
-        raw.extend_from_slice(row.as_bytes());
+        raw.extend_from_slice(body);
         URL_SAFE_NO_PAD.encode(raw)
     }
 
-    pub fn decode(&self, scope: &str, cursor: &str) -> Result<String, InvalidCursor> {
+    pub fn decode_bytes(&self, scope: &str, cursor: &str) -> Result<Vec<u8>, InvalidCursor> {
         if cursor.is_empty() || cursor.len() > MAX_CURSOR_CHARS {
             return Err(InvalidCursor);
         }
@@ -58,12 +71,11 @@ impl CursorCodec {
         if raw.len() <= TAG_BYTES {
             return Err(InvalidCursor);
         }
-        let (tag, row) = raw.split_at(TAG_BYTES);
-        let row = std::str::from_utf8(row).map_err(|_| InvalidCursor)?;
-        self.tag(scope, row)
+        let (tag, body) = raw.split_at(TAG_BYTES);
+        self.tag(scope, body)
             .verify_truncated_left(tag)
             .map_err(|_| InvalidCursor)?;
-        Ok(row.to_owned())
+        Ok(body.to_vec())
     }
 }
 

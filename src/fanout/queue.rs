@@ -26,9 +26,42 @@ const SCAN_LIMIT: usize = 64;
 /// How deep a poll looks into a shard for a job no lease hides.
 const SCAN_MAX: usize = 4096;
 
-/// A pending or leased fan-out job.
+/// What a job does to each follower of its author.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Action {
+    /// Writes the event's entry into every follower's timeline (and the author's own).
+    #[default]
+    Deliver,
+    /// Deletes the (deleted) event's entry from every follower's timeline (and the author's).
+    Remove,
+    /// The author has crossed the celebrity threshold: marks every follower's timeline to
+    /// merge the author's events from `since_row` (this event) on at read time.
+    Merge { since_row: String },
+    /// The author has dropped back under the threshold: copies the merged events into each
+    /// follower's timeline, as if they had been fanned out, and drops the mark.
+    Unmerge,
+    /// A follow or unfollow of the author by `follower`: backfills or cleans up that one
+    /// timeline until it matches the edge as it stands.
+    Reconcile { follower: String },
+}
+
+impl Action {
+    fn is_deliver(&self) -> bool {
+        *self == Action::Deliver
+    }
+
+    /// Whether this job works for an event (its status can be looked up by event id).
+    pub fn is_event_job(&self) -> bool {
+        !matches!(self, Action::Reconcile { .. })
+    }
+}
+
+/// A pending or leased job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
+    #[serde(default, skip_serializing_if = "Action::is_deliver")]
+    pub action: Action,
     pub author: String,
     /// Row key of the event in `events`, and of every timeline entry it becomes.
     pub row_key: String,
@@ -108,7 +141,7 @@ pub struct JobKey {
 }
 
 impl JobKey {
-    /// The root job of an event.
+    /// The root job of an event's fan-out.
     pub fn root(event_id: Uuid) -> Self {
         JobKey {
             shard: shard_name(root_shard(event_id)),
@@ -116,14 +149,34 @@ impl JobKey {
         }
     }
 
-    /// Part `index` of an event's split fan-out, on a different shard from its siblings.
-    pub fn part(event_id: Uuid, index: u32) -> Self {
+    /// The root job removing a deleted event's copies.
+    pub fn removal(event_id: Uuid) -> Self {
+        JobKey {
+            shard: shard_name(root_shard(event_id)),
+            id: format!("{}{REMOVAL_SUFFIX}", event_id.as_hyphenated()),
+        }
+    }
+
+    /// The root job of `action` for an event.
+    pub fn root_of(action: &Action, event_id: Uuid) -> Self {
+        match action {
+            Action::Remove => JobKey::removal(event_id),
+            _ => JobKey::root(event_id),
+        }
+    }
+
+    /// Part `index` of an event's split job, on a different shard from its siblings.
+    pub fn part(action: &Action, event_id: Uuid, index: u32) -> Self {
+        let root = JobKey::root_of(action, event_id);
         JobKey {
             shard: shard_name((root_shard(event_id) + 1 + index) % SHARDS),
-            id: format!("{}.p{index:05}", event_id.as_hyphenated()),
+            id: format!("{}.p{index:05}", root.id),
         }
     }
 }
+
+/// Ends the id of a removal job, and of its status record.
+pub const REMOVAL_SUFFIX: &str = ".r";
 
 fn root_shard(event_id: Uuid) -> u32 {
     u32::from(event_id.as_bytes()[15]) % SHARDS
@@ -148,6 +201,7 @@ pub fn now_ms() -> i64 {
 /// A fresh job for an event, or for one part of it.
 pub fn new_job(author: &str, row_key: &str, enqueued_at: Ticks, part: Option<Part>) -> Job {
     Job {
+        action: Action::Deliver,
         author: author.to_owned(),
         row_key: row_key.to_owned(),
         part,
@@ -169,6 +223,30 @@ pub fn enqueue(author: &str, row_key: &str, event_id: Uuid, enqueued_at: Ticks) 
     let key = JobKey::root(event_id);
     let job = new_job(author, row_key, enqueued_at, None);
     Write::put_if_absent(Table::Jobs, Item::new(key.shard, key.id, job.encode()))
+}
+
+/// The write that enqueues removal of a deleted event's copies; part of the deleting
+/// transaction, so an acknowledged delete always completes.
+pub fn enqueue_removal(author: &str, row_key: &str, event_id: Uuid, enqueued_at: Ticks) -> Write {
+    let key = JobKey::removal(event_id);
+    let mut job = new_job(author, row_key, enqueued_at, None);
+    job.action = Action::Remove;
+    Write::put_if_absent(Table::Jobs, Item::new(key.shard, key.id, job.encode()))
+}
+
+/// The write that enqueues reconciling `follower`'s timeline with its edge to `author`; part
+/// of the follow or unfollow transaction. Each call gets its own job (a UUIDv7, so it takes
+/// its turn in the queue); the jobs of one edge converge on its last state (see
+/// `fanout::edge`).
+pub fn enqueue_reconcile(follower: &str, author: &str) -> Write {
+    let id = Uuid::now_v7();
+    let mut job = new_job(author, "", Ticks::now(), None);
+    job.action = Action::Reconcile {
+        follower: follower.to_owned(),
+    };
+    let shard = shard_name(root_shard(id));
+    let row = format!("{}.e", id.as_hyphenated());
+    Write::put_if_absent(Table::Jobs, Item::new(shard, row, job.encode()))
 }
 
 /// Reads one job.

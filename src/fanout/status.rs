@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::queue::{self, Job, JobKey};
+use super::queue::{self, Action, Job, JobKey};
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
 
@@ -43,6 +43,9 @@ pub struct FanoutRecord {
     pub attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The author's followers merge this event at read time: it was not fanned out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub merged: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<u64>,
     /// Unix milliseconds after which a done record is gone.
@@ -71,7 +74,8 @@ impl FanoutRecord {
 #[derive(Debug)]
 pub struct RecordSlot {
     pub author: String,
-    pub event_id: Uuid,
+    /// The event id, with a suffix for a removal's record.
+    row: String,
     pub record: FanoutRecord,
     seen: Option<Bytes>,
 }
@@ -80,11 +84,7 @@ impl RecordSlot {
     /// The write that replaces the record as read (fails if it changed meanwhile).
     pub fn write(&self) -> Write {
         let body = Bytes::from(serde_json::to_vec(&self.record).unwrap_or_default());
-        let item = Item::new(
-            &self.author,
-            self.event_id.as_hyphenated().to_string(),
-            body,
-        );
+        let item = Item::new(&self.author, &self.row, body);
         let condition = match &self.seen {
             Some(seen) => Condition::Equals(seen.clone()),
             None => Condition::Absent,
@@ -102,7 +102,7 @@ impl RecordSlot {
         Some(Write::Delete {
             table: Table::FanoutStatus,
             partition: self.author.clone(),
-            row: self.event_id.as_hyphenated().to_string(),
+            row: self.row.clone(),
             condition: Condition::Equals(seen),
         })
     }
@@ -110,7 +110,8 @@ impl RecordSlot {
 
 /// Reads an event's record, or a fresh one built from `job` if there is none.
 pub async fn load(store: &dyn Store, job: &Job, event_id: Uuid) -> StoreResult<RecordSlot> {
-    let row = event_id.as_hyphenated().to_string();
+    // A record shares its row with the root job's id: the event id, or the removal's.
+    let row = JobKey::root_of(&job.action, event_id).id;
     let seen = store.get(Table::FanoutStatus, &job.author, &row).await?;
     let record = match &seen {
         Some(body) => decode(body)?,
@@ -122,7 +123,7 @@ pub async fn load(store: &dyn Store, job: &Job, event_id: Uuid) -> StoreResult<R
     };
     Ok(RecordSlot {
         author: job.author.clone(),
-        event_id,
+        row,
         record,
         seen,
     })
@@ -166,10 +167,23 @@ pub enum FanoutState {
     Failed,
 }
 
+/// Which of an event's jobs a status describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    /// Copying the event onto its followers' timelines.
+    Delivery,
+    /// Removing a deleted event's copies.
+    Removal,
+}
+
 /// The fan-out status of one event, as `GET .../fanout` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FanoutStatus {
+    pub operation: Operation,
     pub state: FanoutState,
+    /// The event was not fanned out: followers merge it at read time.
+    pub merged: bool,
     pub followers_total: Option<u64>,
     pub delivered: u64,
     pub attempts: u32,
@@ -196,14 +210,13 @@ impl FanoutStatus {
 async fn consistent_read(
     store: &dyn Store,
     author: &str,
-    event_id: Uuid,
+    key: &JobKey,
 ) -> StoreResult<(Option<FanoutRecord>, Option<Job>)> {
     const ATTEMPTS: usize = 8;
-    let key = JobKey::root(event_id);
-    let row = event_id.as_hyphenated().to_string();
+    let row = &key.id;
     let mut before = store.get(Table::Jobs, &key.shard, &key.id).await?;
     for _ in 0..ATTEMPTS {
-        let record = match store.get(Table::FanoutStatus, author, &row).await? {
+        let record = match store.get(Table::FanoutStatus, author, row).await? {
             Some(body) => Some(decode(&body)?),
             None => None,
         };
@@ -212,7 +225,7 @@ async fn consistent_read(
             Some(_) => store.get(Table::Jobs, &key.shard, &key.id).await?,
         };
         if after == before {
-            let job = after.map(|body| queue::decode(&key, &body)).transpose()?;
+            let job = after.map(|body| queue::decode(key, &body)).transpose()?;
             return Ok((record, job));
         }
         before = after;
@@ -222,20 +235,41 @@ async fn consistent_read(
     ))
 }
 
-/// Reads the status of an event's fan-out; `None` if there is no trace of it (never posted,
-/// or done and past its retention).
+/// Reads the status of an event's fan-out, or of the removal of its copies once it is
+/// deleted; `None` if there is no trace of either (never posted, or done and past its
+/// retention).
 pub async fn lookup(
     store: &dyn Store,
     author: &str,
     event_id: Uuid,
 ) -> StoreResult<Option<FanoutStatus>> {
+    let removal = lookup_operation(store, author, event_id, Operation::Removal).await?;
+    match removal {
+        Some(status) => Ok(Some(status)),
+        None => lookup_operation(store, author, event_id, Operation::Delivery).await,
+    }
+}
+
+async fn lookup_operation(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+    operation: Operation,
+) -> StoreResult<Option<FanoutStatus>> {
     let now = queue::now_ms();
-    let (record_opt, job_opt) = consistent_read(store, author, event_id).await?;
+    let action = match operation {
+        Operation::Delivery => Action::Deliver,
+        Operation::Removal => Action::Remove,
+    };
+    let key = JobKey::root_of(&action, event_id);
+    let (record_opt, job_opt) = consistent_read(store, author, &key).await?;
     let record_opt = record_opt.filter(|record| !record.is_expired(now));
     let job_opt = job_opt.filter(|job| job.author == author);
     Ok(match (record_opt, job_opt) {
         (None, None) => None,
         (None, Some(job)) => Some(FanoutStatus {
+            operation,
+            merged: false,
             state: if job.is_leased(now) {
                 FanoutState::Running
             } else {
@@ -264,6 +298,8 @@ pub async fn lookup(
                 .map(|job| (job.delivered, job.attempts, job.last_error))
                 .unwrap_or_default();
             Some(FanoutStatus {
+                operation,
+                merged: record.merged,
                 state,
                 followers_total: record.followers_total,
                 delivered: record.delivered + job_delivered,

@@ -26,9 +26,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
+use futures::future::try_join_all;
+
+use super::edge::{self, EdgeSettings};
 use super::metrics::FanoutMetrics;
-use super::queue::{self, JobKey, LeasedJob, Part, SHARDS};
+use super::queue::{self, Action, JobKey, LeasedJob, Part, SHARDS};
 use super::status::{self, FanoutRecord};
+use super::{hybrid, removal, trim};
 use crate::keys::Ticks;
 use crate::store::{Item, Query, Store, StoreError, StoreResult, Table, Write};
 use crate::timeline::{Event, SubjectId};
@@ -51,6 +55,13 @@ pub struct WorkerSettings {
     pub retry_base: Duration,
     /// How long the status of a finished fan-out stays readable.
     pub status_retention: Duration,
+    /// Entries a timeline keeps.
+    pub max_timeline_len: usize,
+    /// Newest events a new follower gets.
+    pub backfill: usize,
+    /// An author with more followers than this is merged into timelines at read time
+    /// instead of being fanned out.
+    pub celebrity_threshold: usize,
 }
 
 impl Default for WorkerSettings {
@@ -63,6 +74,9 @@ impl Default for WorkerSettings {
             max_attempts: 8,
             retry_base: Duration::from_millis(100),
             status_retention: Duration::from_secs(24 * 3600),
+            max_timeline_len: 800,
+            backfill: 100,
+            celebrity_threshold: 10_000,
         }
     }
 }
@@ -105,8 +119,12 @@ pub struct Worker {
 
 /// How a job's run ended, short of an error.
 enum Step {
-    /// Every follower of the job has its entry.
+    /// Every follower of the job has its entry (or whatever its action does).
     Delivered,
+    /// The author is merged at read time: only the author's own entry was written.
+    Merged,
+    /// A follower's timeline matches its edge (a reconcile job).
+    Reconciled,
     /// A root job enqueued all its parts and handed over to them.
     Split,
     /// Shutdown came first; the job keeps its checkpoint.
@@ -115,6 +133,13 @@ enum Step {
 
 /// Longest pause of the worker loop after a failed step (the store unreachable).
 const STEP_BACKOFF_CAP_MS: i64 = 2_000;
+
+/// Highest celebrity threshold: a fresh event's first read holds up to this many followers.
+pub const MAX_CELEBRITY_THRESHOLD: usize = 100_000;
+
+/// Followers whose timelines are worked on at once when each needs its own reads (trimming,
+/// and copying merged events back).
+const PER_FOLLOWER_CONCURRENCY: usize = 16;
 
 impl Worker {
     pub fn new(
@@ -180,7 +205,9 @@ impl Worker {
 
     async fn process(&self, mut leased: LeasedJob) -> StoreResult<()> {
         match self.run_job(&mut leased).await {
-            Ok(Step::Delivered) => self.finish(leased, None).await,
+            Ok(Step::Delivered) => self.finish(leased, None, false).await,
+            Ok(Step::Merged) => self.finish(leased, None, true).await,
+            Ok(Step::Reconciled) => self.finish(leased, None, false).await,
             Ok(Step::Split) => Ok(()),
             Ok(Step::Stopped) => {
                 info!(row_key = %leased.job.row_key, "fan-out paused for shutdown");
@@ -201,7 +228,7 @@ impl Worker {
         let failures = leased.job.failures;
         if failures >= self.settings.max_attempts {
             error!(row_key = %leased.job.row_key, author = %leased.job.author, failures, error = %err, "fan-out job dead-lettered");
-            return self.finish(leased, Some(err.to_string())).await;
+            return self.finish(leased, Some(err.to_string()), false).await;
         }
         self.metrics.record_retry(&err);
         let delay = retry_delay_ms(failures, millis(self.settings.retry_base));
@@ -211,12 +238,30 @@ impl Worker {
 
     /// Ends a job: deletes it and adds its outcome to the event's status record, in one
     /// transaction; a failed job is filed in the dead-letter table in the same transaction.
-    async fn finish(&self, mut leased: LeasedJob, failure: Option<String>) -> StoreResult<()> {
+    async fn finish(
+        &self,
+        mut leased: LeasedJob,
+        failure: Option<String>,
+        merged: bool,
+    ) -> StoreResult<()> {
         let job = leased.job.clone();
         let extra = match &failure {
             Some(error) => vec![status::dead_letter(&leased.key, &job, error)],
             None => Vec::new(),
         };
+        if !job.action.is_event_job() {
+            // A reconcile job has no status record: it is simply done, or dead.
+            match leased.commit(self.store.as_ref(), false, extra).await {
+                Ok(()) | Err(StoreError::ConditionFailed) => {}
+                Err(err) => return Err(err),
+            }
+            if failure.is_some() {
+                self.metrics.dead_lettered.inc();
+            } else {
+                self.metrics.jobs_completed.inc();
+            }
+            return Ok(());
+        }
         let retention_ms = millis(self.settings.status_retention);
         let ended = self
             .commit_with_record(&mut leased, extra, |record| {
@@ -229,10 +274,13 @@ impl Worker {
                     None => {
                         record.parts_done += 1;
                         record.delivered += job.delivered;
+                        record.merged |= merged;
                         if job.part.is_none() {
                             // An unsplit job: the author's entry and one per follower.
                             record.parts_total = Some(1);
-                            record.followers_total = Some(job.delivered.saturating_sub(1));
+                            if !merged {
+                                record.followers_total = Some(job.delivered.saturating_sub(1));
+                            }
                         }
                         record.finish_if_complete(retention_ms);
                     }
@@ -293,6 +341,9 @@ impl Worker {
             let mut slot = status::load(self.store.as_ref(), &leased.job, event_id).await?;
             update(&mut slot.record);
             let mut writes = extra.clone();
+            if slot.record.finished_at.is_some() {
+                writes.extend(closing_writes(&leased.job));
+            }
             writes.push(slot.write());
             match leased.commit(self.store.as_ref(), false, writes).await {
                 Ok(()) => return Ok(Some(slot.record)),
@@ -310,35 +361,88 @@ impl Worker {
         ))
     }
 
-    /// Runs a job as far as it goes: delivery, or splitting for a big fresh event.
+    /// Runs a job as far as it goes: its action on every follower in its range, or splitting
+    /// a big fresh event into part jobs.
     async fn run_job(&self, leased: &mut LeasedJob) -> StoreResult<Step> {
         let author = leased.job.author.clone();
         let row_key = leased.job.row_key.clone();
-        let Some(body) = self.store.get(Table::Events, &author, &row_key).await? else {
-            // The event is gone (deleted): nothing to deliver.
-            return Ok(Step::Delivered);
+        if let Action::Reconcile { follower } = &leased.job.action {
+            let settings = EdgeSettings {
+                backfill: self.settings.backfill,
+                max_timeline_len: self.settings.max_timeline_len,
+            };
+            let touched = edge::reconcile(self.store.as_ref(), settings, follower, &author).await?;
+            leased.job.delivered += touched;
+            return Ok(Step::Reconciled);
+        }
+        let entry_opt = match leased.job.action {
+            // The event is already gone from the log; its row key is all the job needs.
+            Action::Remove => None,
+            _ => match self.store.get(Table::Events, &author, &row_key).await? {
+                Some(body) => {
+                    let author_id = SubjectId::parse(&author)
+                        .map_err(|message| StoreError::Other(format!("job author: {message}")))?;
+                    let event =
+                        Event::decode(&author_id, &row_key, &body).map_err(StoreError::Other)?;
+                    Some(event.timeline_entry_body())
+                }
+                // Deleted before delivery: its removal job takes over.
+                None if leased.job.action == Action::Deliver => return Ok(Step::Delivered),
+                // A threshold crossing still completes for the author's other events.
+                None => None,
+            },
         };
-        let author_id = SubjectId::parse(&author)
-            .map_err(|message| StoreError::Other(format!("job author: {message}")))?;
-        let event = Event::decode(&author_id, &row_key, &body).map_err(StoreError::Other)?;
-        let entry = event.timeline_entry_body();
 
-        let job = &leased.job;
-        if job.split.is_some() {
+        if leased.job.split.is_some() {
             return self.split(leased, None).await;
         }
-        // A fresh event: one read tells whether to split, and otherwise holds every follower
-        // to deliver to, in memory.
+        // A fresh job: one read tells whether to split (and whether the author is merged at
+        // read time), and otherwise holds every follower to work on, in memory.
         let mut preread_opt = None;
-        if job.part.is_none() && job.cursor.is_none() {
+        if leased.job.part.is_none() && leased.job.cursor.is_none() {
+            let threshold = self.settings.celebrity_threshold;
+            let fresh_delivery = leased.job.action == Action::Deliver;
+            let limit = if fresh_delivery {
+                self.settings
+                    .split_above
+                    .max(threshold.min(MAX_CELEBRITY_THRESHOLD))
+            } else {
+                self.settings.split_above
+            };
             let followers = self
                 .store
                 .query(Query::partition(
                     Table::SubjectFollowers,
                     &author,
-                    self.settings.split_above + 1,
+                    limit + 1,
                 ))
                 .await?;
+            if fresh_delivery {
+                let flag = hybrid::author_flag(self.store.as_ref(), &author).await?;
+                let celebrity = followers.len() > threshold;
+                match (celebrity, flag.is_some()) {
+                    (true, true) => {
+                        if let Some(entry) = &entry_opt {
+                            self.deliver_own_entry(leased, entry).await?;
+                        }
+                        return Ok(Step::Merged);
+                    }
+                    (true, false) => {
+                        info!(%author, "author crossed the celebrity threshold: merged at read time from now on");
+                        self.store
+                            .batch_write(vec![hybrid::flag_author(&author, &row_key)])
+                            .await?;
+                        leased.job.action = Action::Merge {
+                            since_row: row_key.clone(),
+                        };
+                    }
+                    (false, true) => {
+                        info!(%author, "author fell below the celebrity threshold: fanned out from now on");
+                        leased.job.action = Action::Unmerge;
+                    }
+                    (false, false) => {}
+                }
+            }
             if followers.len() > self.settings.split_above {
                 return self.split(leased, Some(followers)).await;
             }
@@ -370,9 +474,10 @@ impl Worker {
             // when split), so it costs no request of its own.
             let with_author = leased.job.cursor.is_none()
                 && leased.job.part.as_ref().is_none_or(|part| part.index == 0);
-            self.deliver_page(leased, &followers, &entry, with_author)
+            let went_on = self
+                .apply_page(leased, &followers, entry_opt.as_ref(), with_author)
                 .await?;
-            if last_page {
+            if last_page || !went_on {
                 return Ok(Step::Delivered);
             }
             leased
@@ -381,42 +486,178 @@ impl Worker {
         }
     }
 
-    /// Writes one page of entries (and the author's own, on the first page of a root job) and
-    /// advances the job's cursor in memory; the caller checkpoints it.
-    async fn deliver_page(
+    /// Writes the author's own entry of an event that is not fanned out.
+    async fn deliver_own_entry(
+        &self,
+        leased: &mut LeasedJob,
+        entry: &bytes::Bytes,
+    ) -> StoreResult<()> {
+        let author = &leased.job.author;
+        self.store
+            .batch_write(vec![Write::put(
+                Table::Timelines,
+                Item::new(author, &leased.job.row_key, entry.clone()),
+            )])
+            .await?;
+        self.metrics.deliveries.inc();
+        leased.job.delivered += 1;
+        Ok(())
+    }
+
+    /// Applies the job's action to one page of followers (and to the author's own timeline,
+    /// on the first page of an event), and advances the job's cursor in memory; the caller
+    /// checkpoints it. Returns `false` if the event was deleted meanwhile: the job stops.
+    async fn apply_page(
         &self,
         leased: &mut LeasedJob,
         followers: &[Item],
-        entry: &bytes::Bytes,
+        entry_opt: Option<&bytes::Bytes>,
         with_author: bool,
-    ) -> StoreResult<()> {
-        let row_key = &leased.job.row_key;
-        let mut writes: Vec<Write> = followers
-            .iter()
-            .map(|follower| {
-                Write::put(
-                    Table::Timelines,
-                    Item::new(&follower.row, row_key, entry.clone()),
-                )
-            })
-            .collect();
-        if with_author {
-            writes.push(Write::put(
-                Table::Timelines,
-                Item::new(&leased.job.author, row_key, entry.clone()),
-            ));
-        }
-        let written = writes.len() as u64;
-        if written > 0 {
-            self.store.batch_write(writes).await?;
-        }
+    ) -> StoreResult<bool> {
+        let job = &leased.job;
+        let row_key = job.row_key.clone();
+        let author = job.author.clone();
+        let mut owners: Vec<&str> = followers.iter().map(|item| item.row.as_str()).collect();
+        let mut went_on = true;
+        let written = match (&job.action, entry_opt) {
+            (Action::Remove, _) => {
+                if with_author {
+                    owners.push(&author);
+                }
+                let deletes = owners
+                    .iter()
+                    .map(|owner| Write::delete(Table::Timelines, *owner, &row_key))
+                    .collect();
+                self.store.batch_write(deletes).await?;
+                owners.len()
+            }
+            (Action::Merge { since_row }, _) => {
+                let mut writes: Vec<Write> = owners
+                    .iter()
+                    .map(|owner| hybrid::merge_into(owner, &author, Some(since_row)))
+                    .collect();
+                if let (true, Some(entry)) = (with_author, entry_opt) {
+                    writes.push(Write::put(
+                        Table::Timelines,
+                        Item::new(&author, &row_key, entry.clone()),
+                    ));
+                }
+                let count = writes.len();
+                self.store.batch_write(writes).await?;
+                count
+            }
+            (Action::Unmerge, _) => {
+                if with_author {
+                    owners.push(&author);
+                }
+                let mut count = 0;
+                for chunk in owners.chunks(PER_FOLLOWER_CONCURRENCY) {
+                    let unmerged = chunk
+                        .iter()
+                        .map(|owner| self.unmerge_timeline(owner, &author, &row_key, entry_opt));
+                    count += try_join_all(unmerged).await?.into_iter().sum::<usize>();
+                }
+                count
+            }
+            (_, Some(entry)) => {
+                if with_author {
+                    owners.push(&author);
+                }
+                let puts = owners
+                    .iter()
+                    .map(|owner| {
+                        Write::put(Table::Timelines, Item::new(*owner, &row_key, entry.clone()))
+                    })
+                    .collect();
+                self.store.batch_write(puts).await?;
+                if leased.job.event_id().is_some_and(trim::trims) {
+                    self.trim_all(&owners).await?;
+                }
+                // A delete that raced this page may have removed these rows already: if the
+                // event is gone now, take them back and stop.
+                if self
+                    .store
+                    .get(Table::Events, &author, &row_key)
+                    .await?
+                    .is_none()
+                {
+                    let deletes = owners
+                        .iter()
+                        .map(|owner| Write::delete(Table::Timelines, *owner, &row_key))
+                        .collect();
+                    self.store.batch_write(deletes).await?;
+                    went_on = false;
+                }
+                owners.len()
+            }
+            (_, None) => 0,
+        } as u64;
         self.metrics.deliveries.inc_by(written);
         leased.job.delivered += written;
         leased.job.failures = 0;
         if let Some(last) = followers.last() {
             leased.job.cursor = Some(last.row.clone());
         }
+        Ok(went_on)
+    }
+
+    /// Trims the timelines of `owners` to the cap.
+    async fn trim_all(&self, owners: &[&str]) -> StoreResult<()> {
+        let cap = self.settings.max_timeline_len;
+        for chunk in owners.chunks(PER_FOLLOWER_CONCURRENCY) {
+            try_join_all(
+                chunk
+                    .iter()
+                    .map(|owner| trim::trim(self.store.as_ref(), owner, cap)),
+            )
+            .await?;
+        }
         Ok(())
+    }
+
+    /// Copies the events `owner`'s timeline merged from `author` into it, as if they had been
+    /// fanned out, and stops merging; returns the entries written.
+    async fn unmerge_timeline(
+        &self,
+        owner: &str,
+        author: &str,
+        row_key: &str,
+        entry_opt: Option<&bytes::Bytes>,
+    ) -> StoreResult<usize> {
+        let store = self.store.as_ref();
+        let mut writes = Vec::new();
+        if let Some(since) = hybrid::merged_since(store, owner, author).await? {
+            let source = hybrid::MergedSource {
+                author: author.to_owned(),
+                since_row: since,
+            };
+            let events = store
+                .query(
+                    Query::partition(Table::Events, author, self.settings.max_timeline_len)
+                        .range(None, source.end_bound()),
+                )
+                .await?;
+            let author_id = SubjectId::parse(author)
+                .map_err(|message| StoreError::Other(format!("job author: {message}")))?;
+            for item in events {
+                let event =
+                    Event::decode(&author_id, &item.row, &item.value).map_err(StoreError::Other)?;
+                writes.push(Write::put(
+                    Table::Timelines,
+                    Item::new(owner, &item.row, event.timeline_entry_body()),
+                ));
+            }
+        } else if let Some(entry) = entry_opt {
+            writes.push(Write::put(
+                Table::Timelines,
+                Item::new(owner, row_key, entry.clone()),
+            ));
+        }
+        let written = writes.len();
+        writes.push(hybrid::stop_merging(owner, author));
+        store.batch_write(writes).await?;
+        trim::trim(store, owner, self.settings.max_timeline_len).await?;
+        Ok(written)
     }
 
     /// Splits a big event into part jobs of `split_above` followers each, bounded by follower
@@ -462,13 +703,14 @@ impl Worker {
                     start: first.row.clone(),
                     end: end.clone(),
                 };
-                let key = JobKey::part(event_id, part.index);
-                let job = queue::new_job(
+                let key = JobKey::part(&leased.job.action, event_id, part.index);
+                let mut job = queue::new_job(
                     &leased.job.author,
                     &leased.job.row_key,
                     Ticks::clamped(leased.job.enqueued_at),
                     Some(part),
                 );
+                job.action = leased.job.action.clone();
                 extra.push(Write::put_if_absent(
                     Table::Jobs,
                     Item::new(key.shard, key.id, job.encode()),
@@ -542,6 +784,16 @@ impl Worker {
                 () = tokio::time::sleep(pause) => {}
             }
         }
+    }
+}
+
+/// Writes that go with the transaction ending the last job of an event: a removal drops its
+/// markers, and the end of a down-transition drops the author's merged flag.
+fn closing_writes(job: &queue::Job) -> Vec<Write> {
+    match job.action {
+        Action::Remove => removal::unmark(&job.row_key),
+        Action::Unmerge => vec![hybrid::unflag_author(&job.author)],
+        _ => Vec::new(),
     }
 }
 
@@ -627,6 +879,7 @@ mod job_tests {
             CursorCodec::new(b"test"),
             Settings {
                 max_payload_bytes: 1024,
+                ..crate::config::Config::defaults().timeline_settings()
             },
             Arc::new(Notify::new()),
         );
@@ -664,6 +917,7 @@ mod job_tests {
             max_attempts: 3,
             retry_base: Duration::from_millis(1),
             status_retention: Duration::from_secs(60),
+            ..WorkerSettings::default()
         }
     }
 

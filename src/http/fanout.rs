@@ -1,19 +1,25 @@
-//! `GET /v1/subjects/{subject}/events/{event_id}/fanout` and the admin re-queue,
-//! `POST /v1/admin/fanout/{subject}/{event_id}/requeue`.
+//! `GET /v1/subjects/{subject}/events/{event_id}/fanout`, `DELETE
+//! /v1/subjects/{subject}/events/{event_id}` (whose progress is a status too) and the admin
+//! re-queue, `POST /v1/admin/fanout/{subject}/{event_id}/requeue`.
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use serde::Serialize;
 
 use super::error::ApiError;
 use super::extract::Path;
 use super::{AppState, subject};
+use crate::fanout::status::Operation;
 use crate::fanout::{FanoutState, FanoutStatus};
 
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route(
+            "/v1/subjects/{subject}/events/{event_id}",
+            delete(delete_event),
+        )
         .route(
             "/v1/subjects/{subject}/events/{event_id}/fanout",
             get(get_fanout_status),
@@ -26,7 +32,12 @@ pub fn router() -> Router<AppState> {
 
 #[derive(Debug, Serialize)]
 struct FanoutStatusResponse {
+    /// `delivery` of a posted event, or `removal` of a deleted one's copies.
+    operation: Operation,
     state: FanoutState,
+    /// The author is merged into timelines at read time: the event was not fanned out.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    merged_at_read: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     followers_total: Option<u64>,
     delivered: u64,
@@ -43,6 +54,8 @@ struct FanoutStatusResponse {
 impl From<FanoutStatus> for FanoutStatusResponse {
     fn from(status: FanoutStatus) -> Self {
         FanoutStatusResponse {
+            operation: status.operation,
+            merged_at_read: status.merged,
             state: status.state,
             followers_total: status.followers_total,
             delivered: status.delivered,
@@ -71,5 +84,16 @@ async fn requeue_fanout(
 ) -> Result<(StatusCode, axum::Json<FanoutStatusResponse>), ApiError> {
     let author = subject(&author)?;
     let status = state.timelines.requeue_fanout(&author, &event_id).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(status.into())))
+}
+
+/// 202: the event is gone from its author's log and from every timeline page; a removal job
+/// deletes its copies, and the body is that job's status. Deleting it again answers the same.
+async fn delete_event(
+    State(state): State<AppState>,
+    Path((author, event_id)): Path<(String, String)>,
+) -> Result<(StatusCode, axum::Json<FanoutStatusResponse>), ApiError> {
+    let author = subject(&author)?;
+    let status = state.timelines.delete_event(&author, &event_id).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(status.into())))
 }

@@ -1,17 +1,18 @@
-//! `GET /v1/subjects/{subject}/timeline`: newest first, 250 a page.
+//! `GET /v1/subjects/{subject}/timeline`: newest first, 250 a page, at most
+//! `max_timeline_len` deep; or, with `after`, a catch-up read: everything newer than a
+//! catch-up cursor, oldest first.
 
 use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::{Path, Query};
-use super::page::{PageParams, PageResponse};
 use super::{AppState, subject};
-use crate::timeline::TimelineEntry;
+use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/subjects/{subject}/timeline", get(read_timeline))
@@ -40,18 +41,60 @@ impl From<TimelineEntry> for TimelineItemResponse {
     }
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimelineParams {
+    /// 1 to 250; 250 when absent.
+    limit: Option<usize>,
+    /// A page cursor (newest-first paging).
+    cursor: Option<String>,
+    /// A catch-up cursor, or an RFC 3339 time: entries newer than it, oldest first.
+    after: Option<String>,
+}
+
+/// `{"items":[...],"next_cursor":string|null,"truncated":bool}`. A page that reaches the
+/// timeline cap has `next_cursor: null` and `truncated: true`. A catch-up page always has a
+/// `next_cursor`, to read on from next time.
+#[derive(Debug, Serialize)]
+struct TimelinePageResponse {
+    items: Vec<TimelineItemResponse>,
+    next_cursor: Option<String>,
+    truncated: bool,
+}
+
 async fn read_timeline(
     State(state): State<AppState>,
     Path(owner): Path<String>,
-    Query(params): Query<PageParams>,
-) -> Result<axum::Json<PageResponse<TimelineItemResponse>>, ApiError> {
+    Query(params): Query<TimelineParams>,
+) -> Result<axum::Json<TimelinePageResponse>, ApiError> {
     let owner = subject(&owner)?;
-    let page = state
-        .timelines
-        .timeline(&owner, params.limit(), params.cursor.as_deref())
-        .await?;
-    Ok(axum::Json(PageResponse::from_page(
-        page,
-        TimelineItemResponse::from,
-    )))
+    let limit = params.limit.unwrap_or(MAX_PAGE_SIZE);
+    let response = match (params.after, params.cursor) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::BadRequest {
+                code: "invalid_parameters",
+                message: "give either cursor (paging) or after (catch-up), not both".into(),
+            });
+        }
+        (Some(after), None) => {
+            let caught_up = state.timelines.catch_up(&owner, limit, &after).await?;
+            TimelinePageResponse {
+                items: caught_up.items.into_iter().map(Into::into).collect(),
+                next_cursor: Some(caught_up.next_cursor),
+                truncated: false,
+            }
+        }
+        (None, cursor) => {
+            let page = state
+                .timelines
+                .timeline(&owner, limit, cursor.as_deref())
+                .await?;
+            TimelinePageResponse {
+                items: page.items.into_iter().map(Into::into).collect(),
+                next_cursor: page.next_cursor,
+                truncated: page.truncated,
+            }
+        }
+    };
+    Ok(axum::Json(response))
 }

@@ -54,10 +54,23 @@ pub enum Table {
     Idempotency,
     /// Service-wide settings shared by every process (for example the cursor key).
     Meta,
+    /// Author subject id -> event id: the event's row key, and whether it was deleted (so a
+    /// delete by id finds the event, and a second delete is not a 404).
+    EventIds,
+    /// Removal shard -> event row key: events deleted whose copies are still being removed;
+    /// timeline reads filter them out. Each is written to every shard, so reads, which pick
+    /// one shard, spread over partitions.
+    Removals,
+    /// Author subject id -> one row: the author's events are merged into timelines at read
+    /// time instead of being fanned out (an author with very many followers).
+    MergedAuthors,
+    /// Follower subject id -> merged author id: the authors a timeline merges at read time,
+    /// with the oldest of their events it shows.
+    MergedFollowing,
 }
 
 impl Table {
-    pub const ALL: [Table; 9] = [
+    pub const ALL: [Table; 13] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -67,6 +80,10 @@ impl Table {
         Table::DeadLetters,
         Table::Idempotency,
         Table::Meta,
+        Table::EventIds,
+        Table::Removals,
+        Table::MergedAuthors,
+        Table::MergedFollowing,
     ];
 
     /// The logical table name, as in DESIGN.md; backends prepend their prefix.
@@ -81,6 +98,10 @@ impl Table {
             Table::DeadLetters => "fanoutDeadLetters",
             Table::Idempotency => "idempotency",
             Table::Meta => "meta",
+            Table::EventIds => "eventIds",
+            Table::Removals => "pendingRemovals",
+            Table::MergedAuthors => "mergedAuthors",
+            Table::MergedFollowing => "mergedFollowing",
         }
     }
 }

@@ -42,7 +42,7 @@ impl Timelines {
     }
 }
 
-fn parse_event_id(text: &str) -> DomainResult<Uuid> {
+pub(super) fn parse_event_id(text: &str) -> DomainResult<Uuid> {
     Uuid::try_parse(text).map_err(|err| {
         DomainError::invalid(
             "invalid_event_id",

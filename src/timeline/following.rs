@@ -1,7 +1,10 @@
 //! Following and unfollowing. Both edge tables change in one transaction, so the two
-//! directions never disagree; both calls are idempotent.
+//! directions never disagree; both calls are idempotent. A call that changes the edge
+//! enqueues, in the same transaction, a job that backfills or cleans up the follower's
+//! timeline (`fanout::edge`), so the call answers without waiting for it.
 
 use super::{DomainError, DomainResult, Edge, SubjectId, Timelines};
+use crate::fanout::{hybrid, queue};
 use crate::keys::Ticks;
 use crate::store::{Item, StoreError, Table, Write};
 
@@ -24,21 +27,37 @@ impl Timelines {
                 Table::SubjectFollowing,
                 Item::new(follower.as_str(), target.as_str(), since),
             ),
+            queue::enqueue_reconcile(follower.as_str(), target.as_str()),
         ];
         match self.store.transact(writes).await {
+            Ok(()) => {
+                self.wake_workers.notify_one();
+                Ok(())
+            }
             // Both directions are always written together: one present means both are.
-            Ok(()) | Err(StoreError::ConditionFailed) => Ok(()),
+            Err(StoreError::ConditionFailed) => Ok(()),
             Err(err) => Err(err.into()),
         }
     }
 
     /// `follower` stops following `target`; a no-op if it did not follow.
     pub async fn unfollow(&self, follower: &SubjectId, target: &SubjectId) -> DomainResult<()> {
+        let edge = self
+            .store
+            .get(Table::SubjectFollowing, follower.as_str(), target.as_str())
+            .await?;
+        if edge.is_none() {
+            return Ok(());
+        }
         let writes = vec![
             Write::delete(Table::SubjectFollowers, target.as_str(), follower.as_str()),
             Write::delete(Table::SubjectFollowing, follower.as_str(), target.as_str()),
+            // A merged author leaves the timeline at once; pushed entries go with the job.
+            hybrid::stop_merging(follower.as_str(), target.as_str()),
+            queue::enqueue_reconcile(follower.as_str(), target.as_str()),
         ];
         self.store.transact(writes).await?;
+        self.wake_workers.notify_one();
         Ok(())
     }
 }

@@ -1,7 +1,10 @@
 //! The domain: posting, following and reading timelines, written against [`Store`] only.
 
+pub mod catch_up;
+pub mod deleting;
 pub mod delivery;
 pub mod following;
+pub mod merge;
 pub mod model;
 pub mod posting;
 pub mod reading;
@@ -25,6 +28,13 @@ pub const MAX_PAGE_SIZE: usize = 250;
 pub struct Settings {
     /// Largest accepted event payload, in bytes of JSON text.
     pub max_payload_bytes: usize,
+    /// Entries a timeline keeps; a read never goes past them.
+    pub max_timeline_len: usize,
+    /// Newest events a new follower gets of the subject it follows.
+    pub backfill: usize,
+    /// How late an entry may arrive (after a newer one was read) and still reach a catch-up
+    /// reader.
+    pub catch_up_window: std::time::Duration,
 }
 
 /// Errors the domain reports; the HTTP layer gives each its status.

@@ -86,6 +86,8 @@ pub struct Edge {
 pub struct Page<T> {
     pub items: Vec<T>,
     pub next_cursor: Option<String>,
+    /// The listing ends here because of the timeline cap, not because history does.
+    pub truncated: bool,
 }
 
 /// Body of an `events` item.
@@ -157,6 +159,18 @@ impl Event {
 }
 
 impl TimelineEntry {
+    /// An event as its entry in a timeline (an event merged at read time).
+    pub fn from_event(event: Event) -> TimelineEntry {
+        TimelineEntry {
+            event_id: event.event_id,
+            author: event.author.as_str().to_owned(),
+            kind: event.kind,
+            payload: event.payload,
+            at: event.at,
+            row_key: event.row_key,
+        }
+    }
+
     pub fn decode(row_key: &str, body: &[u8]) -> Result<TimelineEntry, String> {
         let (at, event_id) =
             parse_event_row_key(row_key).ok_or_else(|| corrupt("timeline entry", row_key))?;

@@ -7,6 +7,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use super::deleting::EventIndex;
 use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
 use crate::fanout::queue;
@@ -80,6 +81,14 @@ impl Timelines {
                 Item::new(author.as_str(), &row_key, event.encode()),
             ),
             queue::enqueue(author.as_str(), &row_key, event_id, received),
+            Write::put_if_absent(
+                Table::EventIds,
+                Item::new(
+                    author.as_str(),
+                    event_id.as_hyphenated().to_string(),
+                    EventIndex::live(&row_key).encode(),
+                ),
+            ),
         ];
         if let Some(client_id) = &new.client_id {
             let record = IdempotencyRecord {

@@ -59,6 +59,7 @@ fn event_id(reply: &Reply) -> String {
         .to_owned()
 }
 
+/// Follows `author` with each of `followers`, and waits for their backfill jobs.
 async fn follow_all(api: &Api, author: &str, followers: &[String]) {
     for follower in followers {
         assert_eq!(
@@ -66,6 +67,7 @@ async fn follow_all(api: &Api, author: &str, followers: &[String]) {
             StatusCode::NO_CONTENT
         );
     }
+    api.wait_for_idle().await;
 }
 
 /// The value of one sample line of `/metrics` (`name{labels} value`), 0 if absent.
@@ -386,6 +388,7 @@ impl FanoutRun {
             CursorCodec::new(b"split test"),
             Settings {
                 max_payload_bytes: 1024,
+                ..fanline::config::Config::defaults().timeline_settings()
             },
             Arc::new(Notify::new()),
         );
@@ -416,6 +419,8 @@ impl FanoutRun {
         let settings = WorkerSettings {
             poll_interval: Duration::from_millis(10),
             split_above,
+            // Every follower gets its entry pushed, however many there are.
+            celebrity_threshold: usize::MAX,
             ..WorkerSettings::default()
         };
         let tasks: Vec<_> = (0..workers)

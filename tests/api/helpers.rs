@@ -273,6 +273,37 @@ impl Api {
         }
     }
 
+    /// Polls `/metrics` until the job queue is empty: every fan-out, removal, backfill and
+    /// cleanup enqueued so far has ended (a job leaves the queue only when it ends).
+    pub async fn wait_for_idle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = self
+                .client
+                .get(self.url("/metrics"))
+                .send()
+                .await
+                .expect("scrape")
+                .text()
+                .await
+                .expect("metrics text");
+            let depth = text
+                .lines()
+                .find_map(|line| line.strip_prefix("fanline_fanout_queue_depth "))
+                .expect("a queue depth")
+                .trim()
+                .to_owned();
+            if depth == "0" {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the queue still holds {depth} jobs"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Polls a timeline until it holds `expected` items, or fails after a deadline.
     pub async fn wait_for_timeline(&self, subject: &str, expected: usize) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -1,6 +1,9 @@
 //! `fanline bench`: fan-out throughput with 1, 2 and 4 worker tasks, fan-out lag, page-read
 //! speed and bytes on disk (embedded store in a temporary directory), or requests and write
-//! capacity per 1,000 deliveries (`--store dynamodb`, on fresh tables of its own).
+//! capacity per 1,000 deliveries (`--store dynamodb`, on fresh tables of its own); then the
+//! timeline-lifecycle figures ([`lifecycle`]).
+
+mod lifecycle;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,14 +14,14 @@ use serde_json::value::RawValue;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::StoreKind;
+use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
 use crate::fanout::{FanoutMetrics, JobDone, Worker, WorkerSettings};
 use crate::keys::Ticks;
 use crate::store::{
     DynamoConfig, DynamoStore, EmbeddedStore, Item, Store, StoreStats, Table, Write,
 };
-use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, Settings, SubjectId, Timelines};
+use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 
 #[derive(Clone, Debug, Args)]
 pub struct BenchArgs {
@@ -49,6 +52,15 @@ pub struct BenchArgs {
     /// Followers per fan-out page (one query and one checkpoint each).
     #[arg(long, default_value_t = 1_000)]
     pub page_size: usize,
+    /// Events deleted everywhere (each from every follower's timeline) for the removal rate.
+    #[arg(long, default_value_t = 20)]
+    pub deletes: usize,
+    /// Unfollows of an author with 800 entries in the timeline, timed one by one.
+    #[arg(long, default_value_t = 5)]
+    pub cleanups: usize,
+    /// 250-item reads of one timeline with 0, 1 and 5 merged authors, each.
+    #[arg(long, default_value_t = 500)]
+    pub hybrid_reads: usize,
 }
 
 /// One bench store: the backend, its traffic counters, and what must go when done.
@@ -112,7 +124,7 @@ impl BenchStore {
 /// An author with followers on a bench store, and the workers fanning its posts out.
 struct Rig {
     bench_store: BenchStore,
-    timelines: Timelines,
+    timelines: Arc<Timelines>,
     author: SubjectId,
     followers: Vec<String>,
     wake: Arc<Notify>,
@@ -132,14 +144,12 @@ impl Rig {
             .collect();
         add_followers(store.as_ref(), &author, &followers).await?;
         let wake = Arc::new(Notify::new());
-        let timelines = Timelines::new(
+        let timelines = Arc::new(Timelines::new(
             store,
             CursorCodec::new(b"bench"),
-            Settings {
-                max_payload_bytes: 64 * 1024,
-            },
+            Config::defaults().timeline_settings(),
             wake.clone(),
-        );
+        ));
         // In-process workers are woken by posts; polling is only the fallback, so it keeps
         // its default and idle workers do not inflate the request counts.
         let settings = WorkerSettings {
@@ -284,7 +294,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     // Reads: first pages of followers' timelines, two readers at a time.
     if args.reads > 0 && !rig.followers.is_empty() && args.posts > 0 {
-        let timelines = Arc::new(rig.timelines);
+        let timelines = rig.timelines.clone();
         let started = Instant::now();
         let mut readers = Vec::new();
         for reader in 0..2 {
@@ -328,6 +338,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 bench_event(0)?.payload.get().len()
             );
         }
+    }
+    if args.hybrid_reads > 0 {
+        lifecycle::hybrid_reads(&rig, args.hybrid_reads).await?;
+    }
+    if args.cleanups > 0 {
+        lifecycle::unfollow_cleanup(&rig, args.cleanups).await?;
+    }
+    if args.deletes > 0 && args.posts > 0 {
+        lifecycle::delete_everywhere(&rig, args.deletes.min(args.posts)).await?;
     }
     rig.bench_store.close().await
 }

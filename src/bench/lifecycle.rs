@@ -1,0 +1,166 @@
+//! The timeline-lifecycle figures of `fanline bench`: unfollow cleanup of a full timeline,
+//! the delete-everywhere rate, and timeline reads with 0, 1 and 5 authors merged at read
+//! time, measured in the same run so they can be compared.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use super::{Rig, millis, percentile};
+use crate::fanout::edge::{self, EdgeSettings};
+use crate::fanout::hybrid;
+use crate::keys::{Ticks, event_row_key};
+use crate::store::{Item, Store, Table, Write};
+use crate::timeline::{Event, MAX_PAGE_SIZE, SubjectId};
+
+/// Entries of the timelines the cleanup and read figures use (the default cap).
+const FULL_TIMELINE: usize = 800;
+/// Events each merged author has, interleaved in time with the pushed ones.
+const MERGED_EVENTS: usize = 300;
+
+/// Writes `count` events of `author` straight into its log (and, if `copy_to` is given,
+/// into that timeline), one second apart from `start` plus `offset` ticks.
+async fn seed_events(
+    store: &dyn Store,
+    author: &str,
+    count: usize,
+    offset: u64,
+    copy_to: &[&str],
+) -> anyhow::Result<()> {
+    let author_id = SubjectId::parse(author).map_err(anyhow::Error::msg)?;
+    let start = Ticks::now().get() - 10_000_000 * 100_000;
+    let mut writes = Vec::new();
+    for i in 0..count {
+        let at = Ticks::new(start + i as u64 * 10_000_000 + offset).context("time")?;
+        let event_id = Uuid::now_v7();
+        let event = Event {
+            event_id,
+            author: author_id.clone(),
+            kind: "post".into(),
+            payload: RawValue::from_string(format!(r#"{{"text":"seeded post {i}"}}"#))?,
+            at,
+            row_key: event_row_key(at, event_id),
+        };
+        writes.push(Write::put(
+            Table::Events,
+            Item::new(author, &event.row_key, event.encode()),
+        ));
+        for owner in copy_to {
+            writes.push(Write::put(
+                Table::Timelines,
+                Item::new(*owner, &event.row_key, event.timeline_entry_body()),
+            ));
+        }
+    }
+    store.batch_write(writes).await?;
+    Ok(())
+}
+
+/// Unfollow cleanup: time to delete an author's 800 entries from a timeline, by key.
+pub async fn unfollow_cleanup(rig: &Rig, samples: usize) -> anyhow::Result<()> {
+    let store = rig.bench_store.store.as_ref();
+    let settings = EdgeSettings {
+        backfill: 100,
+        max_timeline_len: FULL_TIMELINE,
+    };
+    let mut times = Vec::with_capacity(samples);
+    for sample in 0..samples {
+        let author = format!("bench-unfollowed-{sample}");
+        let reader = format!("bench-unfollower-{sample}");
+        seed_events(store, &author, FULL_TIMELINE, 0, &[&reader]).await?;
+        let started = Instant::now();
+        // No edge: the job cleans up.
+        edge::reconcile(store, settings, &reader, &author).await?;
+        times.push(started.elapsed());
+        let left = store
+            .query(crate::store::Query::partition(
+                Table::Timelines,
+                &reader,
+                10,
+            ))
+            .await?;
+        anyhow::ensure!(left.is_empty(), "cleanup left {} entries", left.len());
+    }
+    println!(
+        "unfollow cleanup of an {FULL_TIMELINE}-entry timeline: p50 {:.1} ms, max {:.1} ms ({samples} samples)",
+        millis(percentile(&mut times, 50.0)),
+        millis(percentile(&mut times, 100.0)),
+    );
+    Ok(())
+}
+
+/// Delete everywhere: deletes `count` of the rig author's events (each on every follower's
+/// timeline) and times their removal jobs.
+pub async fn delete_everywhere(rig: &Rig, count: usize) -> anyhow::Result<()> {
+    let events = rig
+        .timelines
+        .events(&rig.author, count.clamp(1, 250), None)
+        .await?;
+    let doomed: Vec<String> = events
+        .items
+        .iter()
+        .map(|event| event.event_id.as_hyphenated().to_string())
+        .collect();
+    let removals_before = rig.metrics.deliveries.get();
+    let mut workers = rig.start_workers(2);
+    let started = Instant::now();
+    for event_id in &doomed {
+        rig.timelines.delete_event(&rig.author, event_id).await?;
+    }
+    workers.wait_for(doomed.len()).await?;
+    let elapsed = started.elapsed();
+    workers.stop().await;
+    let removed = rig.metrics.deliveries.get() - removals_before;
+    println!(
+        "delete everywhere: {} events, {removed} copies removed in {:.2} s = {:.0} removals/s",
+        doomed.len(),
+        elapsed.as_secs_f64(),
+        removed as f64 / elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Timeline reads of one reader with 0, 1 and 5 authors merged at read time, in one run.
+pub async fn hybrid_reads(rig: &Rig, reads: usize) -> anyhow::Result<()> {
+    let store = rig.bench_store.store.as_ref();
+    let reader = "bench-hybrid-reader";
+    seed_events(store, "bench-pushed", FULL_TIMELINE, 0, &[reader]).await?;
+    let celebrities: Vec<String> = (0..5).map(|i| format!("bench-celebrity-{i}")).collect();
+    for (index, celebrity) in celebrities.iter().enumerate() {
+        // Interleaved with the pushed entries, a few ticks apart.
+        seed_events(store, celebrity, MERGED_EVENTS, 1 + index as u64, &[]).await?;
+    }
+    let owner = SubjectId::parse(reader).map_err(anyhow::Error::msg)?;
+    let mut figures = Vec::new();
+    for merged in [0usize, 1, 5] {
+        let marks = celebrities[..merged]
+            .iter()
+            .map(|celebrity| hybrid::merge_into(reader, celebrity, None))
+            .collect::<Vec<_>>();
+        if !marks.is_empty() {
+            store.batch_write(marks).await?;
+        }
+        let mut latencies = Vec::with_capacity(reads);
+        for _ in 0..reads {
+            let began = Instant::now();
+            let page = rig.timelines.timeline(&owner, MAX_PAGE_SIZE, None).await?;
+            latencies.push(began.elapsed());
+            anyhow::ensure!(page.items.len() == MAX_PAGE_SIZE, "short page");
+        }
+        let p50 = percentile(&mut latencies, 50.0);
+        let p99 = percentile(&mut latencies, 99.0);
+        figures.push((merged, p50, p99));
+    }
+    let plain = figures[0].1.max(Duration::from_nanos(1));
+    for (merged, p50, p99) in &figures {
+        println!(
+            "timeline read (250 items), {merged} merged author(s): p50 {:.2} ms, p99 {:.2} ms ({:.2}x the plain p50)",
+            millis(*p50),
+            millis(*p99),
+            p50.as_secs_f64() / plain.as_secs_f64()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! Reconciling one follower's timeline with its edge to one author, after a follow or an
+//! unfollow.
+//!
+//! A follow backfills the author's newest events (or, for an author merged at read time,
+//! marks the timeline to merge them); an unfollow deletes the author's entries by key, from
+//! the author's events (row keys are the same everywhere, DESIGN.md §1). The job does not
+//! carry "follow" or "unfollow": it reads the edge, applies what the edge says, and reads the
+//! edge again, starting over if it changed. Writes of a job that acted on an old state are
+//! always followed by that job's second read, which sees the change and undoes them, and a
+//! change after that read has its own job. So follows and unfollows in any order and at any
+//! speed end in the state of the last call.
+
+use std::collections::HashSet;
+
+use crate::fanout::{hybrid, trim};
+use crate::store::{Item, Query, Store, StoreError, StoreResult, Table, Write};
+use crate::timeline::{Event, SubjectId};
+
+/// Times a job re-reads a changing edge before it gives up (and is retried later).
+const EDGE_RACES: usize = 8;
+
+/// Most keys an unfollow computes and deletes.
+pub const MAX_CLEANUP_KEYS: usize = 10_000;
+
+/// How a timeline is reconciled.
+#[derive(Clone, Copy, Debug)]
+pub struct EdgeSettings {
+    /// Newest events a new follower gets.
+    pub backfill: usize,
+    /// Entries a timeline keeps.
+    pub max_timeline_len: usize,
+}
+
+/// Brings `follower`'s timeline in line with whether it follows `author`; returns the
+/// entries written or deleted.
+pub async fn reconcile(
+    store: &dyn Store,
+    settings: EdgeSettings,
+    follower: &str,
+    author: &str,
+) -> StoreResult<u64> {
+    let mut before = edge(store, follower, author).await?;
+    let mut touched = 0;
+    for _ in 0..EDGE_RACES {
+        touched += if before.is_some() {
+            backfill(store, settings, follower, author).await?
+        } else {
+            clean_up(store, follower, author).await?
+        };
+        let after = edge(store, follower, author).await?;
+        if after == before {
+            return Ok(touched);
+        }
+        before = after;
+    }
+    Err(StoreError::Throttled(format!(
+        "the edge {follower} -> {author} kept changing"
+    )))
+}
+
+async fn edge(
+    store: &dyn Store,
+    follower: &str,
+    author: &str,
+) -> StoreResult<Option<bytes::Bytes>> {
+    store.get(Table::SubjectFollowing, follower, author).await
+}
+
+/// Copies the author's newest events into the follower's timeline (or marks it to merge a
+/// merged author), then trims it to the cap.
+async fn backfill(
+    store: &dyn Store,
+    settings: EdgeSettings,
+    follower: &str,
+    author: &str,
+) -> StoreResult<u64> {
+    let newest = store
+        .query(Query::partition(
+            Table::Events,
+            author,
+            settings.backfill.max(1),
+        ))
+        .await?;
+    if hybrid::author_flag(store, author).await?.is_some() {
+        // Merged at read time: the timeline shows the newest `backfill` events from the log.
+        let since = (newest.len() >= settings.backfill)
+            .then(|| newest.last().map(|item| item.row.as_str()))
+            .flatten();
+        store
+            .batch_write(vec![hybrid::merge_into(follower, author, since)])
+            .await?;
+        return Ok(0);
+    }
+    let author_id = SubjectId::parse(author)
+        .map_err(|message| StoreError::Other(format!("edge author: {message}")))?;
+    let mut writes = vec![hybrid::stop_merging(follower, author)];
+    for item in &newest {
+        let event = Event::decode(&author_id, &item.row, &item.value).map_err(StoreError::Other)?;
+        writes.push(Write::put(
+            Table::Timelines,
+            Item::new(follower, &item.row, event.timeline_entry_body()),
+        ));
+    }
+    let written = newest.len() as u64;
+    store.batch_write(writes).await?;
+    // An event deleted since it was read may have had its copies removed already: take
+    // back the entries of events that are gone now.
+    if let (Some(first), Some(last)) = (newest.first(), newest.last()) {
+        let still = store
+            .query(
+                Query::partition(Table::Events, author, newest.len())
+                    .range(Some(first.row.clone()), Some(format!("{}!", last.row))),
+            )
+            .await?;
+        let present: HashSet<&str> = still.iter().map(|item| item.row.as_str()).collect();
+        let gone: Vec<Write> = newest
+            .iter()
+            .filter(|item| !present.contains(item.row.as_str()))
+            .map(|item| Write::delete(Table::Timelines, follower, &item.row))
+            .collect();
+        if !gone.is_empty() {
+            store.batch_write(gone).await?;
+        }
+    }
+    trim::trim(store, follower, settings.max_timeline_len).await?;
+    Ok(written)
+}
+
+/// Deletes the author's entries from the follower's timeline: the keys of the author's events
+/// from the newest down to the oldest entry the timeline holds (at most
+/// [`MAX_CLEANUP_KEYS`]).
+async fn clean_up(store: &dyn Store, follower: &str, author: &str) -> StoreResult<u64> {
+    let mut deleted = 0;
+    store
+        .batch_write(vec![hybrid::stop_merging(follower, author)])
+        .await?;
+    let oldest = store
+        .query(Query::partition(Table::Timelines, follower, 1).reverse())
+        .await?;
+    let Some(oldest) = oldest.into_iter().next() else {
+        return Ok(0);
+    };
+    let end = Some(format!("{}!", oldest.row));
+    let mut after = None;
+    while (deleted as usize) < MAX_CLEANUP_KEYS {
+        let events = store
+            .query(
+                Query::partition(Table::Events, author, 1000)
+                    .range(None, end.clone())
+                    .after(after.take()),
+            )
+            .await?;
+        let count = events.len();
+        after = events.last().map(|item| item.row.clone());
+        let deletes: Vec<Write> = events
+            .iter()
+            .map(|item| Write::delete(Table::Timelines, follower, &item.row))
+            .collect();
+        if !deletes.is_empty() {
+            store.batch_write(deletes).await?;
+        }
+        deleted += count as u64;
+        if count < 1000 {
+            break;
+        }
+    }
+    Ok(deleted)
+}

@@ -1,0 +1,104 @@
+//! Authors merged into timelines at read time (hybrid fan-out).
+//!
+//! An author with more followers than the celebrity threshold is not fanned out on write: a
+//! flag in `mergedAuthors` says so, and each follower's timeline has a row in
+//! `mergedFollowing` naming the author and the oldest of the author's events it shows
+//! (`since_row`). A timeline read queries that small partition and merges each named author's
+//! `events` partition into the page. Older events, pushed before the author crossed the
+//! threshold, are still in the timeline itself; the read merges by row key and drops
+//! duplicates, so the two sources overlap safely.
+
+use bytes::Bytes;
+
+use crate::store::{Item, Query, Store, StoreResult, Table, Write};
+
+/// The row of an author's flag in `mergedAuthors`.
+const FLAG_ROW: &str = "merged";
+
+/// Most merged authors one timeline read will merge.
+pub const MAX_MERGED_PER_TIMELINE: usize = 1000;
+
+/// An author one timeline merges at read time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergedSource {
+    pub author: String,
+    /// The oldest row key of the author's events the timeline shows (`None`: all).
+    pub since_row: Option<String>,
+}
+
+impl MergedSource {
+    /// Exclusive upper row-key bound of a query of the author's events: row keys grow with
+    /// age and all have one length, so `since_row + "!"` is just past `since_row`.
+    pub fn end_bound(&self) -> Option<String> {
+        self.since_row.as_ref().map(|row| format!("{row}!"))
+    }
+}
+
+fn since_value(since_row: Option<&str>) -> Bytes {
+    Bytes::copy_from_slice(since_row.unwrap_or_default().as_bytes())
+}
+
+fn since_of(value: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(value);
+    (!text.is_empty()).then(|| text.into_owned())
+}
+
+/// Whether `author` is merged at read time, and since which of its events.
+pub async fn author_flag(store: &dyn Store, author: &str) -> StoreResult<Option<String>> {
+    let value = store.get(Table::MergedAuthors, author, FLAG_ROW).await?;
+    Ok(value.map(|value| String::from_utf8_lossy(&value).into_owned()))
+}
+
+/// Marks `author` as merged at read time from its event `since_row` on.
+pub fn flag_author(author: &str, since_row: &str) -> Write {
+    Write::put(
+        Table::MergedAuthors,
+        Item::new(author, FLAG_ROW, since_value(Some(since_row))),
+    )
+}
+
+/// Ends merging `author` at read time.
+pub fn unflag_author(author: &str) -> Write {
+    Write::delete(Table::MergedAuthors, author, FLAG_ROW)
+}
+
+/// Makes `follower`'s timeline merge `author`'s events from `since_row` on.
+pub fn merge_into(follower: &str, author: &str, since_row: Option<&str>) -> Write {
+    Write::put(
+        Table::MergedFollowing,
+        Item::new(follower, author, since_value(since_row)),
+    )
+}
+
+/// Stops `follower`'s timeline merging `author`.
+pub fn stop_merging(follower: &str, author: &str) -> Write {
+    Write::delete(Table::MergedFollowing, follower, author)
+}
+
+/// Since which row `follower`'s timeline merges `author`; `None` if it does not.
+pub async fn merged_since(
+    store: &dyn Store,
+    follower: &str,
+    author: &str,
+) -> StoreResult<Option<Option<String>>> {
+    let value = store.get(Table::MergedFollowing, follower, author).await?;
+    Ok(value.map(|value| since_of(&value)))
+}
+
+/// The authors `owner`'s timeline merges at read time: one query of a small partition.
+pub async fn merged_sources(store: &dyn Store, owner: &str) -> StoreResult<Vec<MergedSource>> {
+    let items = store
+        .query(Query::partition(
+            Table::MergedFollowing,
+            owner,
+            MAX_MERGED_PER_TIMELINE,
+        ))
+        .await?;
+    Ok(items
+        .into_iter()
+        .map(|item| MergedSource {
+            since_row: since_of(&item.value),
+            author: item.row,
+        })
+        .collect())
+}

@@ -1,0 +1,105 @@
+//! Deleting an event everywhere.
+//!
+//! One transaction deletes the event from its author's log, marks its row key as being
+//! removed (timeline reads drop marked rows at once), enqueues a removal job that deletes
+//! every copy by key, and records the deletion in the event-id index, so a second delete is
+//! answered the same way instead of with a 404.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{DomainError, DomainResult, SubjectId, Timelines};
+use crate::fanout::status::{self, FanoutState, FanoutStatus, Operation};
+use crate::fanout::{queue, removal};
+use crate::keys::Ticks;
+use crate::store::{Condition, Item, StoreError, Table, Write};
+
+/// Body of an `eventIds` item: where an event lives, and whether it was deleted.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EventIndex {
+    pub row_key: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+}
+
+impl EventIndex {
+    pub fn live(row_key: &str) -> EventIndex {
+        EventIndex {
+            row_key: row_key.to_owned(),
+            deleted: false,
+        }
+    }
+
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+impl Timelines {
+    /// Deletes one of `author`'s events and starts removing its copies; returns the removal's
+    /// status. Deleting a deleted event again returns the same status.
+    pub async fn delete_event(
+        &self,
+        author: &SubjectId,
+        event_id: &str,
+    ) -> DomainResult<FanoutStatus> {
+        let event_id = super::delivery::parse_event_id(event_id)?;
+        let id_row = event_id.as_hyphenated().to_string();
+        let store = self.store.as_ref();
+        let not_found = || DomainError::NotFound(format!("{author} has no event {event_id}"));
+        let seen = store
+            .get(Table::EventIds, author.as_str(), &id_row)
+            .await?
+            .ok_or_else(not_found)?;
+        let index: EventIndex = serde_json::from_slice(&seen)
+            .map_err(|_| DomainError::Corrupt(format!("event index of {event_id}")))?;
+        if !index.deleted {
+            let mut writes = vec![
+                Write::delete(Table::Events, author.as_str(), &index.row_key),
+                Write::Put {
+                    table: Table::EventIds,
+                    item: Item::new(
+                        author.as_str(),
+                        &id_row,
+                        EventIndex {
+                            row_key: index.row_key.clone(),
+                            deleted: true,
+                        }
+                        .encode(),
+                    ),
+                    condition: Condition::Equals(seen),
+                },
+                queue::enqueue_removal(author.as_str(), &index.row_key, event_id, Ticks::now()),
+            ];
+            writes.extend(removal::mark(&index.row_key));
+            match store.transact(writes).await {
+                Ok(()) => self.wake_workers.notify_one(),
+                // A concurrent delete won: its removal is the one to report.
+                Err(StoreError::ConditionFailed) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        self.removal_status(author, event_id).await
+    }
+
+    async fn removal_status(
+        &self,
+        author: &SubjectId,
+        event_id: Uuid,
+    ) -> DomainResult<FanoutStatus> {
+        let found = status::lookup(self.store.as_ref(), author.as_str(), event_id).await?;
+        // Deleted longer ago than the status retention: long done.
+        Ok(found.unwrap_or(FanoutStatus {
+            operation: Operation::Removal,
+            state: FanoutState::Done,
+            merged: false,
+            followers_total: None,
+            delivered: 0,
+            attempts: 0,
+            enqueued_at: Ticks::MIN,
+            finished_at: None,
+            last_error: None,
+        }))
+    }
+}
