@@ -12,14 +12,16 @@ use uuid::Uuid;
 use crate::store::{Query, Store, StoreResult, Table, Write};
 
 /// One event in this many trims the timelines it is delivered to.
-pub const TRIM_EVERY: u8 = 64;
+pub const TRIM_EVERY: u16 = 256;
 
 /// Rows deleted per batch of a trim.
 const TRIM_BATCH: usize = 1000;
 
 /// Whether the fan-out of `event_id` trims the timelines it reaches.
 pub fn trims(event_id: Uuid) -> bool {
-    event_id.as_bytes()[15].is_multiple_of(TRIM_EVERY)
+    let bytes = event_id.as_bytes();
+    // The last bytes of a UUIDv7 are random.
+    u16::from_be_bytes([bytes[14], bytes[15]]).is_multiple_of(TRIM_EVERY)
 }
 
 /// Deletes the entries of `owner`'s timeline beyond its newest `cap`; returns how many.

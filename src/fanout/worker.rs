@@ -393,6 +393,12 @@ impl Worker {
             },
         };
 
+        if let (Action::Merge { since_row }, None) = (&leased.job.action, &leased.job.part) {
+            // Written (again) by the root job of an up-transition, whatever its progress.
+            self.store
+                .batch_write(vec![hybrid::flag_author(&author, since_row)])
+                .await?;
+        }
         if leased.job.split.is_some() {
             return self.split(leased, None).await;
         }
@@ -429,12 +435,17 @@ impl Worker {
                     }
                     (true, false) => {
                         info!(%author, "author crossed the celebrity threshold: merged at read time from now on");
-                        self.store
-                            .batch_write(vec![hybrid::flag_author(&author, &row_key)])
-                            .await?;
+                        // The job says what it is doing before the flag says it is done, so a
+                        // crash in between resumes the walk rather than skipping it.
                         leased.job.action = Action::Merge {
                             since_row: row_key.clone(),
                         };
+                        leased
+                            .checkpoint(self.store.as_ref(), self.lease_ms())
+                            .await?;
+                        self.store
+                            .batch_write(vec![hybrid::flag_author(&author, &row_key)])
+                            .await?;
                     }
                     (false, true) => {
                         info!(%author, "author fell below the celebrity threshold: fanned out from now on");
