@@ -103,27 +103,41 @@ async fn backfill(
     }
     let written = newest.len() as u64;
     store.batch_write(writes).await?;
-    // An event deleted since it was read may have had its copies removed already: take
-    // back the entries of events that are gone now.
-    if let (Some(first), Some(last)) = (newest.first(), newest.last()) {
-        let still = store
-            .query(
-                Query::partition(Table::Events, author, newest.len())
-                    .range(Some(first.row.clone()), Some(format!("{}!", last.row))),
-            )
-            .await?;
-        let present: HashSet<&str> = still.iter().map(|item| item.row.as_str()).collect();
-        let gone: Vec<Write> = newest
-            .iter()
-            .filter(|item| !present.contains(item.row.as_str()))
-            .map(|item| Write::delete(Table::Timelines, follower, &item.row))
-            .collect();
-        if !gone.is_empty() {
-            store.batch_write(gone).await?;
-        }
-    }
+    take_back_deleted(store, follower, author, &newest).await?;
     trim::trim(store, follower, settings.max_timeline_len).await?;
     Ok(written)
+}
+
+/// Deletes from `owner`'s timeline the copies of `copied` (events of `author`, in row-key
+/// order, just written there) whose events are gone now. A delete that landed between reading
+/// the events and writing the copies may have run its removal job already; the events are
+/// read again after the write, so a delete either shows here or comes after the write, and
+/// then its removal job deletes the copy.
+pub async fn take_back_deleted(
+    store: &dyn Store,
+    owner: &str,
+    author: &str,
+    copied: &[Item],
+) -> StoreResult<()> {
+    let (Some(first), Some(last)) = (copied.first(), copied.last()) else {
+        return Ok(());
+    };
+    let still = store
+        .query(
+            Query::partition(Table::Events, author, copied.len())
+                .range(Some(first.row.clone()), Some(format!("{}!", last.row))),
+        )
+        .await?;
+    let present: HashSet<&str> = still.iter().map(|item| item.row.as_str()).collect();
+    let gone: Vec<Write> = copied
+        .iter()
+        .filter(|item| !present.contains(item.row.as_str()))
+        .map(|item| Write::delete(Table::Timelines, owner, &item.row))
+        .collect();
+    if !gone.is_empty() {
+        store.batch_write(gone).await?;
+    }
+    Ok(())
 }
 
 /// Deletes the author's entries from the follower's timeline: the keys of the author's events

@@ -399,13 +399,29 @@ impl Worker {
                 .batch_write(vec![hybrid::flag_author(&author, since_row)])
                 .await?;
         }
+        let fresh =
+            leased.job.part.is_none() && leased.job.cursor.is_none() && leased.job.split.is_none();
+        if fresh
+            && leased.job.action == Action::Remove
+            && hybrid::author_flag(self.store.as_ref(), &author)
+                .await?
+                .is_some_and(|since| row_key <= since)
+        {
+            // Posted while its author was merged at read time: no follower has a copy.
+            self.store
+                .batch_write(vec![Write::delete(Table::Timelines, &author, &row_key)])
+                .await?;
+            self.metrics.deliveries.inc();
+            leased.job.delivered += 1;
+            return Ok(Step::Merged);
+        }
         if leased.job.split.is_some() {
             return self.split(leased, None).await;
         }
         // A fresh job: one read tells whether to split (and whether the author is merged at
         // read time), and otherwise holds every follower to work on, in memory.
         let mut preread_opt = None;
-        if leased.job.part.is_none() && leased.job.cursor.is_none() {
+        if fresh {
             let threshold = self.settings.celebrity_threshold;
             let fresh_delivery = leased.job.action == Action::Deliver;
             let limit = if fresh_delivery {
@@ -637,6 +653,7 @@ impl Worker {
     ) -> StoreResult<usize> {
         let store = self.store.as_ref();
         let mut writes = Vec::new();
+        let mut copied = Vec::new();
         if let Some(since) = hybrid::merged_since(store, owner, author).await? {
             let source = hybrid::MergedSource {
                 author: author.to_owned(),
@@ -650,7 +667,7 @@ impl Worker {
                 .await?;
             let author_id = SubjectId::parse(author)
                 .map_err(|message| StoreError::Other(format!("job author: {message}")))?;
-            for item in events {
+            for item in &events {
                 let event =
                     Event::decode(&author_id, &item.row, &item.value).map_err(StoreError::Other)?;
                 writes.push(Write::put(
@@ -658,6 +675,7 @@ impl Worker {
                     Item::new(owner, &item.row, event.timeline_entry_body()),
                 ));
             }
+            copied = events;
         } else if let Some(entry) = entry_opt {
             writes.push(Write::put(
                 Table::Timelines,
@@ -667,6 +685,7 @@ impl Worker {
         let written = writes.len();
         writes.push(hybrid::stop_merging(owner, author));
         store.batch_write(writes).await?;
+        edge::take_back_deleted(store, owner, author, &copied).await?;
         trim::trim(store, owner, self.settings.max_timeline_len).await?;
         Ok(written)
     }

@@ -17,6 +17,7 @@ on_both_backends!(
     a_timeline_page_stops_at_the_cap_and_says_it_was_truncated,
     hybrid_timeline_pages_match_a_fully_pushed_timeline_page_by_page,
     an_author_crossing_the_threshold_both_ways_keeps_timelines_whole,
+    a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers,
     catch_up_reads_return_every_entry_once_oldest_first_even_when_late,
 );
 
@@ -459,6 +460,46 @@ async fn an_author_crossing_the_threshold_both_ways_keeps_timelines_whole(backen
         .await
         .expect("get");
     assert_eq!(flag, None);
+}
+
+async fn a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers(
+    backend: Backend,
+) {
+    let app = app(backend, |config| config.celebrity_threshold = 1).await;
+    follow(&app, "reader", "star").await;
+    follow(&app, "fan", "star").await;
+    follow(&app, "reader", "friend").await;
+    app.wait_for_idle().await;
+    post_at(&app, "star", "s1", 10).await;
+    post_at(&app, "friend", "f1", 15).await;
+    let doomed = post_at(&app, "star", "s2", 20).await;
+    post_at(&app, "star", "s3", 30).await;
+    app.wait_for_idle().await;
+    assert_eq!(
+        texts(&app.timeline("reader").await),
+        ["s3", "s2", "f1", "s1"]
+    );
+    let (caught, cursor) = catch_up(&app, "reader", &at(0), 250).await;
+    assert_eq!(caught, ["s1", "f1", "s2", "s3"]);
+
+    let path = format!("/v1/subjects/star/events/{doomed}");
+    let deleted = app.send(app.client.delete(app.url(&path))).await;
+    assert_eq!(deleted.status, StatusCode::ACCEPTED, "{deleted:?}");
+    assert_eq!(texts(&app.timeline("reader").await), ["s3", "f1", "s1"]);
+    app.wait_for_idle().await;
+    let status = app
+        .get(&format!("/v1/subjects/star/events/{doomed}/fanout"))
+        .await;
+    assert_eq!(status.body["operation"], "removal");
+    assert_eq!(status.body["state"], "done");
+    assert_eq!(status.body["merged_at_read"], true, "{status:?}");
+    assert_eq!(status.body["delivered"], 1, "only the author's own copy");
+    assert_eq!(texts(&app.timeline("fan").await), ["s3", "s1"]);
+    assert_eq!(texts(&app.timeline("star").await), ["s3", "s1"]);
+    post_at(&app, "star", "s4", 40).await;
+    app.wait_for_idle().await;
+    let (more, _) = catch_up(&app, "reader", &cursor, 250).await;
+    assert_eq!(more, ["s4"]);
 }
 
 /// One catch-up read; returns its texts and the cursor to go on with.
