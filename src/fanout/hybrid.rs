@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 
-use crate::store::{Item, Query, Store, StoreResult, Table, Write};
+use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
 
 /// The row of an author's flag in `mergedAuthors`.
 const FLAG_ROW: &str = "merged";
@@ -49,12 +49,31 @@ pub async fn author_flag(store: &dyn Store, author: &str) -> StoreResult<Option<
     Ok(value.map(|value| String::from_utf8_lossy(&value).into_owned()))
 }
 
-/// Marks `author` as merged at read time from its event `since_row` on.
-pub fn flag_author(author: &str, since_row: &str) -> Write {
-    Write::put(
-        Table::MergedAuthors,
-        Item::new(author, FLAG_ROW, since_value(Some(since_row))),
-    )
+/// Marks `author` as merged at read time from its event `since_row` on, unless it already is.
+/// Only one event's job crosses the threshold: `Err` holds the `since_row` of the one that
+/// did (two events of an author can race to it).
+pub async fn claim_flag(
+    store: &dyn Store,
+    author: &str,
+    since_row: &str,
+) -> StoreResult<Result<(), String>> {
+    let item = Item::new(author, FLAG_ROW, since_value(Some(since_row)));
+    match store
+        .put(Table::MergedAuthors, item, Condition::Absent)
+        .await
+    {
+        Ok(()) => Ok(Ok(())),
+        Err(StoreError::ConditionFailed) => {
+            let winner = author_flag(store, author).await?.unwrap_or_default();
+            // Our own claim, made before a crash.
+            Ok(if winner == since_row {
+                Ok(())
+            } else {
+                Err(winner)
+            })
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// Ends merging `author` at read time.

@@ -393,12 +393,6 @@ impl Worker {
             },
         };
 
-        if let (Action::Merge { since_row }, None) = (&leased.job.action, &leased.job.part) {
-            // Written (again) by the root job of an up-transition, whatever its progress.
-            self.store
-                .batch_write(vec![hybrid::flag_author(&author, since_row)])
-                .await?;
-        }
         let fresh =
             leased.job.part.is_none() && leased.job.cursor.is_none() && leased.job.split.is_none();
         if fresh
@@ -442,33 +436,49 @@ impl Worker {
             if fresh_delivery {
                 let flag = hybrid::author_flag(self.store.as_ref(), &author).await?;
                 let celebrity = followers.len() > threshold;
-                match (celebrity, flag.is_some()) {
-                    (true, true) => {
-                        if let Some(entry) = &entry_opt {
-                            self.deliver_own_entry(leased, entry).await?;
+                match (celebrity, flag) {
+                    (true, Some(since)) => {
+                        if row_key <= since {
+                            if let Some(entry) = &entry_opt {
+                                self.deliver_own_entry(leased, entry).await?;
+                            }
+                            return Ok(Step::Merged);
                         }
-                        return Ok(Step::Merged);
+                        // Older than the event its author crossed the threshold with (their
+                        // jobs raced): not covered by the merge, so it is fanned out.
                     }
-                    (true, false) => {
+                    (true, None) => {
                         info!(%author, "author crossed the celebrity threshold: merged at read time from now on");
-                        // The job says what it is doing before the flag says it is done, so a
-                        // crash in between resumes the walk rather than skipping it.
+                        // The job says what it is doing before it claims the flag, so a crash
+                        // in between resumes the walk rather than skipping it.
                         leased.job.action = Action::Merge {
                             since_row: row_key.clone(),
                         };
                         leased
                             .checkpoint(self.store.as_ref(), self.lease_ms())
                             .await?;
-                        self.store
-                            .batch_write(vec![hybrid::flag_author(&author, &row_key)])
-                            .await?;
                     }
-                    (false, true) => {
+                    (false, Some(_)) => {
                         info!(%author, "author fell below the celebrity threshold: fanned out from now on");
                         leased.job.action = Action::Unmerge;
                     }
-                    (false, false) => {}
+                    (false, None) => {}
                 }
+            }
+            if let Action::Merge { since_row } = &leased.job.action
+                && leased.job.part.is_none()
+                && let Err(winner) =
+                    hybrid::claim_flag(self.store.as_ref(), &author, since_row).await?
+            {
+                // Another event's job crossed first: this event is merged if it is newer
+                // than that one, and fanned out as before if it is older.
+                if row_key <= winner {
+                    if let Some(entry) = &entry_opt {
+                        self.deliver_own_entry(leased, entry).await?;
+                    }
+                    return Ok(Step::Merged);
+                }
+                leased.job.action = Action::Deliver;
             }
             if followers.len() > self.settings.split_above {
                 return self.split(leased, Some(followers)).await;

@@ -17,7 +17,6 @@ use super::merge::{Merged, Window};
 use super::reading::check_limit;
 use super::{DomainResult, SubjectId, TimelineEntry, Timelines};
 use crate::cursor::InvalidCursor;
-use crate::fanout::hybrid;
 use crate::keys::{MAX_TICKS, Ticks};
 use crate::store::Direction;
 
@@ -148,7 +147,6 @@ impl Timelines {
             Err(_) => Position::decode(&self.cursors.decode_bytes(&scope, after)?)?,
         };
         let store = self.store.as_ref();
-        let merged = hybrid::merged_sources(store, owner.as_str()).await?;
         // Row keys of entries strictly newer than the floor sort below this bound; a reverse
         // read from it goes oldest first.
         let window = Window {
@@ -157,7 +155,7 @@ impl Timelines {
             ..Window::default()
         };
         let expected = limit + position.seen.len() + 1;
-        let mut rows = Merged::open(store, owner, &merged, &window, expected).await?;
+        let mut rows = Merged::open(store, owner, &window, expected).await?;
         let mut items = Vec::with_capacity(limit);
         while items.len() < limit {
             let Some(entry) = rows.next(store).await? else {

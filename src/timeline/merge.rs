@@ -16,8 +16,7 @@ use std::collections::VecDeque;
 use futures::future::try_join_all;
 
 use super::{Event, SubjectId, TimelineEntry};
-use crate::fanout::hybrid::MergedSource;
-use crate::fanout::removal;
+use crate::fanout::{hybrid, removal};
 use crate::store::{Direction, Item, Query, Store, StoreResult, Table};
 
 /// Where a source's rows come from, which decides how they decode.
@@ -110,41 +109,50 @@ pub struct Merged {
 }
 
 impl Merged {
-    /// Opens the merge of `owner`'s timeline and `merged` authors within `window`, reading
-    /// `expected` rows in the first batches (shared out between the sources).
+    /// Opens the merge of `owner`'s timeline and the authors it merges at read time within
+    /// `window`, reading `expected` rows in the first batches (shared out between the
+    /// sources). The list of merged authors, the timeline and the removal markers are read at
+    /// once; then the merged authors' logs, at once.
     pub async fn open(
         store: &dyn Store,
         owner: &SubjectId,
-        merged: &[MergedSource],
         window: &Window,
         expected: usize,
     ) -> StoreResult<Merged> {
-        let mut sources = vec![Source::new(
+        let mut timeline = Source::new(
             Origin::Timeline,
             window.query(Table::Timelines, owner.as_str()),
             expected,
-        )];
-        // A merged author adds a share of the page; a busy one is read further on demand.
-        let share = (expected / (merged.len() + 1)).max(16).min(expected);
-        for source in merged {
-            let Ok(author) = SubjectId::parse(&source.author) else {
-                continue;
-            };
-            let mut query = window.query(Table::Events, author.as_str());
-            query.end = min_end(query.end, source.end_bound());
-            sources.push(Source::new(Origin::Events(author), query, share));
-        }
+        );
         let mut removal_query = removal::query(1);
         removal_query.start = window.start.clone();
         removal_query.end = window.end.clone();
         removal_query.start_after = window.after.clone();
         removal_query.direction = window.direction;
         let mut removals = Source::new(Origin::Timeline, removal_query, 64);
-
-        let fills = sources.iter_mut().map(|source| source.fill(store));
-        let (filled, removals_filled) = futures::join!(try_join_all(fills), removals.fill(store));
-        filled?;
+        let (merged, timeline_filled, removals_filled) = futures::join!(
+            hybrid::merged_sources(store, owner.as_str()),
+            timeline.fill(store),
+            removals.fill(store)
+        );
+        let merged = merged?;
+        timeline_filled?;
         removals_filled?;
+
+        // A merged author adds a share of the page; a busy one is read further on demand.
+        let share = (expected / (merged.len() + 1)).max(16).min(expected);
+        let mut authors = Vec::with_capacity(merged.len());
+        for source in &merged {
+            let Ok(author) = SubjectId::parse(&source.author) else {
+                continue;
+            };
+            let mut query = window.query(Table::Events, author.as_str());
+            query.end = min_end(query.end, source.end_bound());
+            authors.push(Source::new(Origin::Events(author), query, share));
+        }
+        try_join_all(authors.iter_mut().map(|source| source.fill(store))).await?;
+        let mut sources = vec![timeline];
+        sources.extend(authors);
         Ok(Merged {
             sources,
             removals,

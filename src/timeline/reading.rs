@@ -9,7 +9,7 @@ use super::{
     Timelines,
 };
 use crate::cursor::InvalidCursor;
-use crate::fanout::{hybrid, trim};
+use crate::fanout::trim;
 use crate::store::{Item, Query, Table};
 
 impl Timelines {
@@ -32,12 +32,11 @@ impl Timelines {
         let cap = self.settings.max_timeline_len;
         let want = limit.min(cap.saturating_sub(position));
         let store = self.store.as_ref();
-        let merged = hybrid::merged_sources(store, owner.as_str()).await?;
         let window = Window {
             after,
             ..Window::default()
         };
-        let mut rows = Merged::open(store, owner, &merged, &window, want + 1).await?;
+        let mut rows = Merged::open(store, owner, &window, want + 1).await?;
         let mut items = Vec::with_capacity(want);
         while items.len() < want {
             match rows.next(store).await? {

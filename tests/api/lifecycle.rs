@@ -18,6 +18,7 @@ on_both_backends!(
     hybrid_timeline_pages_match_a_fully_pushed_timeline_page_by_page,
     an_author_crossing_the_threshold_both_ways_keeps_timelines_whole,
     a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers,
+    posts_racing_across_the_threshold_all_reach_every_follower,
     catch_up_reads_return_every_entry_once_oldest_first_even_when_late,
 );
 
@@ -500,6 +501,32 @@ async fn a_merged_authors_events_are_caught_up_and_deleted_without_touching_foll
     app.wait_for_idle().await;
     let (more, _) = catch_up(&app, "reader", &cursor, 250).await;
     assert_eq!(more, ["s4"]);
+}
+
+async fn posts_racing_across_the_threshold_all_reach_every_follower(backend: Backend) {
+    let app = app(backend, |config| config.celebrity_threshold = 1).await;
+    for round in 0..3u32 {
+        let author = format!("racer-{round}");
+        follow(&app, "reader", &author).await;
+        follow(&app, "fan", &author).await;
+        app.wait_for_idle().await;
+        // Six events posted at once: their jobs race to cross the threshold.
+        let posts = (0..6u32).map(|step| {
+            let api = &app.api;
+            let author = author.clone();
+            async move { post_at(api, &author, &format!("{author}-{step}"), 100 - step).await }
+        });
+        futures::future::join_all(posts).await;
+        app.wait_for_idle().await;
+        let expected: Vec<String> = (0..6).map(|step| format!("{author}-{step}")).collect();
+        for owner in ["reader", "fan"] {
+            let texts_of_round: Vec<String> = texts(&app.timeline(owner).await)
+                .into_iter()
+                .filter(|text| text.starts_with(&author))
+                .collect();
+            assert_eq!(texts_of_round, expected, "{owner}, round {round}");
+        }
+    }
 }
 
 /// One catch-up read; returns its texts and the cursor to go on with.
