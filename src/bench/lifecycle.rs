@@ -125,34 +125,45 @@ pub async fn delete_everywhere(rig: &Rig, count: usize) -> anyhow::Result<()> {
 /// Timeline reads of one reader with 0, 1 and 5 authors merged at read time, in one run.
 pub async fn hybrid_reads(rig: &Rig, reads: usize) -> anyhow::Result<()> {
     let store = rig.bench_store.store.as_ref();
-    let reader = "bench-hybrid-reader";
-    seed_events(store, "bench-pushed", FULL_TIMELINE, 0, &[reader]).await?;
+    let cases = [0usize, 1, 5];
+    let readers: Vec<String> = cases
+        .iter()
+        .map(|merged| format!("bench-hybrid-reader-{merged}"))
+        .collect();
+    let reader_refs: Vec<&str> = readers.iter().map(String::as_str).collect();
+    seed_events(store, "bench-pushed", FULL_TIMELINE, 0, &reader_refs).await?;
     let celebrities: Vec<String> = (0..5).map(|i| format!("bench-celebrity-{i}")).collect();
     for (index, celebrity) in celebrities.iter().enumerate() {
         // Interleaved with the pushed entries, a few ticks apart.
         seed_events(store, celebrity, MERGED_EVENTS, 1 + index as u64, &[]).await?;
     }
-    let owner = SubjectId::parse(reader).map_err(anyhow::Error::msg)?;
-    let mut figures = Vec::new();
-    for merged in [0usize, 1, 5] {
-        let marks = celebrities[..merged]
+    let mut owners = Vec::new();
+    for (merged, reader) in cases.iter().zip(&readers) {
+        let marks = celebrities[..*merged]
             .iter()
             .map(|celebrity| hybrid::merge_into(reader, celebrity, None))
             .collect::<Vec<_>>();
         if !marks.is_empty() {
             store.batch_write(marks).await?;
         }
-        let mut latencies = Vec::with_capacity(reads);
-        for _ in 0..reads {
+        owners.push(SubjectId::parse(reader).map_err(anyhow::Error::msg)?);
+    }
+    // The cases take turns, so background work of the store (flushes, compactions) weighs on
+    // all of them alike.
+    let mut latencies = vec![Vec::with_capacity(reads); cases.len()];
+    for _ in 0..reads {
+        for (owner, times) in owners.iter().zip(&mut latencies) {
             let began = Instant::now();
-            let page = rig.timelines.timeline(&owner, MAX_PAGE_SIZE, None).await?;
-            latencies.push(began.elapsed());
+            let page = rig.timelines.timeline(owner, MAX_PAGE_SIZE, None).await?;
+            times.push(began.elapsed());
             anyhow::ensure!(page.items.len() == MAX_PAGE_SIZE, "short page");
         }
-        let p50 = percentile(&mut latencies, 50.0);
-        let p99 = percentile(&mut latencies, 99.0);
-        figures.push((merged, p50, p99));
     }
+    let figures: Vec<(usize, Duration, Duration)> = cases
+        .iter()
+        .zip(&mut latencies)
+        .map(|(merged, times)| (*merged, percentile(times, 50.0), percentile(times, 99.0)))
+        .collect();
     let plain = figures[0].1.max(Duration::from_nanos(1));
     for (merged, p50, p99) in &figures {
         println!(

@@ -104,20 +104,18 @@ pub async fn merged_since(
     Ok(value.map(|value| since_of(&value)))
 }
 
-/// The authors `owner`'s timeline merges at read time: one query of a small partition.
-pub async fn merged_sources(store: &dyn Store, owner: &str) -> StoreResult<Vec<MergedSource>> {
-    let items = store
-        .query(Query::partition(
-            Table::MergedFollowing,
-            owner,
-            MAX_MERGED_PER_TIMELINE,
-        ))
-        .await?;
-    Ok(items
+/// The query for the authors `owner`'s timeline merges at read time: a small partition.
+pub fn merged_sources_query(owner: &str) -> Query {
+    Query::partition(Table::MergedFollowing, owner, MAX_MERGED_PER_TIMELINE)
+}
+
+/// The merged authors in the rows [`merged_sources_query`] read.
+pub fn merged_sources(items: Vec<Item>) -> Vec<MergedSource> {
+    items
         .into_iter()
         .map(|item| MergedSource {
             since_row: since_of(&item.value),
             author: item.row,
         })
-        .collect())
+        .collect()
 }

@@ -31,6 +31,7 @@ pub async fn run_all(store: &dyn Store) {
     query_pages_with_an_exclusive_start_key(store).await;
     query_honours_row_ranges(store).await;
     query_of_an_empty_partition_is_empty(store).await;
+    query_many_answers_each_query_in_order(store).await;
     multi_byte_utf8_keys_sort_by_bytes(store).await;
     ping_answers(store).await;
 }
@@ -514,6 +515,39 @@ pub async fn query_of_an_empty_partition_is_empty(store: &dyn Store) {
     ] {
         assert!(store.query(query).await.unwrap().is_empty());
     }
+}
+
+pub async fn query_many_answers_each_query_in_order(store: &dyn Store) {
+    let p = partition("many");
+    let q = partition("many");
+    seed(store, Table::Events, &p, &["a", "b", "c"]).await;
+    seed(store, Table::Timelines, &q, &["x", "y"]).await;
+    let answers = store
+        .query_many(vec![
+            Query::partition(Table::Timelines, &q, 10).reverse(),
+            Query::partition(Table::Events, &p, 2).after(Some("a".into())),
+            Query::partition(Table::Events, &partition("nobody"), 10),
+            Query::partition(Table::Events, &p, 1),
+        ])
+        .await
+        .unwrap();
+    let answers: Vec<Vec<&str>> = answers.iter().map(|items| rows(items)).collect();
+    assert_eq!(
+        answers,
+        [vec!["y", "x"], vec!["b", "c"], vec![], vec!["a"]],
+        "one answer per query, in the order asked"
+    );
+    assert!(store.query_many(Vec::new()).await.unwrap().is_empty());
+    let invalid = store
+        .query_many(vec![
+            Query::partition(Table::Events, &p, 1),
+            Query::partition(Table::Events, "", 1),
+        ])
+        .await;
+    assert!(
+        matches!(invalid, Err(StoreError::InvalidInput(_))),
+        "{invalid:?}"
+    );
 }
 
 pub async fn multi_byte_utf8_keys_sort_by_bytes(store: &dyn Store) {

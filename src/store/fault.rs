@@ -303,6 +303,14 @@ impl Store for FaultyStore {
         self.inner.query(query).await
     }
 
+    async fn query_many(&self, queries: Vec<Query>) -> StoreResult<Vec<Vec<Item>>> {
+        // Each query is one call to the rules, as if made alone.
+        for query in &queries {
+            self.check(Op::Query, &[query.table]).await?;
+        }
+        self.inner.query_many(queries).await
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         self.check(Op::Ping, &[]).await?;
         self.inner.ping().await

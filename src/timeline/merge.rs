@@ -13,9 +13,7 @@
 
 use std::collections::VecDeque;
 
-use futures::future::try_join_all;
-
-use super::{Event, SubjectId, TimelineEntry};
+use super::{SubjectId, TimelineEntry};
 use crate::fanout::{hybrid, removal};
 use crate::store::{Direction, Item, Query, Store, StoreResult, Table};
 
@@ -46,14 +44,20 @@ impl Source {
         }
     }
 
-    /// Reads the next batch if the buffer is empty and more rows may exist.
-    async fn fill(&mut self, store: &dyn Store) -> StoreResult<()> {
-        if !self.buffer.is_empty() || self.exhausted {
-            return Ok(());
-        }
+    /// Whether the buffer is empty and more rows may exist.
+    fn is_dry(&self) -> bool {
+        self.buffer.is_empty() && !self.exhausted
+    }
+
+    /// The query for the next batch.
+    fn next_query(&self) -> Query {
         let mut query = self.query.clone();
         query.limit = self.batch;
-        let items = store.query(query).await?;
+        query
+    }
+
+    /// Takes in the answer to [`Source::next_query`].
+    fn accept(&mut self, items: Vec<Item>) {
         self.exhausted = items.len() < self.batch;
         if let Some(last) = items.last() {
             self.query.start_after = Some(last.row.clone());
@@ -61,12 +65,28 @@ impl Source {
         self.buffer.extend(items);
         // A source that needed a second batch is busier than guessed: read more next time.
         self.batch = self.batch.saturating_mul(2).min(1000);
-        Ok(())
     }
 
     fn head(&self) -> Option<&str> {
         self.buffer.front().map(|item| item.row.as_str())
     }
+}
+
+/// Reads the next batch of each of `sources` in one round.
+async fn fill<'a>(
+    store: &dyn Store,
+    sources: impl Iterator<Item = &'a mut Source>,
+) -> StoreResult<()> {
+    let mut sources: Vec<&mut Source> = sources.collect();
+    if sources.is_empty() {
+        return Ok(());
+    }
+    let queries = sources.iter().map(|source| source.next_query()).collect();
+    let answers = store.query_many(queries).await?;
+    for (source, items) in sources.iter_mut().zip(answers) {
+        source.accept(items);
+    }
+    Ok(())
 }
 
 /// The bounds of a merged read, in row keys: `[start, end)`, after `after`, in `direction`.
@@ -105,7 +125,8 @@ pub struct Merged {
     sources: Vec<Source>,
     removals: Source,
     direction: Direction,
-    last_row: Option<String>,
+    /// The row yielded last (empty before the first), to yield an event seen twice once.
+    last_row: String,
 }
 
 impl Merged {
@@ -130,17 +151,22 @@ impl Merged {
         removal_query.start_after = window.after.clone();
         removal_query.direction = window.direction;
         let mut removals = Source::new(Origin::Timeline, removal_query, 64);
-        let (merged, timeline_filled, removals_filled) = futures::join!(
-            hybrid::merged_sources(store, owner.as_str()),
-            timeline.fill(store),
-            removals.fill(store)
-        );
-        let merged = merged?;
-        timeline_filled?;
-        removals_filled?;
+        let mut first = store
+            .query_many(vec![
+                hybrid::merged_sources_query(owner.as_str()),
+                timeline.next_query(),
+                removals.next_query(),
+            ])
+            .await?
+            .into_iter();
+        let merged = hybrid::merged_sources(first.next().unwrap_or_default());
+        timeline.accept(first.next().unwrap_or_default());
+        removals.accept(first.next().unwrap_or_default());
 
-        // A merged author adds a share of the page; a busy one is read further on demand.
-        let share = (expected / (merged.len() + 1)).max(16).min(expected);
+        // Each merged author is read for an even share of the page, with a quarter more for
+        // unevenly spread authors; one busier than that is read further on demand.
+        let even = expected.div_ceil(merged.len() + 1);
+        let share = (even + even / 4).max(16).min(expected);
         let mut authors = Vec::with_capacity(merged.len());
         for source in &merged {
             let Ok(author) = SubjectId::parse(&source.author) else {
@@ -150,14 +176,14 @@ impl Merged {
             query.end = min_end(query.end, source.end_bound());
             authors.push(Source::new(Origin::Events(author), query, share));
         }
-        try_join_all(authors.iter_mut().map(|source| source.fill(store))).await?;
+        fill(store, authors.iter_mut()).await?;
         let mut sources = vec![timeline];
         sources.extend(authors);
         Ok(Merged {
             sources,
             removals,
             direction: window.direction,
-            last_row: None,
+            last_row: String::new(),
         })
     }
 
@@ -172,9 +198,13 @@ impl Merged {
     /// The next row, decoded; `None` when every source is exhausted.
     pub async fn next(&mut self, store: &dyn Store) -> StoreResult<Option<TimelineEntry>> {
         loop {
-            for source in &mut self.sources {
-                source.fill(store).await?;
-            }
+            // Sources that ran dry are read again together: merged authors whose events are
+            // dense in the page tend to run dry at about the same row.
+            fill(
+                store,
+                self.sources.iter_mut().filter(|source| source.is_dry()),
+            )
+            .await?;
             let mut best: Option<usize> = None;
             for (index, source) in self.sources.iter().enumerate() {
                 let Some(row) = source.head() else { continue };
@@ -192,17 +222,17 @@ impl Merged {
             let Some(item) = self.sources[best].buffer.pop_front() else {
                 continue;
             };
-            if self.last_row.as_deref() == Some(item.row.as_str()) {
+            if self.last_row == item.row {
                 continue;
             }
-            self.last_row = Some(item.row.clone());
+            self.last_row.clone_from(&item.row);
             if self.is_removed(store, &item.row).await? {
                 continue;
             }
             let entry = match &self.sources[best].origin {
-                Origin::Timeline => TimelineEntry::decode(&item.row, &item.value),
+                Origin::Timeline => TimelineEntry::decode(item.row, &item.value),
                 Origin::Events(author) => {
-                    Event::decode(author, &item.row, &item.value).map(TimelineEntry::from_event)
+                    TimelineEntry::decode_event(author.as_str(), item.row, &item.value)
                 }
             };
             return entry.map(Some).map_err(crate::store::StoreError::Other);
@@ -212,7 +242,9 @@ impl Merged {
     /// Whether `row` is marked as being removed; walks the markers up to it.
     async fn is_removed(&mut self, store: &dyn Store, row: &str) -> StoreResult<bool> {
         loop {
-            self.removals.fill(store).await?;
+            if self.removals.is_dry() {
+                fill(store, std::iter::once(&mut self.removals)).await?;
+            }
             match self.removals.head() {
                 Some(marked) if self.before(marked, row) => {
                     self.removals.buffer.pop_front();

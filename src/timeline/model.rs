@@ -159,30 +159,38 @@ impl Event {
 }
 
 impl TimelineEntry {
-    /// An event as its entry in a timeline (an event merged at read time).
-    pub fn from_event(event: Event) -> TimelineEntry {
-        TimelineEntry {
-            event_id: event.event_id,
-            author: event.author.as_str().to_owned(),
-            kind: event.kind,
-            payload: event.payload,
-            at: event.at,
-            row_key: event.row_key,
-        }
+    /// An event of `author`'s log, read as its entry in a timeline (merged at read time).
+    pub fn decode_event(
+        author: &str,
+        row_key: String,
+        body: &[u8],
+    ) -> Result<TimelineEntry, String> {
+        let (at, event_id) =
+            parse_event_row_key(&row_key).ok_or_else(|| corrupt("event", &row_key))?;
+        let stored: StoredEvent<'_> =
+            serde_json::from_slice(body).map_err(|_| corrupt("event", &row_key))?;
+        Ok(TimelineEntry {
+            event_id,
+            author: author.to_owned(),
+            kind: stored.kind.into_owned(),
+            payload: stored.payload.to_owned(),
+            at,
+            row_key,
+        })
     }
 
-    pub fn decode(row_key: &str, body: &[u8]) -> Result<TimelineEntry, String> {
+    pub fn decode(row_key: String, body: &[u8]) -> Result<TimelineEntry, String> {
         let (at, event_id) =
-            parse_event_row_key(row_key).ok_or_else(|| corrupt("timeline entry", row_key))?;
+            parse_event_row_key(&row_key).ok_or_else(|| corrupt("timeline entry", &row_key))?;
         let stored: StoredEntry<'_> =
-            serde_json::from_slice(body).map_err(|_| corrupt("timeline entry", row_key))?;
+            serde_json::from_slice(body).map_err(|_| corrupt("timeline entry", &row_key))?;
         Ok(TimelineEntry {
             event_id,
             author: stored.author.into_owned(),
             kind: stored.kind.into_owned(),
             payload: stored.payload.to_owned(),
             at,
-            row_key: row_key.to_owned(),
+            row_key,
         })
     }
 }
@@ -234,11 +242,11 @@ mod tests {
         let stored = Event::decode(&author, &event.row_key, &event.encode()).expect("decode");
         assert_eq!(stored.payload.get(), event.payload.get());
         assert_eq!((stored.event_id, stored.at), (event_id, at));
-        let entry = TimelineEntry::decode(&event.row_key, &event.timeline_entry_body())
+        let entry = TimelineEntry::decode(event.row_key.clone(), &event.timeline_entry_body())
             .expect("decode entry");
         assert_eq!(entry.author, "alice");
         assert_eq!(entry.kind, "post");
         assert_eq!(entry.payload.get(), event.payload.get());
-        assert!(TimelineEntry::decode("bogus", b"{}").is_err());
+        assert!(TimelineEntry::decode("bogus".into(), b"{}").is_err());
     }
 }
