@@ -526,7 +526,7 @@ pub async fn query_many_answers_each_query_in_order(store: &dyn Store) {
         .query_many(vec![
             Query::partition(Table::Timelines, &q, 10).reverse(),
             Query::partition(Table::Events, &p, 2).after(Some("a".into())),
-            Query::partition(Table::Events, &partition("nobody"), 10),
+            Query::partition(Table::Events, partition("nobody"), 10),
             Query::partition(Table::Events, &p, 1),
         ])
         .await
