@@ -17,8 +17,6 @@ use crate::timeline::{Event, MAX_PAGE_SIZE, SubjectId};
 
 /// Entries of the timelines the cleanup and read figures use (the default cap).
 const FULL_TIMELINE: usize = 800;
-/// Events each merged author has, interleaved in time with the pushed ones.
-const MERGED_EVENTS: usize = 300;
 
 /// Writes `count` events of `author` straight into its log (and, if `copy_to` is given,
 /// into that timeline), one second apart from `start` plus `offset` ticks.
@@ -134,8 +132,9 @@ pub async fn hybrid_reads(rig: &Rig, reads: usize) -> anyhow::Result<()> {
     seed_events(store, "bench-pushed", FULL_TIMELINE, 0, &reader_refs).await?;
     let celebrities: Vec<String> = (0..5).map(|i| format!("bench-celebrity-{i}")).collect();
     for (index, celebrity) in celebrities.iter().enumerate() {
-        // Interleaved with the pushed entries, a few ticks apart.
-        seed_events(store, celebrity, MERGED_EVENTS, 1 + index as u64, &[]).await?;
+        // As busy as the pushed author and interleaved with it, a few ticks apart: a page
+        // of a timeline merging five holds as many of each author's events as pushed ones.
+        seed_events(store, celebrity, FULL_TIMELINE, 1 + index as u64, &[]).await?;
     }
     let mut owners = Vec::new();
     for (merged, reader) in cases.iter().zip(&readers) {

@@ -155,7 +155,7 @@ impl Timelines {
             ..Window::default()
         };
         let expected = limit + position.seen.len() + 1;
-        let mut rows = Merged::open(store, owner, &window, expected).await?;
+        let mut rows = Merged::open(store, &self.merged_hints, owner, &window, expected).await?;
         let mut items = Vec::with_capacity(limit);
         while items.len() < limit {
             let Some(entry) = rows.next(store).await? else {

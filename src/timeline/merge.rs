@@ -12,9 +12,11 @@
 //! costs one round of queries in the common case.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use super::{SubjectId, TimelineEntry};
-use crate::fanout::{hybrid, removal};
+use crate::fanout::hybrid::{self, MergedSource};
+use crate::fanout::removal;
 use crate::store::{Direction, Item, Query, Store, StoreResult, Table};
 
 /// Where a source's rows come from, which decides how they decode.
@@ -112,6 +114,55 @@ impl Window {
     }
 }
 
+/// Rows to read first from each of a merge's sources: an even share of the page between the
+/// timeline and `merged` authors, with a quarter more for unevenly spread authors. A busier
+/// source is read further on demand.
+fn share_of(expected: usize, merged: usize) -> usize {
+    if merged == 0 {
+        return expected;
+    }
+    let even = expected.div_ceil(merged + 1);
+    (even + even / 4).max(16).min(expected)
+}
+
+/// The source of one merged author's events within `window`; `None` for a corrupt author id.
+fn author_source(window: &Window, merged: &MergedSource, batch: usize) -> Option<Source> {
+    let author = SubjectId::parse(&merged.author).ok()?;
+    let mut query = window.query(Table::Events, author.as_str());
+    query.end = min_end(query.end, merged.end_bound());
+    Some(Source::new(Origin::Events(author), query, batch))
+}
+
+/// Which authors each timeline merged when last read, in this process: a prediction that
+/// lets a read ask for their events in its first round. Bounded; timelines that merge no one
+/// are not kept.
+pub struct MergedHints {
+    owners: quick_cache::sync::Cache<String, Arc<[MergedSource]>>,
+}
+
+impl MergedHints {
+    pub fn new(capacity: usize) -> Self {
+        MergedHints {
+            owners: quick_cache::sync::Cache::new(capacity.max(1)),
+        }
+    }
+
+    fn get(&self, owner: &SubjectId) -> Arc<[MergedSource]> {
+        self.owners
+            .get(owner.as_str())
+            .unwrap_or_else(|| Arc::from(Vec::new()))
+    }
+
+    fn learn(&self, owner: &SubjectId, merged: Vec<MergedSource>) {
+        if merged.is_empty() {
+            self.owners.remove(owner.as_str());
+        } else if self.owners.get(owner.as_str()).as_deref() != Some(merged.as_slice()) {
+            self.owners
+                .insert(owner.as_str().to_owned(), Arc::from(merged));
+        }
+    }
+}
+
 /// The lesser of two exclusive upper bounds (`None` is unbounded).
 fn min_end(a: Option<String>, b: Option<String>) -> Option<String> {
     match (a, b) {
@@ -132,14 +183,24 @@ pub struct Merged {
 impl Merged {
     /// Opens the merge of `owner`'s timeline and the authors it merges at read time within
     /// `window`, reading `expected` rows in the first batches (shared out between the
-    /// sources). The list of merged authors, the timeline and the removal markers are read at
-    /// once; then the merged authors' logs, at once.
+    /// sources).
+    ///
+    /// The list of merged authors, the timeline, the removal markers and the logs of the
+    /// authors `hints` predicts are all read in one round. The list read is the truth: a
+    /// predicted author no longer merged is dropped, and one not predicted (or with another
+    /// starting event) is read in a second round. So a steady timeline costs one round,
+    /// however many authors it merges, and a stale prediction costs only time.
     pub async fn open(
         store: &dyn Store,
+        hints: &MergedHints,
         owner: &SubjectId,
         window: &Window,
         expected: usize,
     ) -> StoreResult<Merged> {
+        let predicted = hints.get(owner);
+        let predicted_share = share_of(expected, predicted.len());
+        // The timeline is read for the whole page whatever it merges: its rows cost little
+        // next to a second round when the merged authors are quiet.
         let mut timeline = Source::new(
             Origin::Timeline,
             window.query(Table::Timelines, owner.as_str()),
@@ -151,32 +212,36 @@ impl Merged {
         removal_query.start_after = window.after.clone();
         removal_query.direction = window.direction;
         let mut removals = Source::new(Origin::Timeline, removal_query, 64);
-        let mut first = store
-            .query_many(vec![
-                hybrid::merged_sources_query(owner.as_str()),
-                timeline.next_query(),
-                removals.next_query(),
-            ])
-            .await?
-            .into_iter();
-        let merged = hybrid::merged_sources(first.next().unwrap_or_default());
-        timeline.accept(first.next().unwrap_or_default());
-        removals.accept(first.next().unwrap_or_default());
-
-        // Each merged author is read for an even share of the page, with a quarter more for
-        // unevenly spread authors; one busier than that is read further on demand.
-        let even = expected.div_ceil(merged.len() + 1);
-        let share = (even + even / 4).max(16).min(expected);
-        let mut authors = Vec::with_capacity(merged.len());
-        for source in &merged {
-            let Ok(author) = SubjectId::parse(&source.author) else {
-                continue;
-            };
-            let mut query = window.query(Table::Events, author.as_str());
-            query.end = min_end(query.end, source.end_bound());
-            authors.push(Source::new(Origin::Events(author), query, share));
+        let mut guessed: Vec<(&MergedSource, Source)> = predicted
+            .iter()
+            .filter_map(|merged| Some((merged, author_source(window, merged, predicted_share)?)))
+            .collect();
+        let mut queries = vec![
+            hybrid::merged_sources_query(owner.as_str()),
+            timeline.next_query(),
+            removals.next_query(),
+        ];
+        queries.extend(guessed.iter().map(|(_, source)| source.next_query()));
+        let mut answers = store.query_many(queries).await?.into_iter();
+        let merged = hybrid::merged_sources(answers.next().unwrap_or_default());
+        timeline.accept(answers.next().unwrap_or_default());
+        removals.accept(answers.next().unwrap_or_default());
+        for (_, source) in &mut guessed {
+            source.accept(answers.next().unwrap_or_default());
         }
-        fill(store, authors.iter_mut()).await?;
+
+        let share = share_of(expected, merged.len());
+        let mut authors = Vec::with_capacity(merged.len());
+        let mut unread = Vec::new();
+        for merged in &merged {
+            match guessed.iter().position(|(guess, _)| *guess == merged) {
+                Some(index) => authors.push(guessed.swap_remove(index).1),
+                None => unread.extend(author_source(window, merged, share)),
+            }
+        }
+        fill(store, unread.iter_mut()).await?;
+        authors.extend(unread);
+        hints.learn(owner, merged);
         let mut sources = vec![timeline];
         sources.extend(authors);
         Ok(Merged {
@@ -253,5 +318,95 @@ impl Merged {
                 None => return Ok(false),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::value::RawValue;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::keys::{Ticks, event_row_key};
+    use crate::store::{EmbeddedStore, Write};
+    use crate::timeline::Event;
+
+    /// Posts one event of `author` into its log and returns its row key.
+    async fn post(store: &dyn Store, author: &str, seconds: u64) -> String {
+        let at = Ticks::new(1_000_000_000 + seconds * 10_000_000).expect("ticks");
+        let event_id = Uuid::now_v7();
+        let event = Event {
+            event_id,
+            author: SubjectId::parse(author).expect("author"),
+            kind: "post".into(),
+            payload: RawValue::from_string("{}".into()).expect("payload"),
+            at,
+            row_key: event_row_key(at, event_id),
+        };
+        store
+            .batch_write(vec![Write::put(
+                Table::Events,
+                Item::new(author, &event.row_key, event.encode()),
+            )])
+            .await
+            .expect("post");
+        event.row_key
+    }
+
+    async fn read_all(store: &dyn Store, hints: &MergedHints, owner: &SubjectId) -> Vec<String> {
+        let window = Window::default();
+        let mut merged = Merged::open(store, hints, owner, &window, 10)
+            .await
+            .expect("open");
+        let mut rows = Vec::new();
+        while let Some(entry) = merged.next(store).await.expect("next") {
+            rows.push(entry.row_key);
+        }
+        rows
+    }
+
+    #[tokio::test]
+    async fn a_stale_prediction_never_changes_what_a_read_returns() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let owner = SubjectId::parse("reader").expect("owner");
+        let old = post(&store, "old-celebrity", 1).await;
+        let new = post(&store, "new-celebrity", 2).await;
+        let hints = MergedHints::new(16);
+
+        store
+            .batch_write(vec![hybrid::merge_into("reader", "old-celebrity", None)])
+            .await
+            .expect("merge");
+        assert_eq!(read_all(&store, &hints, &owner).await, [old]);
+
+        // The hint still names the old author; the list read says otherwise.
+        store
+            .batch_write(vec![
+                hybrid::stop_merging("reader", "old-celebrity"),
+                hybrid::merge_into("reader", "new-celebrity", None),
+            ])
+            .await
+            .expect("switch");
+        assert_eq!(read_all(&store, &hints, &owner).await, std::slice::from_ref(&new));
+
+        // A changed starting event is not taken from the prediction either.
+        let newer = post(&store, "new-celebrity", 3).await;
+        assert_eq!(read_all(&store, &hints, &owner).await, [newer.clone(), new]);
+        store
+            .batch_write(vec![hybrid::merge_into(
+                "reader",
+                "new-celebrity",
+                Some(&newer),
+            )])
+            .await
+            .expect("narrow");
+        assert_eq!(read_all(&store, &hints, &owner).await, [newer]);
+
+        store
+            .batch_write(vec![hybrid::stop_merging("reader", "new-celebrity")])
+            .await
+            .expect("stop");
+        assert!(read_all(&store, &hints, &owner).await.is_empty());
     }
 }

@@ -22,6 +22,8 @@ pub use posting::{NewEvent, Posted};
 
 /// Largest (and default) page of any listing.
 pub const MAX_PAGE_SIZE: usize = 250;
+/// Timelines whose merged authors a process remembers (a few hundred bytes each).
+const MERGED_HINT_OWNERS: usize = 65_536;
 
 /// What the domain needs to know of the configuration.
 #[derive(Clone, Debug)]
@@ -75,6 +77,8 @@ pub struct Timelines {
     settings: Settings,
     /// Wakes an idle in-process fan-out worker when a job is enqueued.
     wake_workers: Arc<Notify>,
+    /// Predicts which authors a timeline merges, so a read asks for them at once.
+    merged_hints: merge::MergedHints,
 }
 
 impl Timelines {
@@ -89,6 +93,7 @@ impl Timelines {
             cursors,
             settings,
             wake_workers,
+            merged_hints: merge::MergedHints::new(MERGED_HINT_OWNERS),
         }
     }
 
