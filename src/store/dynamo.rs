@@ -511,6 +511,10 @@ impl Store for DynamoStore {
         }
     }
 
+    async fn query_many(&self, queries: Vec<Query>) -> StoreResult<Vec<Vec<Item>>> {
+        futures::future::try_join_all(queries.into_iter().map(|query| self.query(query))).await
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         let request = self
             .client

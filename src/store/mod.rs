@@ -329,9 +329,7 @@ pub trait Store: Send + Sync + 'static {
     /// Runs several queries as one round, answers in the order asked. A timeline read merges
     /// a handful of partitions; a store with a cheaper way than one call each (the embedded
     /// store reads them all in one blocking task) says so here.
-    async fn query_many(&self, queries: Vec<Query>) -> StoreResult<Vec<Vec<Item>>> {
-        futures::future::try_join_all(queries.into_iter().map(|query| self.query(query))).await
-    }
+    async fn query_many(&self, queries: Vec<Query>) -> StoreResult<Vec<Vec<Item>>>;
 
     /// Checks that the store answers (for `/healthz`).
     async fn ping(&self) -> StoreResult<()>;
