@@ -16,6 +16,7 @@ use crate::cursor::CursorCodec;
 use crate::fanout::{FanoutMetrics, Worker};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
+use crate::series::Series;
 use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
 use crate::timeline::{Timelines, cursor_key};
 
@@ -96,8 +97,10 @@ async fn app_state(
         config.timeline_settings(),
         wake.clone(),
     );
+    let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone());
     Ok(AppState {
         timelines: Arc::new(timelines),
+        series: Arc::new(series),
         metrics,
     })
 }

@@ -4,6 +4,7 @@
 //! - [`keys`]: .NET ticks and reverse-tick event row keys
 //! - [`cursor`]: opaque, HMAC-authenticated page cursors
 //! - [`store`]: the table-store trait, its fjall and DynamoDB backends, the conformance suite
+//! - [`series`]: sensor series: points by time range, aggregates, tags, batch writes
 //! - [`timeline`]: the domain: posting, following, reading (backend-agnostic)
 //! - [`fanout`]: the job queue with leases and checkpoints, and the fan-out worker
 //! - [`http`]: axum routers, extractors and the JSON error type
@@ -19,5 +20,6 @@ pub mod fanout;
 pub mod http;
 pub mod keys;
 pub mod metrics;
+pub mod series;
 pub mod store;
 pub mod timeline;

@@ -44,6 +44,9 @@ pub enum Action {
     /// A follow or unfollow of the author by `follower`: backfills or cleans up that one
     /// timeline until it matches the edge as it stands.
     Reconcile { follower: String },
+    /// A series write too large for one transaction has committed: applies its staged points
+    /// to the series' rows and posts its events (see `series::journal`).
+    ApplySeriesBatch { batch: String },
 }
 
 impl Action {
@@ -53,7 +56,10 @@ impl Action {
 
     /// Whether this job works for an event (its status can be looked up by event id).
     pub fn is_event_job(&self) -> bool {
-        !matches!(self, Action::Reconcile { .. })
+        !matches!(
+            self,
+            Action::Reconcile { .. } | Action::ApplySeriesBatch { .. }
+        )
     }
 }
 
@@ -246,6 +252,18 @@ pub fn enqueue_reconcile(follower: &str, author: &str) -> Write {
     };
     let shard = shard_name(root_shard(id));
     let row = format!("{}.e", id.as_hyphenated());
+    Write::put_if_absent(Table::Jobs, Item::new(shard, row, job.encode()))
+}
+
+/// The write that enqueues applying a committed series batch; part of the transaction that
+/// commits it, so a committed batch is always applied.
+pub fn enqueue_series_batch(batch: Uuid) -> Write {
+    let mut job = new_job("", "", Ticks::now(), None);
+    job.action = Action::ApplySeriesBatch {
+        batch: batch.as_hyphenated().to_string(),
+    };
+    let shard = shard_name(root_shard(batch));
+    let row = format!("{}.b", batch.as_hyphenated());
     Write::put_if_absent(Table::Jobs, Item::new(shard, row, job.encode()))
 }
 

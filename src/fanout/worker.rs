@@ -123,7 +123,7 @@ enum Step {
     Delivered,
     /// The author is merged at read time: only the author's own entry was written.
     Merged,
-    /// A follower's timeline matches its edge (a reconcile job).
+    /// A follower's timeline matches its edge (a reconcile job), or a series batch is applied.
     Reconciled,
     /// A root job enqueued all its parts and handed over to them.
     Split,
@@ -250,7 +250,7 @@ impl Worker {
             None => Vec::new(),
         };
         if !job.action.is_event_job() {
-            // A reconcile job has no status record: it is simply done, or dead.
+            // A reconcile or series-batch job has no status record: it is simply done, or dead.
             match leased.commit(self.store.as_ref(), false, extra).await {
                 Ok(()) | Err(StoreError::ConditionFailed) => {}
                 Err(err) => return Err(err),
@@ -373,6 +373,11 @@ impl Worker {
             };
             let touched = edge::reconcile(self.store.as_ref(), settings, follower, &author).await?;
             leased.job.delivered += touched;
+            return Ok(Step::Reconciled);
+        }
+        if let Action::ApplySeriesBatch { batch } = &leased.job.action {
+            let applied = crate::series::journal::apply(self.store.as_ref(), batch).await?;
+            leased.job.delivered += applied;
             return Ok(Step::Reconciled);
         }
         let entry_opt = match leased.job.action {

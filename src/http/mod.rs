@@ -8,6 +8,7 @@ mod following;
 mod health;
 mod metrics;
 mod page;
+mod series;
 mod timeline;
 
 use std::sync::Arc;
@@ -23,30 +24,34 @@ use tracing::Level;
 pub use error::ApiError;
 
 use crate::metrics::Metrics;
+use crate::series::Series;
 use crate::timeline::{SubjectId, Timelines};
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
     pub timelines: Arc<Timelines>,
+    pub series: Arc<Series>,
     pub metrics: Arc<Metrics>,
 }
 
 /// The whole API. `max_body_bytes` bounds request bodies before they are read.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
-    Router::new()
+    let subjects = Router::new()
         .merge(events::router())
         .merge(following::router())
         .merge(timeline::router())
         .merge(fanout::router())
         .merge(health::router())
-        .merge(metrics::router())
+        .merge(metrics::router());
+    Router::new()
+        .merge(with_body_limit(subjects, max_body_bytes))
+        .merge(with_body_limit(
+            series::router(),
+            series::MAX_SERIES_BODY_BYTES,
+        ))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(middleware::from_fn(move |request: Request, next: Next| {
-            refuse_declared_oversize(max_body_bytes, request, next)
-        }))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             metrics::track_requests,
@@ -57,6 +62,16 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
                 .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
         .with_state(state)
+}
+
+/// Bounds the request bodies of `routes` at `max_body_bytes` (event bodies are small; series
+/// batches are not).
+fn with_body_limit(routes: Router<AppState>, max_body_bytes: usize) -> Router<AppState> {
+    routes
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            refuse_declared_oversize(max_body_bytes, request, next)
+        }))
 }
 
 /// `/metrics` and `/healthz` alone, for `fanline worker` processes.

@@ -512,7 +512,12 @@ impl Store for DynamoStore {
     }
 
     async fn query_many(&self, queries: Vec<Query>) -> StoreResult<Vec<Vec<Item>>> {
-        futures::future::try_join_all(queries.into_iter().map(|query| self.query(query))).await
+        use futures::{StreamExt, TryStreamExt};
+        // At most 16 in flight: a points write may read hundreds of buckets at once.
+        futures::stream::iter(queries.into_iter().map(|query| self.query(query)))
+            .buffered(16)
+            .try_collect()
+            .await
     }
 
     async fn ping(&self) -> StoreResult<()> {

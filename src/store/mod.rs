@@ -67,10 +67,22 @@ pub enum Table {
     /// Follower subject id -> merged author id: the authors a timeline merges at read time,
     /// with the oldest of their events it shows.
     MergedFollowing,
+    /// `{series}#{day}` -> bucket start: the points of one series, a 10-minute bucket a row
+    /// (see `series::layout`).
+    SeriesPoints,
+    /// The series catalogue: `names` -> series, `days/{series}` -> day, `meta/{series}` ->
+    /// `tags`, `tag/{tag}` -> series.
+    SeriesIndex,
+    /// Batch id -> `state`, `s.{n}` (one series of the batch), `p.{n}.{chunk}` (its points):
+    /// a points write too large for one transaction, staged before it commits.
+    SeriesBatches,
+    /// Series -> batch id: committed batches not yet applied to the series' rows; reads
+    /// overlay their points.
+    SeriesPending,
 }
 
 impl Table {
-    pub const ALL: [Table; 13] = [
+    pub const ALL: [Table; 17] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -84,6 +96,10 @@ impl Table {
         Table::Removals,
         Table::MergedAuthors,
         Table::MergedFollowing,
+        Table::SeriesPoints,
+        Table::SeriesIndex,
+        Table::SeriesBatches,
+        Table::SeriesPending,
     ];
 
     /// The logical table name, as in DESIGN.md; backends prepend their prefix.
@@ -102,6 +118,10 @@ impl Table {
             Table::Removals => "pendingRemovals",
             Table::MergedAuthors => "mergedAuthors",
             Table::MergedFollowing => "mergedFollowing",
+            Table::SeriesPoints => "seriesPoints",
+            Table::SeriesIndex => "seriesIndex",
+            Table::SeriesBatches => "seriesBatches",
+            Table::SeriesPending => "seriesPending",
         }
     }
 }

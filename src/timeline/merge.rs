@@ -388,7 +388,10 @@ mod tests {
             ])
             .await
             .expect("switch");
-        assert_eq!(read_all(&store, &hints, &owner).await, std::slice::from_ref(&new));
+        assert_eq!(
+            read_all(&store, &hints, &owner).await,
+            std::slice::from_ref(&new)
+        );
 
         // A changed starting event is not taken from the prediction either.
         let newer = post(&store, "new-celebrity", 3).await;

@@ -75,21 +75,7 @@ impl Timelines {
             at,
             row_key: row_key.clone(),
         };
-        let mut writes = vec![
-            Write::put_if_absent(
-                Table::Events,
-                Item::new(author.as_str(), &row_key, event.encode()),
-            ),
-            queue::enqueue(author.as_str(), &row_key, event_id, received),
-            Write::put_if_absent(
-                Table::EventIds,
-                Item::new(
-                    author.as_str(),
-                    event_id.as_hyphenated().to_string(),
-                    EventIndex::live(&row_key).encode(),
-                ),
-            ),
-        ];
+        let mut writes = event_writes(&event, received);
         if let Some(client_id) = &new.client_id {
             let record = IdempotencyRecord {
                 row_key: row_key.clone(),
@@ -142,6 +128,28 @@ impl Timelines {
         let event = Event::decode(author, &record.row_key, &body).map_err(DomainError::Corrupt)?;
         Ok(Posted::Existing(event))
     }
+}
+
+/// The writes that post `event`, all create-if-absent: the event in its author's log, its
+/// fan-out job and its id. A transaction holding them makes the event exist and be fanned
+/// out, or neither (series writes post their `readings` events with them too).
+pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
+    let author = event.author.as_str();
+    vec![
+        Write::put_if_absent(
+            Table::Events,
+            Item::new(author, &event.row_key, event.encode()),
+        ),
+        queue::enqueue(author, &event.row_key, event.event_id, received),
+        Write::put_if_absent(
+            Table::EventIds,
+            Item::new(
+                author,
+                event.event_id.as_hyphenated().to_string(),
+                EventIndex::live(&event.row_key).encode(),
+            ),
+        ),
+    ]
 }
 
 /// A digest of what the client asked for (not of what the server filled in).

@@ -1,0 +1,416 @@
+//! The series API: points by range, step aggregates, aligned series, deletes, tags and the
+//! catalogue.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{Json, Path, Query};
+use crate::keys::Ticks;
+use crate::series::catalogue::DEFAULT_LIST_PAGE;
+use crate::series::reading::{DEFAULT_SERIES_PAGE, Range};
+use crate::series::{Aggregate, MAX_POINTS_PER_SERIES_WRITE, NewPoints, Point, SeriesName};
+
+/// Largest series request body: a batch of 200,000 points at about 70 bytes each.
+pub const MAX_SERIES_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/series", get(list_series))
+        .route("/v1/series:batch", post(write_batch))
+        .route("/v1/series:aligned", get(read_aligned))
+        .route(
+            "/v1/series/{series}/points",
+            post(write_points).get(read_points).delete(delete_points),
+        )
+        .route("/v1/series/{series}", axum::routing::delete(delete_series))
+        .route("/v1/series/{series}/tags", get(read_tags).put(write_tags))
+}
+
+fn series_name(text: &str) -> Result<SeriesName, ApiError> {
+    SeriesName::parse(text).map_err(|message| ApiError::bad_request("invalid_series", message))
+}
+
+/// An RFC 3339 time parameter, as ticks.
+fn time_param(name: &str, text: Option<&str>) -> Result<Option<u64>, ApiError> {
+    text.map(|text| {
+        Ticks::parse_rfc3339(text)
+            .map(Ticks::get)
+            .map_err(|err| ApiError::bad_request("invalid_range", format!("{name}: {err}")))
+    })
+    .transpose()
+}
+
+fn range(from: Option<&str>, to: Option<&str>) -> Result<Range, ApiError> {
+    Ok(Range::new(
+        time_param("from", from)?,
+        time_param("to", to)?,
+    )?)
+}
+
+/// A step such as `60s`, `5m`, `1h` or `250ms`, in ticks (whole 100 ns).
+fn step_param(text: &str) -> Result<u64, ApiError> {
+    let invalid = || {
+        ApiError::bad_request(
+            "invalid_step",
+            format!(
+                "step must be a duration such as 60s, 5m or 1h, of at least 100ns; got {text:?}"
+            ),
+        )
+    };
+    let duration = humantime::parse_duration(text).map_err(|_| invalid())?;
+    let ticks = u64::try_from(duration.as_nanos() / 100).map_err(|_| invalid())?;
+    if ticks == 0 {
+        return Err(invalid());
+    }
+    Ok(ticks)
+}
+
+fn aggregate_param(text: Option<&str>) -> Result<Aggregate, ApiError> {
+    match text {
+        None => Ok(Aggregate::Avg),
+        Some(text) => Aggregate::parse(text).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_agg",
+                "agg must be one of avg, min, max, sum, count, first, last",
+            )
+        }),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PointBody {
+    /// RFC 3339, 100 ns precision.
+    at: String,
+    value: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WritePointsRequest {
+    points: Vec<PointBody>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchSeries {
+    name: String,
+    points: Vec<PointBody>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteBatchRequest {
+    series: Vec<BatchSeries>,
+}
+
+#[derive(Debug, Serialize)]
+struct WrittenResponse {
+    written: usize,
+}
+
+/// Parses the points of one series; `where_` names it in errors.
+fn points(where_: &str, bodies: Vec<PointBody>) -> Result<Vec<Point>, ApiError> {
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(index, body)| {
+            let at = Ticks::parse_rfc3339(&body.at).map_err(|err| {
+                ApiError::bad_request("invalid_at", format!("{where_}points[{index}].at: {err}"))
+            })?;
+            if !body.value.is_finite() {
+                return Err(ApiError::bad_request(
+                    "invalid_value",
+                    format!("{where_}points[{index}].value must be a finite number"),
+                ));
+            }
+            Ok(Point {
+                at: at.get(),
+                value: body.value,
+            })
+        })
+        .collect()
+}
+
+async fn write_points(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+    Json(request): Json<WritePointsRequest>,
+) -> Result<Response, ApiError> {
+    let series = series_name(&series)?;
+    if request.points.len() > MAX_POINTS_PER_SERIES_WRITE {
+        return Err(ApiError::bad_request(
+            "too_many_points",
+            format!("a write holds at most {MAX_POINTS_PER_SERIES_WRITE} points"),
+        ));
+    }
+    let points = points("", request.points)?;
+    let written = state
+        .series
+        .write(vec![NewPoints { series, points }])
+        .await?;
+    Ok((StatusCode::CREATED, axum::Json(WrittenResponse { written })).into_response())
+}
+
+async fn write_batch(
+    State(state): State<AppState>,
+    Json(request): Json<WriteBatchRequest>,
+) -> Result<Response, ApiError> {
+    let mut batch = Vec::with_capacity(request.series.len());
+    for (index, one) in request.series.into_iter().enumerate() {
+        let series = SeriesName::parse(&one.name).map_err(|message| {
+            ApiError::bad_request("invalid_series", format!("series[{index}].name: {message}"))
+        })?;
+        let points = points(&format!("series[{index}]."), one.points)?;
+        batch.push(NewPoints { series, points });
+    }
+    let written = state.series.write(batch).await?;
+    Ok((StatusCode::CREATED, axum::Json(WrittenResponse { written })).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadParams {
+    from: Option<String>,
+    to: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+    step: Option<String>,
+    agg: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct PointResponse {
+    at: String,
+    value: f64,
+}
+
+/// `{"points":[{"at","value"}],"next_cursor"}`: raw points, or one row per step bucket.
+#[derive(Debug, Serialize)]
+struct PointsResponse {
+    points: Vec<PointResponse>,
+    next_cursor: Option<String>,
+}
+
+fn point_response(at: u64, value: f64) -> PointResponse {
+    PointResponse {
+        at: Ticks::clamped(at).to_string(),
+        value,
+    }
+}
+
+async fn read_points(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+    Query(params): Query<ReadParams>,
+) -> Result<axum::Json<PointsResponse>, ApiError> {
+    let series = series_name(&series)?;
+    let range = range(params.from.as_deref(), params.to.as_deref())?;
+    let limit = params.limit.unwrap_or(DEFAULT_SERIES_PAGE);
+    let cursor = params.cursor.as_deref();
+    let response = match params.step.as_deref() {
+        None => {
+            if params.agg.is_some() {
+                return Err(ApiError::bad_request(
+                    "invalid_parameters",
+                    "agg needs a step",
+                ));
+            }
+            let page = state.series.points(&series, range, limit, cursor).await?;
+            PointsResponse {
+                points: page
+                    .points
+                    .into_iter()
+                    .map(|point| point_response(point.at, point.value))
+                    .collect(),
+                next_cursor: page.next_cursor,
+            }
+        }
+        Some(step) => {
+            let step = step_param(step)?;
+            let aggregate = aggregate_param(params.agg.as_deref())?;
+            let page = state
+                .series
+                .aggregate(&series, range, step, aggregate, limit, cursor)
+                .await?;
+            PointsResponse {
+                points: page
+                    .rows
+                    .into_iter()
+                    .map(|(at, value)| point_response(at, value))
+                    .collect(),
+                next_cursor: page.next_cursor,
+            }
+        }
+    };
+    Ok(axum::Json(response))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlignedParams {
+    /// Comma-separated series names.
+    names: String,
+    from: Option<String>,
+    to: Option<String>,
+    step: String,
+    agg: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct AlignedRow {
+    at: String,
+    values: Vec<Option<f64>>,
+}
+
+/// `{"names":[...],"rows":[{"at","values":[...]}],"next_cursor"}`: `values` in the order
+/// of `names`, null where a series has no points in the bucket.
+#[derive(Debug, Serialize)]
+struct AlignedResponse {
+    names: Vec<String>,
+    rows: Vec<AlignedRow>,
+    next_cursor: Option<String>,
+}
+
+async fn read_aligned(
+    State(state): State<AppState>,
+    Query(params): Query<AlignedParams>,
+) -> Result<axum::Json<AlignedResponse>, ApiError> {
+    let names = params
+        .names
+        .split(',')
+        .map(series_name)
+        .collect::<Result<Vec<_>, _>>()?;
+    let range = range(params.from.as_deref(), params.to.as_deref())?;
+    let step = step_param(&params.step)?;
+    let aggregate = aggregate_param(params.agg.as_deref())?;
+    let limit = params.limit.unwrap_or(DEFAULT_SERIES_PAGE);
+    let page = state
+        .series
+        .aligned(
+            &names,
+            range,
+            step,
+            aggregate,
+            limit,
+            params.cursor.as_deref(),
+        )
+        .await?;
+    Ok(axum::Json(AlignedResponse {
+        names: names.iter().map(|name| name.as_str().to_owned()).collect(),
+        rows: page
+            .rows
+            .into_iter()
+            .map(|(at, values)| AlignedRow {
+                at: Ticks::clamped(at).to_string(),
+                values,
+            })
+            .collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteParams {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct DeletedResponse {
+    deleted: u64,
+}
+
+async fn delete_points(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+    Query(params): Query<DeleteParams>,
+) -> Result<axum::Json<DeletedResponse>, ApiError> {
+    let series = series_name(&series)?;
+    let (Some(from), Some(to)) = (params.from.as_deref(), params.to.as_deref()) else {
+        return Err(ApiError::bad_request(
+            "invalid_range",
+            "a range delete needs both from and to (DELETE /v1/series/{series} deletes all)",
+        ));
+    };
+    let range = range(Some(from), Some(to))?;
+    let deleted = state.series.delete_points(&series, range).await?;
+    Ok(axum::Json(DeletedResponse { deleted }))
+}
+
+async fn delete_series(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let series = series_name(&series)?;
+    state.series.delete_series(&series).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Tags {
+    tags: Vec<String>,
+}
+
+async fn read_tags(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+) -> Result<axum::Json<Tags>, ApiError> {
+    let series = series_name(&series)?;
+    let tags = state.series.tags(&series).await?;
+    Ok(axum::Json(Tags { tags }))
+}
+
+async fn write_tags(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+    Json(request): Json<Tags>,
+) -> Result<axum::Json<Tags>, ApiError> {
+    let series = series_name(&series)?;
+    state.series.set_tags(&series, request.tags.clone()).await?;
+    Ok(axum::Json(request))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    start: Option<String>,
+    tag: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ListResponse {
+    series: Vec<String>,
+    next_cursor: Option<String>,
+}
+
+async fn list_series(
+    State(state): State<AppState>,
+    Query(params): Query<ListParams>,
+) -> Result<axum::Json<ListResponse>, ApiError> {
+    let list = state
+        .series
+        .list(
+            params.start.as_deref(),
+            params.tag.as_deref(),
+            params.limit.unwrap_or(DEFAULT_LIST_PAGE),
+            params.cursor.as_deref(),
+        )
+        .await?;
+    Ok(axum::Json(ListResponse {
+        series: list.series,
+        next_cursor: list.next_cursor,
+    }))
+}

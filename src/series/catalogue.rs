@@ -1,0 +1,174 @@
+//! The series catalogue: the names of all series, in order, and each series' tags, with an
+//! index from tag to series so a listing by tag is one partition read.
+//!
+//! In `seriesIndex`: `names` -> series; `meta/{series}` -> `tags` (the set, JSON); and
+//! `tag/{tag}` -> series. A tag change rewrites the set under a compare-and-swap in the
+//! same transaction as its index rows, so concurrent changes never leave the index and the
+//! set disagreeing.
+
+use bytes::Bytes;
+
+use super::plan::NAMES_PARTITION;
+use super::{MAX_TAG_BYTES, MAX_TAGS, Series, SeriesName};
+use crate::store::{Condition, Item, Query, StoreError, Table, Write};
+use crate::timeline::{DomainError, DomainResult, check_printable};
+
+/// Most names in one listing page, and the default.
+pub const MAX_LIST_PAGE: usize = 1000;
+pub const DEFAULT_LIST_PAGE: usize = 100;
+const TAGS_ROW: &str = "tags";
+const MAX_ATTEMPTS: u32 = 8;
+
+pub fn meta_partition(series: &str) -> String {
+    format!("meta/{series}")
+}
+
+pub fn tag_partition(tag: &str) -> String {
+    format!("tag/{tag}")
+}
+
+/// A page of series names.
+#[derive(Debug)]
+pub struct SeriesList {
+    pub series: Vec<String>,
+    pub next_cursor: Option<String>,
+}
+
+/// The write that lists `series` in the catalogue.
+pub fn register(series: &str) -> Write {
+    Write::put(
+        Table::SeriesIndex,
+        Item::new(NAMES_PARTITION, series, Bytes::new()),
+    )
+}
+
+fn decode_tags(body: &[u8]) -> DomainResult<Vec<String>> {
+    serde_json::from_slice(body).map_err(|_| DomainError::Corrupt("series tags".into()))
+}
+
+impl Series {
+    /// Whether `series` is in the catalogue (it has had points or tags).
+    pub async fn exists(&self, series: &SeriesName) -> DomainResult<bool> {
+        Ok(self
+            .store
+            .get(Table::SeriesIndex, NAMES_PARTITION, series.as_str())
+            .await?
+            .is_some())
+    }
+
+    /// The tags of `series`, in the order they were set; 404 for an unknown series.
+    pub async fn tags(&self, series: &SeriesName) -> DomainResult<Vec<String>> {
+        let meta_key = meta_partition(series.as_str());
+        let (names, meta) = futures::join!(
+            self.exists(series),
+            self.store.get(Table::SeriesIndex, &meta_key, TAGS_ROW)
+        );
+        if !names? {
+            return Err(DomainError::NotFound(format!("no series {series:?}")));
+        }
+        meta?.map_or(Ok(Vec::new()), |body| decode_tags(&body))
+    }
+
+    /// Replaces the tags of `series` (creating it in the catalogue if need be).
+    pub async fn set_tags(&self, series: &SeriesName, tags: Vec<String>) -> DomainResult<()> {
+        if tags.len() > MAX_TAGS {
+            return Err(DomainError::invalid(
+                "too_many_tags",
+                format!("a series carries at most {MAX_TAGS} tags"),
+            ));
+        }
+        for (index, tag) in tags.iter().enumerate() {
+            check_printable("tag", tag, MAX_TAG_BYTES)
+                .map_err(|message| DomainError::invalid("invalid_tag", message))?;
+            if tags[..index].contains(tag) {
+                return Err(DomainError::invalid(
+                    "duplicate_tag",
+                    format!("tag {tag:?} is listed twice"),
+                ));
+            }
+        }
+        let name = series.as_str();
+        let meta = meta_partition(name);
+        let body = Bytes::from(serde_json::to_vec(&tags).unwrap_or_default());
+        for _ in 0..MAX_ATTEMPTS {
+            let old_body = self.store.get(Table::SeriesIndex, &meta, TAGS_ROW).await?;
+            let old = match &old_body {
+                Some(body) => decode_tags(body)?,
+                None => Vec::new(),
+            };
+            let mut writes = vec![
+                Write::Put {
+                    table: Table::SeriesIndex,
+                    item: Item::new(&meta, TAGS_ROW, body.clone()),
+                    condition: old_body.map_or(Condition::Absent, Condition::Equals),
+                },
+                register(name),
+            ];
+            for gone in old.iter().filter(|tag| !tags.contains(tag)) {
+                writes.push(Write::delete(Table::SeriesIndex, tag_partition(gone), name));
+            }
+            for added in tags.iter().filter(|tag| !old.contains(tag)) {
+                writes.push(Write::put(
+                    Table::SeriesIndex,
+                    Item::new(tag_partition(added), name, Bytes::new()),
+                ));
+            }
+            match self.store.transact(writes).await {
+                Ok(()) => return Ok(()),
+                Err(StoreError::ConditionFailed) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(DomainError::Conflict(
+            "the tags kept changing under this write; retry".into(),
+        ))
+    }
+
+    /// Series names in order from `start` (inclusive); with `tag`, only those carrying it.
+    pub async fn list(
+        &self,
+        start: Option<&str>,
+        tag: Option<&str>,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> DomainResult<SeriesList> {
+        if limit == 0 || limit > MAX_LIST_PAGE {
+            return Err(DomainError::invalid(
+                "invalid_limit",
+                format!("limit must be 1 to {MAX_LIST_PAGE}"),
+            ));
+        }
+        if let Some(tag) = tag {
+            check_printable("tag", tag, MAX_TAG_BYTES)
+                .map_err(|message| DomainError::invalid("invalid_tag", message))?;
+        }
+        let partition = tag.map_or_else(|| NAMES_PARTITION.to_owned(), tag_partition);
+        let scope = format!("series-list/{partition}/{}", start.unwrap_or_default());
+        let after = cursor
+            .map(|cursor| self.cursors.decode(&scope, cursor))
+            .transpose()?;
+        let query = Query::partition(Table::SeriesIndex, &partition, limit + 1)
+            .range(
+                start.filter(|start| !start.is_empty()).map(str::to_owned),
+                None,
+            )
+            .after(after);
+        let mut series: Vec<String> = self
+            .store
+            .query(query)
+            .await?
+            .into_iter()
+            .map(|item| item.row)
+            .collect();
+        let next_cursor = if series.len() > limit {
+            series.truncate(limit);
+            series.last().map(|last| self.cursors.encode(&scope, last))
+        } else {
+            None
+        };
+        Ok(SeriesList {
+            series,
+            next_cursor,
+        })
+    }
+}

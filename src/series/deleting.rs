@@ -1,0 +1,211 @@
+//! Deleting points: a range, or a whole series, a page of rows at a time, so a delete of
+//! years of points holds one page in memory.
+//!
+//! A range delete rewrites the rows it cuts through and deletes the rows it covers, each
+//! under a compare-and-swap on the value it read, so points written meanwhile outside the
+//! range are never lost. Batches committed before the delete are applied first, so the
+//! delete comes after them.
+
+use super::catalogue::{meta_partition, tag_partition};
+use super::layout::{bucket_of, day_key, day_start, parse_day, parse_ticks, partition, row_key};
+use super::plan::{NAMES_PARTITION, days_partition};
+use super::reading::Range;
+use super::{Series, SeriesName, codec, journal};
+use crate::store::{
+    Condition, Item, Query, Store, StoreError, StoreExt, StoreResult, Table, Write,
+};
+use crate::timeline::{DomainError, DomainResult};
+
+/// Rows read (and written) per step.
+const ROWS_PER_STEP: usize = 50;
+/// Rewrites of one page retried when writers keep changing it.
+const MAX_ATTEMPTS: u32 = 8;
+
+/// Applies the committed batches still pending on `series`.
+async fn settle_pending(store: &dyn Store, series: &str) -> StoreResult<()> {
+    for marker in store.query_all(journal::markers_query(series)).await? {
+        journal::apply(store, &marker.row).await?;
+    }
+    Ok(())
+}
+
+/// The days `series` has points on within `[first, last]`, a page at a time.
+async fn days_page(
+    store: &dyn Store,
+    series: &str,
+    first: u64,
+    last: u64,
+    after: Option<String>,
+) -> StoreResult<Vec<Item>> {
+    store
+        .query(
+            Query::partition(Table::SeriesIndex, days_partition(series), 256)
+                .range(Some(day_key(first)), Some(day_key(last + 1)))
+                .after(after),
+        )
+        .await
+}
+
+impl Series {
+    /// Deletes the points of `series` in `range`; returns how many went. The series and its
+    /// tags stay.
+    pub async fn delete_points(&self, series: &SeriesName, range: Range) -> DomainResult<u64> {
+        let store = self.store.as_ref();
+        let name = series.as_str();
+        if range.from >= range.to {
+            return Ok(0);
+        }
+        settle_pending(store, name).await?;
+        let (first_day, last_day) = (
+            super::layout::day_of(range.from),
+            super::layout::day_of(range.to - 1),
+        );
+        let mut deleted = 0;
+        let mut after_day = None;
+        loop {
+            let days = days_page(store, name, first_day, last_day, after_day.take()).await?;
+            let full = days.len() >= 256;
+            for day in days.iter().filter_map(|row| parse_day(&row.row)) {
+                deleted += delete_in_day(store, name, day, range).await?;
+            }
+            if !full {
+                return Ok(deleted);
+            }
+            after_day = days.last().map(|row| row.row.clone());
+        }
+    }
+
+    /// Deletes `series`: its points, its days, its tags and its name. 404 if unknown.
+    pub async fn delete_series(&self, series: &SeriesName) -> DomainResult<()> {
+        let store = self.store.as_ref();
+        let name = series.as_str();
+        if !self.exists(series).await? {
+            return Err(DomainError::NotFound(format!("no series {name:?}")));
+        }
+        settle_pending(store, name).await?;
+        loop {
+            let days = store
+                .query(Query::partition(
+                    Table::SeriesIndex,
+                    days_partition(name),
+                    64,
+                ))
+                .await?;
+            if days.is_empty() {
+                break;
+            }
+            for day_row in days {
+                let Some(day) = parse_day(&day_row.row) else {
+                    continue;
+                };
+                let part = partition(name, day);
+                loop {
+                    let rows = store
+                        .query(Query::partition(Table::SeriesPoints, &part, 500))
+                        .await?;
+                    if rows.is_empty() {
+                        break;
+                    }
+                    store
+                        .batch_write(
+                            rows.into_iter()
+                                .map(|row| Write::delete(Table::SeriesPoints, &part, row.row))
+                                .collect(),
+                        )
+                        .await?;
+                }
+                store
+                    .batch_write(vec![Write::delete(
+                        Table::SeriesIndex,
+                        days_partition(name),
+                        day_row.row,
+                    )])
+                    .await?;
+            }
+        }
+        let meta = meta_partition(name);
+        let tags: Vec<String> = match store.get(Table::SeriesIndex, &meta, "tags").await? {
+            Some(body) => serde_json::from_slice(&body).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let mut writes: Vec<Write> = tags
+            .iter()
+            .map(|tag| Write::delete(Table::SeriesIndex, tag_partition(tag), name))
+            .collect();
+        writes.push(Write::delete(Table::SeriesIndex, &meta, "tags"));
+        writes.push(Write::delete(Table::SeriesIndex, NAMES_PARTITION, name));
+        store.batch_write(writes).await?;
+        Ok(())
+    }
+}
+
+/// Deletes the points of `range` from one day of `series`, a page of rows at a time.
+async fn delete_in_day(
+    store: &dyn Store,
+    series: &str,
+    day: u64,
+    range: Range,
+) -> StoreResult<u64> {
+    let part = partition(series, day);
+    let start = row_key(bucket_of(range.from.max(day_start(day))));
+    let mut after: Option<String> = None;
+    let mut deleted = 0;
+    let mut attempts = 0;
+    loop {
+        let rows = store
+            .query(
+                Query::partition(Table::SeriesPoints, &part, ROWS_PER_STEP)
+                    .range(Some(start.clone()), Some(row_key(range.to)))
+                    .after(after.clone()),
+            )
+            .await?;
+        let full = rows.len() >= ROWS_PER_STEP;
+        let last = rows.last().map(|row| row.row.clone());
+        let mut writes = Vec::new();
+        let mut cut = 0;
+        for row in rows {
+            let key = parse_ticks(&row.row)
+                .ok_or_else(|| StoreError::Other(format!("series row {:?}", row.row)))?;
+            let points = codec::decode(key, &row.value).map_err(StoreError::Other)?;
+            let kept: Vec<_> = points
+                .iter()
+                .copied()
+                .filter(|point| point.at < range.from || point.at >= range.to)
+                .collect();
+            if kept.len() == points.len() {
+                continue;
+            }
+            cut += (points.len() - kept.len()) as u64;
+            writes.push(if kept.is_empty() {
+                Write::Delete {
+                    table: Table::SeriesPoints,
+                    partition: part.clone(),
+                    row: row.row,
+                    condition: Condition::Equals(row.value),
+                }
+            } else {
+                Write::Put {
+                    table: Table::SeriesPoints,
+                    item: Item::new(&part, row.row, codec::encode(key, &kept)),
+                    condition: Condition::Equals(row.value),
+                }
+            });
+        }
+        if !writes.is_empty() {
+            match store.transact(writes).await {
+                Ok(()) => deleted += cut,
+                Err(StoreError::ConditionFailed) if attempts < MAX_ATTEMPTS => {
+                    // A writer changed one of these rows: read the same page again.
+                    attempts += 1;
+                    continue;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        attempts = 0;
+        if !full {
+            return Ok(deleted);
+        }
+        after = last;
+    }
+}

@@ -1,0 +1,243 @@
+//! Writes too large for one transaction, kept all-or-nothing on any backend.
+//!
+//! 1. **Stage.** The points of every series of the write go to `seriesBatches` under a new
+//!    batch id, with one row per series (its name and its `readings` event), and a marker
+//!    per series in `seriesPending`. Nothing reads staged rows yet: a marker counts only once
+//!    its batch has committed.
+//! 2. **Commit.** One transaction creates the batch's `state` row and enqueues the job that
+//!    applies it. This is the instant the whole write happens: from here on every read of a
+//!    series with a marker overlays the batch's points (reads pick them over the rows), so
+//!    all of the write is visible at once; before it, none is. The write is acknowledged now.
+//! 3. **Apply.** The job (with the fan-out's leases, retries and dead letters) merges each
+//!    series' points into its rows, then posts its event and drops its marker in one
+//!    transaction. Points are upserts, so a retried apply writes the same result. Last, the
+//!    staged rows go.
+//!
+//! A write that dies before its commit leaves staged rows and markers that no read counts.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::plan::{self, merge};
+use super::writing::Prepared;
+use super::{Point, codec};
+use crate::fanout::queue;
+use crate::store::{
+    Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, StoreResult, Table, Write,
+};
+use crate::timeline::posting::event_writes;
+use crate::timeline::{Event, SubjectId};
+
+/// Points per staged row (under 74 KB each).
+const STAGED_POINTS_PER_ROW: usize = 4096;
+/// Row writes per apply transaction.
+const APPLY_WRITES_PER_TRANSACTION: usize = 50;
+/// Plans an apply retries when writers keep changing the rows.
+const APPLY_ATTEMPTS: u32 = 20;
+const STATE_ROW: &str = "state";
+const COMMITTED: &[u8] = b"committed";
+
+/// One series of a staged batch.
+#[derive(Serialize, Deserialize)]
+struct StagedSeries {
+    series: String,
+    event_row_key: String,
+    /// The stored body of the series' `readings` event.
+    event_body: String,
+}
+
+fn series_row(index: usize) -> String {
+    format!("s.{index:05}")
+}
+
+fn points_prefix(index: usize) -> String {
+    format!("p.{index:05}.")
+}
+
+/// Stages `prepared` under a new batch id and commits it (steps 1 and 2).
+pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> StoreResult<()> {
+    let batch = Uuid::now_v7();
+    let batch_id = batch.as_hyphenated().to_string();
+    let mut staged = Vec::new();
+    for (index, one) in prepared.iter().enumerate() {
+        let entry = StagedSeries {
+            series: one.series.as_str().to_owned(),
+            event_row_key: one.event.row_key.clone(),
+            event_body: String::from_utf8_lossy(&one.event.encode()).into_owned(),
+        };
+        let body = serde_json::to_vec(&entry).map_err(|err| StoreError::Other(err.to_string()))?;
+        staged.push(Write::put(
+            Table::SeriesBatches,
+            Item::new(&batch_id, series_row(index), body),
+        ));
+        for (chunk_index, chunk) in one.points.chunks(STAGED_POINTS_PER_ROW).enumerate() {
+            staged.push(Write::put(
+                Table::SeriesBatches,
+                Item::new(
+                    &batch_id,
+                    format!("{}{chunk_index:05}", points_prefix(index)),
+                    codec::encode(0, chunk),
+                ),
+            ));
+        }
+        staged.push(Write::put(
+            Table::SeriesPending,
+            Item::new(one.series.as_str(), &batch_id, index.to_string()),
+        ));
+    }
+    store.batch_write(staged).await?;
+    store
+        .transact(vec![
+            Write::put_if_absent(
+                Table::SeriesBatches,
+                Item::new(&batch_id, STATE_ROW, Bytes::from_static(COMMITTED)),
+            ),
+            queue::enqueue_series_batch(batch),
+        ])
+        .await
+}
+
+/// Whether `batch` has committed.
+async fn is_committed(store: &dyn Store, batch: &str) -> StoreResult<bool> {
+    let state = store.get(Table::SeriesBatches, batch, STATE_ROW).await?;
+    Ok(state.as_deref() == Some(COMMITTED))
+}
+
+/// The staged points of series `index` of `batch`.
+async fn staged_points(store: &dyn Store, batch: &str, index: usize) -> StoreResult<Vec<Point>> {
+    let prefix = points_prefix(index);
+    let end = format!("p.{index:05}/");
+    let rows = store
+        .query_all(Query::partition(Table::SeriesBatches, batch, 64).range(Some(prefix), Some(end)))
+        .await?;
+    let mut points = Vec::new();
+    for row in rows {
+        points.extend(codec::decode(0, &row.value).map_err(StoreError::Other)?);
+    }
+    Ok(points)
+}
+
+/// The points of committed, not yet applied batches of `series` in `[from, to)`, in time
+/// order; of two batches writing one time, the later wins.
+pub async fn pending_points(
+    store: &dyn Store,
+    markers: Vec<Item>,
+    from: u64,
+    to: u64,
+) -> StoreResult<Vec<Point>> {
+    let mut overlay: Vec<Point> = Vec::new();
+    // Markers are keyed by batch id, a UUIDv7: they come oldest first.
+    for marker in markers {
+        if !is_committed(store, &marker.row).await? {
+            continue;
+        }
+        let Ok(index) = String::from_utf8_lossy(&marker.value).parse::<usize>() else {
+            continue;
+        };
+        let points: Vec<Point> = staged_points(store, &marker.row, index)
+            .await?
+            .into_iter()
+            .filter(|point| point.at >= from && point.at < to)
+            .collect();
+        overlay = merge(&overlay, &points);
+    }
+    Ok(overlay)
+}
+
+/// The query of a series' markers (few: one per batch in flight).
+pub fn markers_query(series: &str) -> Query {
+    Query::partition(Table::SeriesPending, series, 100)
+}
+
+/// Applies committed `batch` (step 3); returns the points applied. Safe to run again.
+pub async fn apply(store: &dyn Store, batch: &str) -> StoreResult<u64> {
+    if !is_committed(store, batch).await? {
+        return Ok(0);
+    }
+    let entries = store
+        .query_all(
+            Query::partition(Table::SeriesBatches, batch, 500)
+                .range(Some("s.".into()), Some("s/".into())),
+        )
+        .await?;
+    let mut applied = 0u64;
+    for entry in &entries {
+        let index: usize = entry
+            .row
+            .strip_prefix("s.")
+            .and_then(|index| index.parse().ok())
+            .ok_or_else(|| StoreError::Other(format!("staged row {:?}", entry.row)))?;
+        let staged: StagedSeries = serde_json::from_slice(&entry.value)
+            .map_err(|err| StoreError::Other(format!("staged series: {err}")))?;
+        if store
+            .get(Table::SeriesPending, &staged.series, batch)
+            .await?
+            .is_none()
+        {
+            continue;
+        }
+        let points = staged_points(store, batch, index).await?;
+        write_rows(store, &staged.series, &points).await?;
+        applied += points.len() as u64;
+
+        let author = SubjectId::parse(&staged.series).map_err(StoreError::Other)?;
+        let event = Event::decode(&author, &staged.event_row_key, staged.event_body.as_bytes())
+            .map_err(StoreError::Other)?;
+        let drop_marker = Write::delete(Table::SeriesPending, &staged.series, batch);
+        let mut writes = event_writes(&event, event.at);
+        writes.push(drop_marker.clone());
+        match store.transact(writes).await {
+            Ok(()) => {}
+            // An earlier run posted the event already.
+            Err(StoreError::ConditionFailed) => store.transact(vec![drop_marker]).await?,
+            Err(err) => return Err(err),
+        }
+    }
+    let rows = store
+        .query_all(Query::partition(Table::SeriesBatches, batch, 1000))
+        .await?;
+    let (state, staged): (Vec<Item>, Vec<Item>) =
+        rows.into_iter().partition(|row| row.row == STATE_ROW);
+    store
+        .batch_write(
+            staged
+                .into_iter()
+                .map(|row| Write::delete(Table::SeriesBatches, batch, row.row))
+                .collect(),
+        )
+        .await?;
+    if !state.is_empty() {
+        store
+            .batch_write(vec![Write::delete(Table::SeriesBatches, batch, STATE_ROW)])
+            .await?;
+    }
+    Ok(applied)
+}
+
+/// Merges `points` into `series`' rows in transactions of a few rows each, planning again
+/// when another writer changed a row first. Index rows go first, so no row is ever
+/// unreachable.
+pub async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> StoreResult<()> {
+    for _ in 0..APPLY_ATTEMPTS {
+        let mut planned = plan::plan(store, series, points).await?.writes;
+        planned.sort_by_key(|write| write.table() != Table::SeriesIndex);
+        let mut conflict = false;
+        for group in planned.chunks(APPLY_WRITES_PER_TRANSACTION.min(MAX_TRANSACTION_WRITES)) {
+            match store.transact(group.to_vec()).await {
+                Ok(()) => {}
+                Err(StoreError::ConditionFailed) => {
+                    conflict = true;
+                    break;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        if !conflict {
+            return Ok(());
+        }
+    }
+    Err(StoreError::Throttled(
+        "series rows kept changing while a batch was applied".into(),
+    ))
+}

@@ -1,0 +1,93 @@
+//! Sensor series: points `(time, f64)` stored as time series, read by range, aggregated,
+//! and fanned out to subscribers as one `readings` event per accepted write.
+//!
+//! - [`layout`]: partitions of one day, rows of one 10-minute bucket
+//! - [`codec`]: the bytes of a row
+//! - [`plan`]: which row writes put a set of points into a series (read, merge, split)
+//! - [`writing`]: one-transaction writes, and the event each write posts
+//! - [`journal`]: writes too large for one transaction, staged, committed, then applied
+//! - [`scan`]: the points of a range, in time order, with committed batches overlaid
+//! - [`reading`]: raw pages, step aggregates, aligned series
+//! - [`deleting`]: range and whole-series deletes, a page at a time
+//! - [`catalogue`]: series names and tags
+
+pub mod catalogue;
+pub mod codec;
+pub mod deleting;
+pub mod journal;
+pub mod layout;
+pub mod plan;
+pub mod reading;
+pub mod scan;
+pub mod writing;
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::cursor::CursorCodec;
+use crate::store::Store;
+use crate::timeline::check_printable;
+
+pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage};
+pub use writing::NewPoints;
+
+/// Longest series name, in UTF-8 bytes.
+pub const MAX_SERIES_BYTES: usize = 256;
+/// Longest tag, in UTF-8 bytes.
+pub const MAX_TAG_BYTES: usize = 256;
+/// Most tags one series carries.
+pub const MAX_TAGS: usize = 32;
+/// Most points one `POST /v1/series/{series}/points` carries.
+pub const MAX_POINTS_PER_SERIES_WRITE: usize = 10_000;
+/// Most points one batch write carries (over all its series).
+pub const MAX_POINTS_PER_BATCH: usize = 200_000;
+/// Most series one batch write names.
+pub const MAX_SERIES_PER_BATCH: usize = 10_000;
+
+/// A series name: printable Unicode, 1 to 256 bytes of UTF-8 (also a subject id, so
+/// subscribers follow it with the normal follow API).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeriesName(String);
+
+impl SeriesName {
+    pub fn parse(text: &str) -> Result<SeriesName, String> {
+        check_printable("series name", text, MAX_SERIES_BYTES)?;
+        Ok(SeriesName(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SeriesName {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+/// One reading: a time in ticks (100 ns since 0001-01-01) and a finite value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Point {
+    pub at: u64,
+    pub value: f64,
+}
+
+/// The series service: one per process, shared by the HTTP handlers and `fanline import`.
+pub struct Series {
+    store: Arc<dyn Store>,
+    cursors: CursorCodec,
+    /// Wakes an idle in-process worker when a write posts an event or stages a batch.
+    wake_workers: Arc<Notify>,
+}
+
+impl Series {
+    pub fn new(store: Arc<dyn Store>, cursors: CursorCodec, wake_workers: Arc<Notify>) -> Self {
+        Series {
+            store,
+            cursors,
+            wake_workers,
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Planning a points write: read the rows the points fall in, merge, split what grew too
+//! big, and say which rows to write under which condition.
+//!
+//! Every changed row is written under a compare-and-swap on the value read (or
+//! create-if-absent), so two writers of one row never lose each other's points: one of them
+//! fails its condition and plans again.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use super::layout::{
+    MAX_POINTS_PER_ROW, ROW_SPAN, bucket_of, day_key, day_of, parse_day, parse_ticks, partition,
+    row_key,
+};
+use super::{Point, codec};
+use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
+
+/// The index partition listing every series.
+pub const NAMES_PARTITION: &str = "names";
+
+/// The index partition listing the days a series has points on.
+pub fn days_partition(series: &str) -> String {
+    format!("days/{series}")
+}
+
+/// The row writes of one planned points write.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub writes: Vec<Write>,
+    /// Bytes the writes send (values and the values in their conditions).
+    pub bytes: usize,
+}
+
+impl Plan {
+    fn push(&mut self, write: Write) {
+        self.bytes += match &write {
+            Write::Put {
+                item, condition, ..
+            } => {
+                item.value.len()
+                    + item.row.len()
+                    + item.partition.len()
+                    + match condition {
+                        Condition::Equals(old) => old.len(),
+                        _ => 0,
+                    }
+            }
+            Write::Delete { .. } => 64,
+        };
+        self.writes.push(write);
+    }
+}
+
+/// One stored row: its key time and its points.
+struct Row {
+    key: u64,
+    old: Option<Bytes>,
+    points: Vec<Point>,
+    changed: bool,
+}
+
+/// Plans writing `points` (sorted by time, no time twice) into `series`.
+pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> StoreResult<Plan> {
+    let mut plan = Plan::default();
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return Ok(plan);
+    };
+
+    // One query per run of consecutive buckets of one day, and one of the days index.
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for point in points {
+        let bucket = bucket_of(point.at);
+        match runs.last_mut() {
+            Some((_, end)) if *end == bucket && day_of(bucket) == day_of(*end - 1) => {
+                *end = bucket + ROW_SPAN;
+            }
+            Some((_, end)) if *end > bucket => {}
+            _ => runs.push((bucket, bucket + ROW_SPAN)),
+        }
+    }
+    let (first_day, last_day) = (day_of(first.at), day_of(last.at));
+    let mut queries = vec![
+        Query::partition(
+            Table::SeriesIndex,
+            days_partition(series),
+            (last_day - first_day + 1) as usize,
+        )
+        .range(Some(day_key(first_day)), Some(day_key(last_day + 1))),
+    ];
+    queries.extend(runs.iter().map(|(start, end)| {
+        Query::partition(Table::SeriesPoints, partition(series, day_of(*start)), 1000)
+            .range(Some(row_key(*start)), Some(row_key(*end)))
+    }));
+    let mut answers = read_all(store, queries).await?.into_iter();
+    let known_days: Vec<u64> = answers
+        .next()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|item| parse_day(&item.row))
+        .collect();
+
+    // Rows by key time, per bucket.
+    let mut rows: BTreeMap<u64, Row> = BTreeMap::new();
+    for item in answers.flatten() {
+        let key = parse_ticks(&item.row)
+            .ok_or_else(|| StoreError::Other(format!("series row key {:?}", item.row)))?;
+        let stored = codec::decode(key, &item.value).map_err(StoreError::Other)?;
+        rows.insert(
+            key,
+            Row {
+                key,
+                old: Some(item.value),
+                points: stored,
+                changed: false,
+            },
+        );
+    }
+
+    // Each point goes to the row at or before it within its bucket, or a new bucket head.
+    let mut incoming: BTreeMap<u64, Vec<Point>> = BTreeMap::new();
+    for point in points {
+        let bucket = bucket_of(point.at);
+        let key = rows
+            .range(bucket..=point.at)
+            .next_back()
+            .map_or(bucket, |(key, _)| *key);
+        incoming.entry(key).or_default().push(*point);
+    }
+    for (key, new_points) in incoming {
+        let row = rows.entry(key).or_insert_with(|| Row {
+            key,
+            old: None,
+            points: Vec::new(),
+            changed: false,
+        });
+        row.points = merge(&row.points, &new_points);
+        row.changed = true;
+    }
+
+    for row in rows.into_values().filter(|row| row.changed) {
+        let part = partition(series, day_of(row.key));
+        let mut chunks = row.points.chunks(MAX_POINTS_PER_ROW);
+        let head = chunks.next().unwrap_or_default();
+        plan.push(Write::Put {
+            table: Table::SeriesPoints,
+            item: Item::new(&part, row_key(row.key), codec::encode(row.key, head)),
+            condition: match row.old {
+                Some(old) => Condition::Equals(old),
+                None => Condition::Absent,
+            },
+        });
+        // A split: each further chunk is a new row keyed by its first point.
+        for chunk in chunks {
+            let key = chunk[0].at;
+            plan.push(Write::Put {
+                table: Table::SeriesPoints,
+                item: Item::new(&part, row_key(key), codec::encode(key, chunk)),
+                condition: Condition::Absent,
+            });
+        }
+    }
+
+    let mut days: Vec<u64> = points.iter().map(|point| day_of(point.at)).collect();
+    days.dedup();
+    let mut new_day = false;
+    for day in days.into_iter().filter(|day| !known_days.contains(day)) {
+        new_day = true;
+        plan.push(Write::put(
+            Table::SeriesIndex,
+            Item::new(days_partition(series), day_key(day), Bytes::new()),
+        ));
+    }
+    if new_day {
+        plan.push(super::catalogue::register(series));
+    }
+    Ok(plan)
+}
+
+/// Merges two sorted point lists; on equal times the new point replaces the old one.
+pub fn merge(old: &[Point], new: &[Point]) -> Vec<Point> {
+    let mut merged = Vec::with_capacity(old.len() + new.len());
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() && j < new.len() {
+        if old[i].at < new[j].at {
+            merged.push(old[i]);
+            i += 1;
+        } else {
+            if old[i].at == new[j].at {
+                i += 1;
+            }
+            merged.push(new[j]);
+            j += 1;
+        }
+    }
+    merged.extend_from_slice(&old[i..]);
+    merged.extend_from_slice(&new[j..]);
+    merged
+}
+
+/// Runs `queries` in one round, then pages on through any answer that filled its limit.
+pub async fn read_all(
+    store: &dyn Store,
+    queries: Vec<Query>,
+) -> StoreResult<Vec<Vec<crate::store::Item>>> {
+    let mut answers = store.query_many(queries.clone()).await?;
+    for (query, answer) in queries.into_iter().zip(answers.iter_mut()) {
+        let mut next = query;
+        let mut full = answer.len() >= next.limit;
+        while full {
+            next.start_after = answer.last().map(|item| item.row.clone());
+            let page = store.query(next.clone()).await?;
+            full = page.len() >= next.limit;
+            answer.extend(page);
+        }
+    }
+    Ok(answers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn points(times: &[u64], value: f64) -> Vec<Point> {
+        times.iter().map(|at| Point { at: *at, value }).collect()
+    }
+
+    #[test]
+    fn merging_keeps_time_order_and_the_new_value_of_a_time() {
+        let merged = merge(&points(&[1, 3, 5], 0.0), &points(&[2, 3, 6], 1.0));
+        let times: Vec<u64> = merged.iter().map(|point| point.at).collect();
+        assert_eq!(times, [1, 2, 3, 5, 6]);
+        assert_eq!(merged[2].value, 1.0);
+        assert_eq!(merged[3].value, 0.0);
+    }
+}

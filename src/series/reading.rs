@@ -1,0 +1,341 @@
+//! Reading series: raw points by range, one aggregate per step, several series aligned.
+//!
+//! Every read streams points from a [`Scan`] and stops after one page; the cursor holds the
+//! time the next page starts at, signed together with the query it belongs to.
+
+use super::scan::{END_OF_TIME, Scan};
+use super::{Point, Series, SeriesName};
+use crate::store::{Store, StoreResult};
+use crate::timeline::{DomainError, DomainResult};
+
+/// Most rows (points, or aggregate rows) in one page, and the default.
+pub const MAX_SERIES_PAGE: usize = 10_000;
+pub const DEFAULT_SERIES_PAGE: usize = 1_000;
+/// Most series one aligned read names.
+pub const MAX_ALIGNED_SERIES: usize = 32;
+
+/// How the points of one step bucket become one value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Aggregate {
+    Avg,
+    Min,
+    Max,
+    Sum,
+    Count,
+    First,
+    Last,
+}
+
+impl Aggregate {
+    pub fn parse(text: &str) -> Option<Aggregate> {
+        Some(match text {
+            "avg" => Aggregate::Avg,
+            "min" => Aggregate::Min,
+            "max" => Aggregate::Max,
+            "sum" => Aggregate::Sum,
+            "count" => Aggregate::Count,
+            "first" => Aggregate::First,
+            "last" => Aggregate::Last,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Aggregate::Avg => "avg",
+            Aggregate::Min => "min",
+            Aggregate::Max => "max",
+            Aggregate::Sum => "sum",
+            Aggregate::Count => "count",
+            Aggregate::First => "first",
+            Aggregate::Last => "last",
+        }
+    }
+}
+
+/// A time range `[from, to)` in ticks, checked.
+#[derive(Clone, Copy, Debug)]
+pub struct Range {
+    pub from: u64,
+    pub to: u64,
+}
+
+impl Range {
+    /// `from` defaults to the beginning of time and `to` to its end; a reversed range is
+    /// invalid input.
+    pub fn new(from: Option<u64>, to: Option<u64>) -> DomainResult<Range> {
+        let from = from.unwrap_or(0);
+        let to = to.unwrap_or(END_OF_TIME);
+        if from > to {
+            return Err(DomainError::invalid(
+                "invalid_range",
+                "from must not be after to",
+            ));
+        }
+        Ok(Range { from, to })
+    }
+}
+
+/// A page of raw points.
+#[derive(Debug)]
+pub struct PointsPage {
+    pub points: Vec<Point>,
+    pub next_cursor: Option<String>,
+}
+
+/// A page of step aggregates: `(bucket start, value)`.
+#[derive(Debug)]
+pub struct AggregatePage {
+    pub rows: Vec<(u64, f64)>,
+    pub next_cursor: Option<String>,
+}
+
+/// A page of aligned rows: a bucket start and one value (or none) per series.
+#[derive(Debug)]
+pub struct AlignedPage {
+    pub rows: Vec<(u64, Vec<Option<f64>>)>,
+    pub next_cursor: Option<String>,
+}
+
+/// Running totals of one bucket.
+struct Totals {
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+    first: f64,
+    last: f64,
+}
+
+impl Totals {
+    fn new(point: Point) -> Totals {
+        Totals {
+            count: 1,
+            sum: point.value,
+            min: point.value,
+            max: point.value,
+            first: point.value,
+            last: point.value,
+        }
+    }
+
+    fn add(&mut self, point: Point) {
+        self.count += 1;
+        self.sum += point.value;
+        self.min = self.min.min(point.value);
+        self.max = self.max.max(point.value);
+        self.last = point.value;
+    }
+
+    fn value(&self, aggregate: Aggregate) -> f64 {
+        match aggregate {
+            Aggregate::Avg => self.sum / self.count as f64,
+            Aggregate::Min => self.min,
+            Aggregate::Max => self.max,
+            Aggregate::Sum => self.sum,
+            Aggregate::Count => self.count as f64,
+            Aggregate::First => self.first,
+            Aggregate::Last => self.last,
+        }
+    }
+}
+
+/// One series' points folded into one value per step bucket.
+struct Buckets {
+    scan: Scan,
+    step: u64,
+    aggregate: Aggregate,
+    pending: Option<Point>,
+}
+
+impl Buckets {
+    /// The next non-empty bucket: its start and its value.
+    async fn next(&mut self, store: &dyn Store) -> StoreResult<Option<(u64, f64)>> {
+        let first = match self.pending.take() {
+            Some(point) => point,
+            None => match self.scan.next(store).await? {
+                Some(point) => point,
+                None => return Ok(None),
+            },
+        };
+        let bucket = first.at - first.at % self.step;
+        let mut totals = Totals::new(first);
+        while let Some(point) = self.scan.next(store).await? {
+            if point.at - point.at % self.step != bucket {
+                self.pending = Some(point);
+                break;
+            }
+            totals.add(point);
+        }
+        Ok(Some((bucket, totals.value(self.aggregate))))
+    }
+}
+
+fn check_page(limit: usize) -> DomainResult<()> {
+    if limit == 0 || limit > MAX_SERIES_PAGE {
+        return Err(DomainError::invalid(
+            "invalid_limit",
+            format!("limit must be 1 to {MAX_SERIES_PAGE}"),
+        ));
+    }
+    Ok(())
+}
+
+impl Series {
+    /// Where a page starts: the range's start, or the cursor's time (which must lie in it).
+    fn page_start(&self, scope: &str, range: Range, cursor: Option<&str>) -> DomainResult<u64> {
+        let Some(cursor) = cursor else {
+            return Ok(range.from);
+        };
+        let text = self.cursors.decode(scope, cursor)?;
+        text.parse::<u64>()
+            .ok()
+            .filter(|at| *at >= range.from && *at <= range.to)
+            .ok_or(DomainError::InvalidCursor(crate::cursor::InvalidCursor))
+    }
+
+    /// Points of `series` in `range`, ascending, `limit` a page.
+    pub async fn points(
+        &self,
+        series: &SeriesName,
+        range: Range,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> DomainResult<PointsPage> {
+        check_page(limit)?;
+        let scope = format!("series/{series}/{}/{}", range.from, range.to);
+        let from = self.page_start(&scope, range, cursor)?;
+        let store = self.store.as_ref();
+        let mut scan = Scan::open(store, series.as_str(), from, range.to).await?;
+        let mut points = Vec::with_capacity(limit.min(4096));
+        while let Some(point) = scan.next(store).await? {
+            if points.len() == limit {
+                return Ok(PointsPage {
+                    points,
+                    next_cursor: Some(self.cursors.encode(&scope, &point.at.to_string())),
+                });
+            }
+            points.push(point);
+        }
+        Ok(PointsPage {
+            points,
+            next_cursor: None,
+        })
+    }
+
+    /// One `aggregate` of `series` per `step` bucket in `range` (buckets are aligned to
+    /// multiples of `step` since 0001-01-01; empty ones are left out).
+    pub async fn aggregate(
+        &self,
+        series: &SeriesName,
+        range: Range,
+        step: u64,
+        aggregate: Aggregate,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> DomainResult<AggregatePage> {
+        check_page(limit)?;
+        let scope = format!(
+            "series-step/{series}/{}/{}/{step}/{}",
+            range.from,
+            range.to,
+            aggregate.name()
+        );
+        let from = self.page_start(&scope, range, cursor)?;
+        let store = self.store.as_ref();
+        let mut buckets = Buckets {
+            scan: Scan::open(store, series.as_str(), from, range.to).await?,
+            step,
+            aggregate,
+            pending: None,
+        };
+        let mut rows = Vec::with_capacity(limit.min(4096));
+        while let Some(row) = buckets.next(store).await? {
+            if rows.len() == limit {
+                return Ok(AggregatePage {
+                    rows,
+                    next_cursor: Some(self.cursors.encode(&scope, &row.0.to_string())),
+                });
+            }
+            rows.push(row);
+        }
+        Ok(AggregatePage {
+            rows,
+            next_cursor: None,
+        })
+    }
+
+    /// Several series stepped alike, one row per bucket where any of them has points.
+    pub async fn aligned(
+        &self,
+        names: &[SeriesName],
+        range: Range,
+        step: u64,
+        aggregate: Aggregate,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> DomainResult<AlignedPage> {
+        check_page(limit)?;
+        if names.is_empty() || names.len() > MAX_ALIGNED_SERIES {
+            return Err(DomainError::invalid(
+                "invalid_names",
+                format!("names must list 1 to {MAX_ALIGNED_SERIES} series"),
+            ));
+        }
+        let joined: Vec<&str> = names.iter().map(SeriesName::as_str).collect();
+        let scope = format!(
+            "series-aligned/{}/{}/{}/{step}/{}",
+            serde_json::to_string(&joined).unwrap_or_default(),
+            range.from,
+            range.to,
+            aggregate.name()
+        );
+        let from = self.page_start(&scope, range, cursor)?;
+        let store = self.store.as_ref();
+        let scans = futures::future::try_join_all(
+            names
+                .iter()
+                .map(|name| Scan::open(store, name.as_str(), from, range.to)),
+        )
+        .await?;
+        let mut streams: Vec<Buckets> = scans
+            .into_iter()
+            .map(|scan| Buckets {
+                scan,
+                step,
+                aggregate,
+                pending: None,
+            })
+            .collect();
+        let mut heads = Vec::with_capacity(streams.len());
+        for stream in &mut streams {
+            heads.push(stream.next(store).await?);
+        }
+        let mut rows = Vec::new();
+        loop {
+            let Some(at) = heads.iter().flatten().map(|(at, _)| *at).min() else {
+                return Ok(AlignedPage {
+                    rows,
+                    next_cursor: None,
+                });
+            };
+            if rows.len() == limit {
+                return Ok(AlignedPage {
+                    rows,
+                    next_cursor: Some(self.cursors.encode(&scope, &at.to_string())),
+                });
+            }
+            let mut values = Vec::with_capacity(heads.len());
+            for (head, stream) in heads.iter_mut().zip(&mut streams) {
+                match head {
+                    Some((head_at, value)) if *head_at == at => {
+                        values.push(Some(*value));
+                        *head = stream.next(store).await?;
+                    }
+                    _ => values.push(None),
+                }
+            }
+            rows.push((at, values));
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Writing points: all of a request's points or none, and one `readings` event per series
+//! written, in the same transaction as the rows when they fit in one.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use super::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, journal, plan};
+use crate::keys::{MAX_TICKS, Ticks, event_row_key};
+use crate::store::{MAX_TRANSACTION_WRITES, StoreError, Write};
+use crate::timeline::posting::event_writes;
+use crate::timeline::{DomainError, DomainResult, Event, SubjectId};
+
+/// The event kind of a series write.
+pub const READINGS_KIND: &str = "readings";
+/// Bytes of row values (and conditions) one transaction may send: DynamoDB takes 4 MB.
+const MAX_TRANSACTION_BYTES: usize = 3 * 1024 * 1024;
+/// Plans retried when another writer changed a row first.
+const MAX_ATTEMPTS: u32 = 8;
+
+/// The points one request writes to one series.
+#[derive(Clone, Debug)]
+pub struct NewPoints {
+    pub series: SeriesName,
+    pub points: Vec<Point>,
+}
+
+/// The payload of a `readings` event: what one write brought to one series.
+#[derive(Serialize)]
+struct Readings<'a> {
+    series: &'a str,
+    count: usize,
+    first: String,
+    last: String,
+    last_value: f64,
+    min: f64,
+    max: f64,
+}
+
+/// One series of a write, ready to go: its points in time order, no time twice, and the
+/// event that announces them.
+pub struct Prepared {
+    pub series: SeriesName,
+    pub points: Vec<Point>,
+    pub event: Event,
+}
+
+/// Checks and normalises a write: series merged, points sorted, the last value of a time
+/// kept, every value finite and every time in range.
+pub fn normalise(batch: Vec<NewPoints>) -> DomainResult<Vec<(SeriesName, Vec<Point>)>> {
+    let mut by_series: BTreeMap<SeriesName, Vec<Point>> = BTreeMap::new();
+    let mut total = 0usize;
+    for (index, write) in batch.into_iter().enumerate() {
+        for point in &write.points {
+            if !point.value.is_finite() {
+                return Err(DomainError::invalid(
+                    "invalid_value",
+                    format!(
+                        "series {index} ({}): values must be finite numbers",
+                        write.series
+                    ),
+                ));
+            }
+            if point.at > MAX_TICKS {
+                return Err(DomainError::invalid(
+                    "invalid_at",
+                    "times must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.9999999Z",
+                ));
+            }
+        }
+        total += write.points.len();
+        by_series
+            .entry(write.series)
+            .or_default()
+            .extend(write.points);
+    }
+    if total > MAX_POINTS_PER_BATCH {
+        return Err(DomainError::invalid(
+            "too_many_points",
+            format!("a write holds at most {MAX_POINTS_PER_BATCH} points, got {total}"),
+        ));
+    }
+    if by_series.len() > MAX_SERIES_PER_BATCH {
+        return Err(DomainError::invalid(
+            "too_many_series",
+            format!("a write names at most {MAX_SERIES_PER_BATCH} series"),
+        ));
+    }
+    Ok(by_series
+        .into_iter()
+        .filter(|(_, points)| !points.is_empty())
+        .map(|(series, mut points)| {
+            // Stable: of two points at one time, the later in the request wins.
+            points.sort_by_key(|point| point.at);
+            let mut unique: Vec<Point> = Vec::with_capacity(points.len());
+            for point in points {
+                match unique.last_mut() {
+                    Some(last) if last.at == point.at => *last = point,
+                    _ => unique.push(point),
+                }
+            }
+            (series, unique)
+        })
+        .collect())
+}
+
+/// The `readings` event announcing `points` (not empty) on `series`.
+fn readings_event(series: &SeriesName, points: &[Point], received: Ticks) -> DomainResult<Event> {
+    let author = SubjectId::parse(series.as_str()).map_err(DomainError::Corrupt)?;
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return Err(DomainError::Corrupt("an empty series write".into()));
+    };
+    let (min, max) = points
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(min, max), point| {
+            (min.min(point.value), max.max(point.value))
+        });
+    let payload = serde_json::to_string(&Readings {
+        series: series.as_str(),
+        count: points.len(),
+        first: Ticks::clamped(first.at).to_string(),
+        last: Ticks::clamped(last.at).to_string(),
+        last_value: last.value,
+        min,
+        max,
+    })
+    .map_err(|err| DomainError::Corrupt(err.to_string()))?;
+    let event_id = Uuid::now_v7();
+    Ok(Event {
+        event_id,
+        author,
+        kind: READINGS_KIND.to_owned(),
+        payload: RawValue::from_string(payload)
+            .map_err(|err| DomainError::Corrupt(err.to_string()))?,
+        at: received,
+        row_key: event_row_key(received, event_id),
+    })
+}
+
+impl Series {
+    /// Writes every point of `batch` or none, and posts one `readings` event per series.
+    /// Returns how many points were written (after merging repeated times).
+    pub async fn write(&self, batch: Vec<NewPoints>) -> DomainResult<usize> {
+        let series = normalise(batch)?;
+        let received = Ticks::now();
+        let mut prepared = Vec::with_capacity(series.len());
+        for (name, points) in series {
+            let event = readings_event(&name, &points, received)?;
+            prepared.push(Prepared {
+                series: name,
+                points,
+                event,
+            });
+        }
+        let written = prepared.iter().map(|one| one.points.len()).sum();
+        if prepared.is_empty() {
+            return Ok(0);
+        }
+        let store = self.store.as_ref();
+        for attempt in 0..MAX_ATTEMPTS {
+            let plans = futures::future::try_join_all(
+                prepared
+                    .iter()
+                    .map(|one| plan::plan(store, one.series.as_str(), &one.points)),
+            )
+            .await?;
+            let mut writes: Vec<Write> = Vec::new();
+            let mut bytes = 0;
+            for (one, plan) in prepared.iter().zip(plans) {
+                bytes += plan.bytes + one.event.payload.get().len() * 2;
+                writes.extend(plan.writes);
+                writes.extend(event_writes(&one.event, received));
+            }
+            if writes.len() > MAX_TRANSACTION_WRITES || bytes > MAX_TRANSACTION_BYTES {
+                journal::stage_and_commit(store, &prepared).await?;
+                self.wake_workers.notify_one();
+                return Ok(written);
+            }
+            match store.transact(writes).await {
+                Ok(()) => {
+                    self.wake_workers.notify_one();
+                    return Ok(written);
+                }
+                Err(StoreError::ConditionFailed) => {
+                    // Another writer changed a row first: read again and merge again.
+                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 5)).await;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(DomainError::Conflict(
+            "the series kept changing under this write; retry".into(),
+        ))
+    }
+}
