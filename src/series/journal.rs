@@ -13,7 +13,10 @@
 //!    transaction. Points are upserts, so a retried apply writes the same result. Last, the
 //!    staged rows go.
 //!
-//! A write that dies before its commit leaves staged rows and markers that no read counts.
+//! A write whose commit fails marks the batch aborted (create-if-absent on the same `state`
+//! row the commit creates, so exactly one of them wins) and drops what it staged. A writer
+//! that dies before its commit leaves staged rows and markers that no read counts; the first
+//! read to meet such a marker ten minutes on abandons the batch the same way.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -24,7 +27,8 @@ use super::writing::Prepared;
 use super::{Point, codec};
 use crate::fanout::queue;
 use crate::store::{
-    Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, StoreResult, Table, Write,
+    Condition, Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, StoreResult,
+    Table, Write,
 };
 use crate::timeline::posting::event_writes;
 use crate::timeline::{Event, SubjectId};
@@ -37,6 +41,10 @@ const APPLY_WRITES_PER_TRANSACTION: usize = 50;
 const APPLY_ATTEMPTS: u32 = 20;
 const STATE_ROW: &str = "state";
 const COMMITTED: &[u8] = b"committed";
+const ABORTED: &[u8] = b"aborted";
+/// A staged batch with no state after this long belongs to a writer that died before its
+/// commit: the next read of one of its series abandons it.
+const ABANDON_AFTER_MS: u64 = 10 * 60 * 1000;
 
 /// One series of a staged batch.
 #[derive(Serialize, Deserialize)]
@@ -87,7 +95,7 @@ pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> Store
         ));
     }
     store.batch_write(staged).await?;
-    store
+    let committed = store
         .transact(vec![
             Write::put_if_absent(
                 Table::SeriesBatches,
@@ -95,7 +103,54 @@ pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> Store
             ),
             queue::enqueue_series_batch(batch),
         ])
-        .await
+        .await;
+    if let Err(err) = committed {
+        // The commit may still have happened (a timeout, say): abandon only what is sure
+        // not to be committed.
+        if let Err(cleanup) = abandon(store, &batch_id).await {
+            tracing::warn!(batch = %batch_id, error = %cleanup, "could not abandon a series batch");
+        }
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// Marks `batch` aborted unless it committed; once aborted, drops its markers and staged
+/// rows. Returns whether it is aborted.
+async fn abandon(store: &dyn Store, batch: &str) -> StoreResult<bool> {
+    let claimed = store
+        .put(
+            Table::SeriesBatches,
+            Item::new(batch, STATE_ROW, Bytes::from_static(ABORTED)),
+            Condition::Absent,
+        )
+        .await;
+    match claimed {
+        Ok(()) => {}
+        Err(StoreError::ConditionFailed) => {
+            let state = store.get(Table::SeriesBatches, batch, STATE_ROW).await?;
+            if state.as_deref() != Some(ABORTED) {
+                return Ok(false);
+            }
+        }
+        Err(err) => return Err(err),
+    }
+    let rows = store
+        .query_all(Query::partition(Table::SeriesBatches, batch, 1000))
+        .await?;
+    let mut drops = Vec::new();
+    for row in rows {
+        if row.row.starts_with("s.")
+            && let Ok(staged) = serde_json::from_slice::<StagedSeries>(&row.value)
+        {
+            drops.push(Write::delete(Table::SeriesPending, staged.series, batch));
+        }
+        if row.row != STATE_ROW {
+            drops.push(Write::delete(Table::SeriesBatches, batch, row.row));
+        }
+    }
+    store.batch_write(drops).await?;
+    Ok(true)
 }
 
 /// Whether `batch` has committed.
@@ -130,6 +185,9 @@ pub async fn pending_points(
     // Markers are keyed by batch id, a UUIDv7: they come oldest first.
     for marker in markers {
         if !is_committed(store, &marker.row).await? {
+            if is_stale(&marker.row) {
+                abandon(store, &marker.row).await?;
+            }
             continue;
         }
         let Ok(index) = String::from_utf8_lossy(&marker.value).parse::<usize>() else {
@@ -143,6 +201,21 @@ pub async fn pending_points(
         overlay = merge(&overlay, &points);
     }
     Ok(overlay)
+}
+
+/// Whether a batch id (a UUIDv7) is older than [`ABANDON_AFTER_MS`].
+fn is_stale(batch: &str) -> bool {
+    let Ok(id) = Uuid::parse_str(batch) else {
+        return false;
+    };
+    let Some((seconds, nanos)) = id.get_timestamp().map(|stamp| stamp.to_unix()) else {
+        return false;
+    };
+    let created_ms = seconds * 1000 + u64::from(nanos) / 1_000_000;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |now| now.as_millis() as u64);
+    now_ms.saturating_sub(created_ms) > ABANDON_AFTER_MS
 }
 
 /// The query of a series' markers (few: one per batch in flight).

@@ -13,4 +13,5 @@ mod lifecycle;
 mod posting;
 mod reliability;
 mod restart;
+mod series;
 mod timeline;
