@@ -11,6 +11,7 @@
 //! - [`metrics`]: Prometheus metrics of fan-out, HTTP and store traffic
 //! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
 //! - [`bench`]: the `fanline bench` benchmark
+//! - [`import`]: `fanline import`: resumable bulk load of a CSV file of points, in atomic chunks
 
 pub mod app;
 pub mod bench;
@@ -18,6 +19,7 @@ pub mod config;
 pub mod cursor;
 pub mod fanout;
 pub mod http;
+pub mod import;
 pub mod keys;
 pub mod metrics;
 pub mod series;

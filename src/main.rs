@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use fanline::app::{self, Application};
 use fanline::bench::{self, BenchArgs};
 use fanline::config::Config;
+use fanline::import::{self, ImportArgs};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -31,6 +32,10 @@ enum Command {
     Init(Config),
     /// Measure fan-out and reads on a temporary embedded store.
     Bench(BenchArgs),
+    /// Load a CSV file of `series,time,value` lines into series, in atomic chunks, resuming
+    /// where an interrupted run stopped (straight into the store, or through a running server
+    /// with --server).
+    Import(ImportArgs),
 }
 
 #[tokio::main]
@@ -65,5 +70,10 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => bench::run(args).await,
+        Command::Import(args) => {
+            let summary = import::run(args).await?;
+            println!("{summary}");
+            Ok(())
+        }
     }
 }

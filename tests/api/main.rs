@@ -9,6 +9,7 @@ mod conformance;
 mod errors;
 mod fanout;
 mod following;
+mod import;
 mod lifecycle;
 mod posting;
 mod reliability;

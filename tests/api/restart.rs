@@ -79,6 +79,11 @@ impl Process {
         self.0.wait().expect("reap");
     }
 
+    /// The process's stderr, if it was piped.
+    pub(crate) fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
+        self.0.stderr.take()
+    }
+
     /// Whether the process has not exited (yet).
     pub(crate) fn is_running(&mut self) -> bool {
         matches!(self.0.try_wait(), Ok(None))

@@ -64,7 +64,7 @@ async fn write(api: &Api, series: &str, points: Vec<Value>) -> Reply {
 }
 
 /// Every point of `series` in `query`'s range, following cursors; `(at, value)` pairs.
-async fn read_all(api: &Api, series: &str, query: &str) -> Vec<(String, f64)> {
+pub(crate) async fn read_all(api: &Api, series: &str, query: &str) -> Vec<(String, f64)> {
     let mut all = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
