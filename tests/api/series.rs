@@ -301,7 +301,10 @@ async fn a_write_past_one_transaction_is_visible_whole_or_not_at_all(backend: Ba
     for name in ["a", "b", "c"] {
         assert!(read_all(&app, name, "").await.is_empty(), "{name}");
         let markers = stored_rows(&app, Table::SeriesPending, name).await;
-        assert_eq!(markers, 0, "{name}: the failed write dropped what it staged");
+        assert_eq!(
+            markers, 0,
+            "{name}: the failed write dropped what it staged"
+        );
     }
 
     // Committed, but the rows cannot be written yet: every point is visible at once anyway.
