@@ -1,15 +1,17 @@
 //! `fanline bench`: fan-out throughput with 1, 2 and 4 worker tasks, fan-out lag, page-read
 //! speed and bytes on disk (embedded store in a temporary directory), or requests and write
 //! capacity per 1,000 deliveries (`--store dynamodb`, on fresh tables of its own); then the
-//! timeline-lifecycle figures ([`lifecycle`]).
+//! timeline-lifecycle figures ([`lifecycle`]). `fanline bench series` measures sensor series
+//! instead ([`series`]).
 
 mod lifecycle;
+mod series;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::Args;
+use clap::{Args, Subcommand};
 use serde_json::value::RawValue;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -23,8 +25,15 @@ use crate::store::{
 };
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 
+pub use series::SeriesBenchArgs;
+
+/// Without a subcommand, the timeline benchmark runs with these flags.
 #[derive(Clone, Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// Another benchmark instead of the timeline one.
+    #[command(subcommand)]
+    pub what: Option<BenchKind>,
     /// Followers of the posting author.
     #[arg(long, default_value_t = 10_000)]
     pub followers: usize,
@@ -63,6 +72,13 @@ pub struct BenchArgs {
     pub hybrid_reads: usize,
 }
 
+#[derive(Clone, Debug, Subcommand)]
+pub enum BenchKind {
+    /// Sensor series: points ingested per second over HTTP, one-day reads over HTTP (raw and
+    /// stepped), bytes per point on disk (embedded store).
+    Series(SeriesBenchArgs),
+}
+
 /// One bench store: the backend, its traffic counters, and what must go when done.
 struct BenchStore {
     store: Arc<dyn Store>,
@@ -74,8 +90,12 @@ struct BenchStore {
 impl BenchStore {
     /// Opens a fresh store; an embedded one goes in a new directory under `parent`, which
     /// outlives every store of the run (fjall's threads may still touch files as they stop).
-    async fn open(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Result<BenchStore> {
-        match args.store {
+    async fn open(
+        kind: StoreKind,
+        dynamodb_endpoint: Option<&str>,
+        parent: &std::path::Path,
+    ) -> anyhow::Result<BenchStore> {
+        match kind {
             StoreKind::Embedded => {
                 let dir = tempfile::tempdir_in(parent).context("failed to create a temp dir")?;
                 let embedded = EmbeddedStore::open_async(dir.path()).await?;
@@ -88,7 +108,7 @@ impl BenchStore {
             }
             StoreKind::Dynamodb => {
                 let config = DynamoConfig {
-                    endpoint: args.dynamodb_endpoint.clone(),
+                    endpoint: dynamodb_endpoint.map(str::to_owned),
                     table_prefix: format!("fanline-bench-{}-", uuid::Uuid::new_v4().simple()),
                 };
                 let dynamo = DynamoStore::connect(&config).await?;
@@ -136,7 +156,8 @@ struct Rig {
 
 impl Rig {
     async fn new(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Result<Rig> {
-        let bench_store = BenchStore::open(args, parent).await?;
+        let bench_store =
+            BenchStore::open(args.store, args.dynamodb_endpoint.as_deref(), parent).await?;
         let store = bench_store.store.clone();
         let author = SubjectId::parse("bench-author").map_err(anyhow::Error::msg)?;
         let followers: Vec<String> = (0..args.followers)
@@ -221,6 +242,9 @@ impl Workers {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(BenchKind::Series(series_args)) = args.what {
+        return series::run(series_args).await;
+    }
     let parent = tempfile::tempdir().context("failed to create a temp dir")?;
     println!(
         "fanline bench: {:?} store, {} followers (split above {}, pages of {}), {} posts per run",
