@@ -23,9 +23,9 @@ const MAX_ATTEMPTS: u32 = 8;
 
 /// Applies the committed batches still pending on `series`.
 async fn settle_pending(store: &dyn Store, series: &str) -> StoreResult<()> {
-    for marker in store.query_all(journal::markers_query(series)).await? {
-        journal::apply(store, &marker.row).await?;
-    }
+    let markers = store.query_all(journal::markers_query(series)).await?;
+    let batches: Vec<&String> = markers.iter().map(|marker| &marker.row).collect();
+    journal::settle(store, &batches).await?;
     Ok(())
 }
 

@@ -203,6 +203,21 @@ pub async fn pending_points(
     Ok(overlay)
 }
 
+/// Applies those of `batches` that committed, and abandons stale uncommitted ones; returns
+/// whether any was applied (so the series' rows changed).
+pub async fn settle(store: &dyn Store, batches: &[&String]) -> StoreResult<bool> {
+    let mut applied = false;
+    for batch in batches {
+        if is_committed(store, batch).await? {
+            apply(store, batch).await?;
+            applied = true;
+        } else if is_stale(batch) {
+            abandon(store, batch).await?;
+        }
+    }
+    Ok(applied)
+}
+
 /// Whether a batch id (a UUIDv7) is older than [`ABANDON_AFTER_MS`].
 fn is_stale(batch: &str) -> bool {
     let Ok(id) = Uuid::parse_str(batch) else {

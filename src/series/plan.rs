@@ -28,6 +28,9 @@ pub fn days_partition(series: &str) -> String {
 #[derive(Debug, Default)]
 pub struct Plan {
     pub writes: Vec<Write>,
+    /// Batches committed to the series but not yet applied: a write must wait for them
+    /// (apply them) to come after them.
+    pub pending_batches: Vec<String>,
     /// Bytes the writes send (values and the values in their conditions).
     pub bytes: usize,
 }
@@ -88,6 +91,7 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> StoreRes
         )
         .range(Some(day_key(first_day)), Some(day_key(last_day + 1))),
     ];
+    queries.push(super::journal::markers_query(series));
     queries.extend(runs.iter().map(|(start, end)| {
         Query::partition(Table::SeriesPoints, partition(series, day_of(*start)), 1000)
             .range(Some(row_key(*start)), Some(row_key(*end)))
@@ -98,6 +102,12 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> StoreRes
         .unwrap_or_default()
         .iter()
         .filter_map(|item| parse_day(&item.row))
+        .collect();
+    plan.pending_batches = answers
+        .next()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|marker| marker.row)
         .collect();
 
     // Rows by key time, per bucket.

@@ -167,6 +167,15 @@ impl Series {
                     .map(|one| plan::plan(store, one.series.as_str(), &one.points)),
             )
             .await?;
+            // A batch committed earlier but not yet applied comes first: apply it here, so
+            // this write lands after it (reads would otherwise still show the batch's values).
+            let pending: Vec<&String> = plans
+                .iter()
+                .flat_map(|plan| &plan.pending_batches)
+                .collect();
+            if !pending.is_empty() && journal::settle(store, &pending).await? {
+                continue;
+            }
             let mut writes: Vec<Write> = Vec::new();
             let mut bytes = 0;
             for (one, plan) in prepared.iter().zip(plans) {

@@ -16,6 +16,7 @@ on_both_backends!(
     writing_the_same_time_again_replaces_the_value,
     a_batch_that_fails_validation_halfway_writes_nothing,
     a_write_past_one_transaction_is_visible_whole_or_not_at_all,
+    a_write_after_a_batch_not_yet_applied_lands_after_it,
     step_aggregates_match_a_reference_computed_here,
     aligned_series_share_rows_with_null_for_missing_values,
     tags_are_replaced_as_a_set_and_list_series_by_tag,
@@ -352,6 +353,31 @@ async fn a_write_past_one_transaction_is_visible_whole_or_not_at_all(backend: Ba
         1,
         "{events:?}"
     );
+}
+
+async fn a_write_after_a_batch_not_yet_applied_lands_after_it(backend: Backend) {
+    // No workers: the batch stays committed but unapplied until something applies it.
+    let app = spawn_app_with(TestStore::new(backend).await, |config| config.workers = 0).await;
+    let start = ticks(ORIGIN);
+    let batch = json!({"series": [
+        {"name": "s", "points": points(start, 600 * SECOND, 120, |_| 1.0)},
+    ]});
+    let reply = app.post_json("/v1/series:batch", &batch).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    assert_eq!(
+        stored_rows(&app, Table::SeriesPending, "s").await,
+        1,
+        "not applied yet"
+    );
+
+    // The same first time again, written after the batch: the later write wins.
+    let later = write(&app, "s", vec![json!({"at": text(start), "value": 2.0})]).await;
+    assert_eq!(later.status, StatusCode::CREATED, "{later:?}");
+    let all = read_all(&app, "s", "").await;
+    assert_eq!(all.len(), 120);
+    assert_eq!(all[0].1, 2.0, "the write after the batch wins");
+    assert!(all[1..].iter().all(|point| point.1 == 1.0));
+    assert_eq!(stored_rows(&app, Table::SeriesPending, "s").await, 0);
 }
 
 /// The reference aggregate of `values` in one bucket.
