@@ -11,9 +11,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::info;
 
+use crate::auth::{Tokens, new_secret};
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
 use crate::fanout::{FanoutMetrics, Worker};
+use crate::http::rate_limit::RateLimits;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::series::Series;
@@ -87,6 +89,7 @@ async fn app_state(
     store: &Arc<dyn Store>,
     wake: &Arc<Notify>,
     metrics: Arc<Metrics>,
+    admin_token: &str,
 ) -> anyhow::Result<AppState> {
     let key = cursor_key(store.as_ref())
         .await
@@ -101,8 +104,64 @@ async fn app_state(
     Ok(AppState {
         timelines: Arc::new(timelines),
         series: Arc::new(series),
+        tokens: Arc::new(Tokens::new(store.clone(), admin_token)),
+        rate_limits: Arc::new(RateLimits::new(config.rate_limit)),
+        public_events: config.public_events,
         metrics,
     })
+}
+
+/// Shortest admin token accepted from configuration.
+const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// The admin token: configured, or (embedded store only) the one kept in the data directory,
+/// made on first start with owner-only permissions.
+pub fn resolve_admin_token(config: &Config) -> anyhow::Result<String> {
+    if let Some(token) = read_admin_token(config)? {
+        return Ok(token);
+    }
+    anyhow::ensure!(
+        config.store == StoreKind::Embedded,
+        "set FANLINE_ADMIN_TOKEN: processes sharing DynamoDB tables must share one admin token"
+    );
+    let path = config.data_dir.join(ADMIN_TOKEN_FILE);
+    let token = crate::auth::new_secret();
+    write_private(&path, &token)
+        .with_context(|| format!("failed to write the admin token to {}", path.display()))?;
+    // On stderr whatever the log filter, so a first start always says where it is.
+    eprintln!("fanline: admin token written to {}", path.display());
+    Ok(token)
+}
+
+/// The admin token if there is one already: configured, or in the data directory.
+pub fn read_admin_token(config: &Config) -> anyhow::Result<Option<String>> {
+    if let Some(token) = &config.admin_token {
+        anyhow::ensure!(
+            token.trim().len() >= MIN_ADMIN_TOKEN_CHARS,
+            "FANLINE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
+        );
+        return Ok(Some(token.trim().to_owned()));
+    }
+    let path = config.data_dir.join(ADMIN_TOKEN_FILE);
+    Ok(std::fs::read_to_string(&path)
+        .ok()
+        .map(|token| token.trim().to_owned()))
+}
+
+/// The admin token's file in the data directory.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// Creates `path` readable by its owner only, holding `text`.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
 }
 
 /// The fan-out workers of one process.
@@ -162,7 +221,8 @@ impl Application {
         let wake = Arc::new(Notify::new());
         let metrics = Arc::new(Metrics::new(stats));
         let shutdown = CancellationToken::new();
-        let state = app_state(&config, &store, &wake, metrics.clone()).await?;
+        let admin_token = resolve_admin_token(&config)?;
+        let state = app_state(&config, &store, &wake, metrics.clone(), &admin_token).await?;
         let router = http::router(state, config.max_payload_bytes + BODY_OVERHEAD_BYTES);
         let workers = Workers::new(&config, &store, &wake, &metrics.fanout, &shutdown);
         let listener = TcpListener::bind(config.listen)
@@ -213,7 +273,8 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     let tracker = TaskTracker::new();
     Workers::new(config, &store, &wake, &metrics.fanout, &shutdown).spawn_on(&tracker);
     if let Some(address) = config.metrics_listen {
-        let state = app_state(config, &store, &wake, metrics).await?;
+        // Its routes are open; no token is checked, so any unguessable one does.
+        let state = app_state(config, &store, &wake, metrics, &new_secret()).await?;
         let listener = TcpListener::bind(address)
             .await
             .with_context(|| format!("failed to listen on {address}"))?;

@@ -109,6 +109,19 @@ pub struct Config {
     #[arg(long, env = "FANLINE_CATCH_UP_WINDOW_SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=300))]
     pub catch_up_window_secs: u64,
+
+    /// The admin token: it may do everything, as any subject. Without one, `serve` on the
+    /// embedded store makes one on first start and keeps it in `DATA_DIR/admin-token`.
+    #[arg(long, env = "FANLINE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Let anyone read subjects' event logs (`GET /v1/subjects/{s}/events`) without a token.
+    #[arg(long, env = "FANLINE_PUBLIC_EVENTS", default_value_t = false)]
+    pub public_events: bool,
+
+    /// Requests a second each token may make (in bursts of as many); 0 turns limits off.
+    #[arg(long, env = "FANLINE_RATE_LIMIT", default_value_t = 1000)]
+    pub rate_limit: u32,
 }
 
 impl Config {

@@ -760,7 +760,17 @@ impl Sink {
             let base = server.trim_end_matches('/');
             let url = reqwest::Url::parse(&format!("{base}/v1/series:batch"))
                 .with_context(|| format!("--server {server:?} is not a URL"))?;
+            // The admin token, as `serve` finds it (configured, or in the data directory).
+            let token = crate::app::read_admin_token(&args.config)?.context(
+                "the server needs the admin token: set FANLINE_ADMIN_TOKEN (or --admin-token)",
+            )?;
+            let mut headers = reqwest::header::HeaderMap::new();
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .context("the admin token is not a valid header value")?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
             let client = reqwest::Client::builder()
+                .default_headers(headers)
                 .timeout(REQUEST_TIMEOUT)
                 .connect_timeout(CONNECT_TIMEOUT)
                 .build()

@@ -10,10 +10,12 @@
 //! - [`http`]: axum routers, extractors and the JSON error type
 //! - [`metrics`]: Prometheus metrics of fan-out, HTTP and store traffic
 //! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
+//! - [`auth`]: admin, subject and device tokens: who a request acts as
 //! - [`bench`]: the `fanline bench` benchmark
 //! - [`import`]: `fanline import`: resumable bulk load of a CSV file of points, in atomic chunks
 
 pub mod app;
+pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod cursor;

@@ -126,6 +126,8 @@ pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
 /// An in-process HTTP server on the bench store, and a client for it.
 struct BenchServer {
     base: String,
+    /// Sent with every request, and by the importer.
+    admin_token: String,
     client: reqwest::Client,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -134,6 +136,8 @@ struct BenchServer {
 impl BenchServer {
     async fn start(bench_store: &BenchStore, kind: StoreKind) -> anyhow::Result<BenchServer> {
         let mut config = Config::defaults();
+        let admin_token = crate::auth::new_secret();
+        config.admin_token = Some(admin_token.clone());
         config.listen = "127.0.0.1:0"
             .parse()
             .context("failed to parse the address")?;
@@ -150,7 +154,20 @@ impl BenchServer {
         let task = tokio::spawn(application.run_until_stopped());
         Ok(BenchServer {
             base: format!("http://{address}"),
-            client: reqwest::Client::new(),
+            client: reqwest::Client::builder()
+                .default_headers(
+                    [(
+                        reqwest::header::AUTHORIZATION,
+                        format!("Bearer {admin_token}")
+                            .parse()
+                            .context("the admin token is not a header value")?,
+                    )]
+                    .into_iter()
+                    .collect(),
+                )
+                .build()
+                .context("failed to build the HTTP client")?,
+            admin_token,
             shutdown,
             task,
         })
@@ -535,7 +552,10 @@ async fn import_rate(
         chunk_points: DEFAULT_CHUNK_POINTS,
         restart: true,
         pause_after_chunks: None,
-        config: Config::defaults(),
+        config: Config {
+            admin_token: Some(server.admin_token.clone()),
+            ..Config::defaults()
+        },
     };
     let began = Instant::now();
     let summary = crate::import::run(import).await?;

@@ -14,6 +14,10 @@ use crate::timeline::DomainError;
 pub enum ApiError {
     /// 400: the request is malformed (bad id, cursor, limit, time, JSON syntax...).
     BadRequest { code: &'static str, message: String },
+    /// 401: no token, or one that is unknown or revoked.
+    Unauthorized,
+    /// 403: a valid token acting outside its rights.
+    Forbidden(String),
     /// 404: no such resource or route.
     NotFound(String),
     /// 405: the route exists but not with this method.
@@ -43,6 +47,8 @@ impl ApiError {
     pub fn status_code(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
@@ -57,6 +63,11 @@ impl ApiError {
     fn code_and_message(&self) -> (&'static str, &str) {
         match self {
             ApiError::BadRequest { code, message } => (code, message),
+            ApiError::Unauthorized => (
+                "unauthorized",
+                "a valid token is required: Authorization: Bearer <token>",
+            ),
+            ApiError::Forbidden(message) => ("forbidden", message),
             ApiError::NotFound(message) => ("not_found", message),
             ApiError::MethodNotAllowed => {
                 ("method_not_allowed", "method not allowed on this route")
@@ -79,6 +90,9 @@ impl IntoResponse for ApiError {
         let status = self.status_code();
         let (code, message) = self.code_and_message();
         let body = Json(json!({"error": {"code": code, "message": message}}));
+        if status == StatusCode::UNAUTHORIZED {
+            return (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             return (status, [(header::RETRY_AFTER, "1")], body).into_response();
         }

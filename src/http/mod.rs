@@ -1,5 +1,6 @@
 //! The HTTP API: one router per resource, merged here, with shared error handling.
 
+mod auth;
 mod error;
 mod events;
 mod extract;
@@ -8,6 +9,7 @@ mod following;
 mod health;
 mod metrics;
 mod page;
+pub mod rate_limit;
 mod series;
 mod timeline;
 
@@ -23,6 +25,7 @@ use tracing::Level;
 
 pub use error::ApiError;
 
+use crate::auth::Tokens;
 use crate::metrics::Metrics;
 use crate::series::Series;
 use crate::timeline::{SubjectId, Timelines};
@@ -32,6 +35,10 @@ use crate::timeline::{SubjectId, Timelines};
 pub struct AppState {
     pub timelines: Arc<Timelines>,
     pub series: Arc<Series>,
+    pub tokens: Arc<Tokens>,
+    pub rate_limits: Arc<rate_limit::RateLimits>,
+    /// Whether subjects' event logs may be read without a token.
+    pub public_events: bool,
     pub metrics: Arc<Metrics>,
 }
 
@@ -42,14 +49,21 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .merge(following::router())
         .merge(timeline::router())
         .merge(fanout::router())
-        .merge(health::router())
-        .merge(metrics::router());
-    Router::new()
+        .merge(auth::router());
+    let api = Router::new()
         .merge(with_body_limit(subjects, max_body_bytes))
         .merge(with_body_limit(
             series::router(),
             series::MAX_SERIES_BODY_BYTES,
         ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authorize,
+        ));
+    Router::new()
+        .merge(api)
+        .merge(health::router())
+        .merge(metrics::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(

@@ -79,10 +79,13 @@ pub enum Table {
     /// Series -> batch id: committed batches not yet applied to the series' rows; reads
     /// overlay their points.
     SeriesPending,
+    /// Token id -> `token` (the hash of its secret and what it may do); `owner/{name}` ->
+    /// token id (the tokens issued for a subject or series, for listing).
+    Tokens,
 }
 
 impl Table {
-    pub const ALL: [Table; 17] = [
+    pub const ALL: [Table; 18] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -100,6 +103,7 @@ impl Table {
         Table::SeriesIndex,
         Table::SeriesBatches,
         Table::SeriesPending,
+        Table::Tokens,
     ];
 
     /// The logical table name, as in DESIGN.md; backends prepend their prefix.
@@ -122,6 +126,7 @@ impl Table {
             Table::SeriesIndex => "seriesIndex",
             Table::SeriesBatches => "seriesBatches",
             Table::SeriesPending => "seriesPending",
+            Table::Tokens => "tokens",
         }
     }
 }

@@ -173,7 +173,9 @@ async fn declare_huge_body(address: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
     let head = format!(
         "POST /v1/subjects/alice/events HTTP/1.1\r\nhost: {host}\r\n\
-         content-type: application/json\r\ncontent-length: 1048576\r\n\r\n"
+         authorization: Bearer {}\r\n\
+         content-type: application/json\r\ncontent-length: 1048576\r\n\r\n",
+        crate::helpers::TEST_ADMIN_TOKEN
     );
     stream.write_all(head.as_bytes()).await.expect("write head");
     let mut answer = Vec::new();

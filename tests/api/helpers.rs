@@ -35,6 +35,7 @@ impl TestStore {
         config.listen = "127.0.0.1:0".parse().expect("addr");
         config.data_dir = dir.path().join("data");
         config.poll_ms = 50;
+        config.admin_token = Some(TEST_ADMIN_TOKEN.to_owned());
         if backend == Backend::Dynamo {
             config.store = StoreKind::Dynamodb;
             config.dynamodb_endpoint = Some(dynamo_local::endpoint());
@@ -82,11 +83,32 @@ pub struct Api {
     pub client: reqwest::Client,
 }
 
+/// The admin token of every test server: the helpers act as the admin unless a test asks
+/// for another token.
+pub const TEST_ADMIN_TOKEN: &str = "test-admin-token-not-a-secret";
+
 impl Api {
+    /// Calls as the admin.
     pub fn new(address: &str) -> Api {
+        Api::with_token(address, Some(TEST_ADMIN_TOKEN))
+    }
+
+    /// Calls with `token` as the bearer, or none.
+    pub fn with_token(address: &str, token: Option<&str>) -> Api {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token {
+            let value = format!("Bearer {token}");
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                value.parse().expect("header value"),
+            );
+        }
         Api {
             address: address.to_owned(),
-            client: reqwest::Client::new(),
+            client: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .expect("client"),
         }
     }
 }

@@ -29,6 +29,7 @@ pub(crate) fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Co
         // Short leases, so a killed process's jobs are taken over in seconds.
         .env("FANLINE_LEASE_MS", "1000")
         .env("FANLINE_TABLE_PREFIX", &config.table_prefix)
+        .env("FANLINE_ADMIN_TOKEN", crate::helpers::TEST_ADMIN_TOKEN)
         .env(
             "FANLINE_STORE",
             match store.backend {

@@ -1,0 +1,262 @@
+//! Credentials: who a request acts as.
+//!
+//! - The **admin token** comes from configuration (or, on the embedded store, a file the
+//!   server writes on first start) and may do everything, as anyone.
+//! - A **subject token** acts as one subject; a **device token** may only add points to one
+//!   series (a write-only credential a field device carries, revocable at any time).
+//!
+//! A token is `fl_{id}_{secret}`. Only the SHA-256 of the secret is stored (the secret is 256
+//! random bits, so a plain hash is enough) and it is compared in constant time. Lookups are
+//! cached for at most [`CACHE_TTL`], so a revocation reaches every process sharing the
+//! store within that time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
+use rand::RngCore as _;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::keys::Ticks;
+use crate::store::{Item, Query, Store, StoreResult, Table, Write};
+
+/// How long a token lookup is trusted before the store is asked again.
+pub const CACHE_TTL: Duration = Duration::from_millis(500);
+const TOKEN_ROW: &str = "token";
+const PREFIX: &str = "fl_";
+
+/// What a request may act as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    Admin,
+    /// Acts as this subject.
+    Subject(String),
+    /// May add points to this series, nothing else.
+    Device(String),
+}
+
+/// What a stored token grants.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "name", rename_all = "snake_case")]
+pub enum Grant {
+    Subject(String),
+    Device(String),
+}
+
+impl Grant {
+    fn principal(&self) -> Principal {
+        match self {
+            Grant::Subject(name) => Principal::Subject(name.clone()),
+            Grant::Device(name) => Principal::Device(name.clone()),
+        }
+    }
+
+    fn owner(&self) -> &str {
+        match self {
+            Grant::Subject(name) | Grant::Device(name) => name,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredToken {
+    /// Hex SHA-256 of the secret.
+    hash: String,
+    grant: Grant,
+    created_at: u64,
+}
+
+/// A token as listed: never its secret.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub token_id: String,
+    #[serde(flatten)]
+    pub grant: Grant,
+    pub created_at: String,
+}
+
+/// A freshly issued token: the secret is shown this once.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    pub token_id: String,
+    pub token: String,
+}
+
+fn owner_partition(owner: &str) -> String {
+    format!("owner/{owner}")
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Equal bytes, in time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Splits `fl_{32 hex id}_{secret}`.
+fn parse(token: &str) -> Option<(&str, &str)> {
+    let rest = token.strip_prefix(PREFIX)?;
+    let (id, secret) = rest.split_once('_')?;
+    (id.len() == 32 && id.bytes().all(|byte| byte.is_ascii_hexdigit()) && !secret.is_empty())
+        .then_some((id, secret))
+}
+
+/// A new random secret, URL-safe.
+pub fn new_secret() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// A token as the cache holds it: its hash and grant, or known absent.
+type Cached = (Option<([u8; 32], Grant)>, Instant);
+
+/// The token service: one per process.
+pub struct Tokens {
+    store: Arc<dyn Store>,
+    admin_hash: [u8; 32],
+    cache: quick_cache::sync::Cache<String, Cached>,
+}
+
+impl Tokens {
+    pub fn new(store: Arc<dyn Store>, admin_token: &str) -> Tokens {
+        Tokens {
+            store,
+            admin_hash: sha256(admin_token.as_bytes()),
+            cache: quick_cache::sync::Cache::new(100_000),
+        }
+    }
+
+    /// Who `token` acts as; `None` for an unknown, malformed or revoked token.
+    pub async fn authenticate(&self, token: &str) -> StoreResult<Option<Principal>> {
+        if constant_time_eq(&sha256(token.as_bytes()), &self.admin_hash) {
+            return Ok(Some(Principal::Admin));
+        }
+        let Some((id, secret)) = parse(token) else {
+            return Ok(None);
+        };
+        let known = match self.cache.get(id) {
+            Some((known, fetched)) if fetched.elapsed() < CACHE_TTL => known,
+            _ => {
+                let body = self.store.get(Table::Tokens, id, TOKEN_ROW).await?;
+                let known = body
+                    .and_then(|body| serde_json::from_slice::<StoredToken>(&body).ok())
+                    .and_then(|stored| {
+                        let hash = decode_hex(&stored.hash)?;
+                        Some((hash, stored.grant))
+                    });
+                self.cache
+                    .insert(id.to_owned(), (known.clone(), Instant::now()));
+                known
+            }
+        };
+        Ok(known.and_then(|(hash, grant)| {
+            constant_time_eq(&sha256(secret.as_bytes()), &hash).then(|| grant.principal())
+        }))
+    }
+
+    /// Issues a token for `grant`; its secret is in the answer and nowhere else.
+    pub async fn issue(&self, grant: Grant) -> StoreResult<Issued> {
+        let id = Uuid::now_v7().simple().to_string();
+        let secret = new_secret();
+        let stored = StoredToken {
+            hash: hex(&sha256(secret.as_bytes())),
+            grant: grant.clone(),
+            created_at: Ticks::now().get(),
+        };
+        let body = Bytes::from(serde_json::to_vec(&stored).unwrap_or_default());
+        self.store
+            .transact(vec![
+                Write::put_if_absent(Table::Tokens, Item::new(&id, TOKEN_ROW, body.clone())),
+                Write::put(
+                    Table::Tokens,
+                    Item::new(owner_partition(grant.owner()), &id, body),
+                ),
+            ])
+            .await?;
+        Ok(Issued {
+            token: format!("{PREFIX}{id}_{secret}"),
+            token_id: id,
+        })
+    }
+
+    /// Revokes a token; `false` if there is no such token.
+    pub async fn revoke(&self, token_id: &str) -> StoreResult<bool> {
+        let Some(body) = self.store.get(Table::Tokens, token_id, TOKEN_ROW).await? else {
+            return Ok(false);
+        };
+        let mut writes = vec![Write::delete(Table::Tokens, token_id, TOKEN_ROW)];
+        if let Ok(stored) = serde_json::from_slice::<StoredToken>(&body) {
+            writes.push(Write::delete(
+                Table::Tokens,
+                owner_partition(stored.grant.owner()),
+                token_id,
+            ));
+        }
+        self.store.transact(writes).await?;
+        self.cache.remove(token_id);
+        Ok(true)
+    }
+
+    /// The tokens issued for `owner` (a subject or a series), without their secrets.
+    pub async fn list(&self, owner: &str) -> StoreResult<Vec<TokenInfo>> {
+        let rows = self
+            .store
+            .query(Query::partition(
+                Table::Tokens,
+                owner_partition(owner),
+                1000,
+            ))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| {
+                let stored: StoredToken = serde_json::from_slice(&row.value).ok()?;
+                Some(TokenInfo {
+                    token_id: row.row,
+                    grant: stored.grant,
+                    created_at: Ticks::clamped(stored.created_at).to_string(),
+                })
+            })
+            .collect())
+    }
+}
+
+fn decode_hex(text: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    if text.len() != 64 {
+        return None;
+    }
+    for (index, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(index * 2..index * 2 + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_parse_only_in_their_one_shape() {
+        let id = "0123456789abcdef0123456789abcdef";
+        assert_eq!(parse(&format!("fl_{id}_secret")), Some((id, "secret")));
+        assert_eq!(parse(&format!("fl_{id}_")), None);
+        assert_eq!(parse("fl_short_secret"), None);
+        assert_eq!(parse(&format!("xx_{id}_secret")), None);
+        assert_eq!(decode_hex(&hex(&[7u8; 32])), Some([7u8; 32]));
+        assert!(constant_time_eq(b"same", b"same"));
+        assert!(!constant_time_eq(b"same", b"sane"));
+        assert!(!constant_time_eq(b"same", b"same!"));
+    }
+}

@@ -1,0 +1,221 @@
+//! Who may call what: one policy for every route, applied before the handler runs, and the
+//! admin routes that issue and revoke tokens.
+//!
+//! The policy reads the matched route template and its path parameters, so a handler never
+//! forgets a check and the whole matrix is in one `match`.
+
+use axum::Router;
+use axum::extract::{MatchedPath, RawPathParams, Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{Path, Query};
+use crate::auth::{Grant, Principal, TokenInfo};
+use crate::series::SeriesName;
+use crate::timeline::SubjectId;
+
+/// What a route needs of the caller.
+#[derive(Debug, PartialEq, Eq)]
+enum Need {
+    /// The admin token.
+    Admin,
+    /// A token acting as this subject (or the admin's).
+    Subject(String),
+    /// The subject's public log: anyone when public reads are on, else as `Subject`.
+    PublicRead(String),
+    /// Adding points to this series: its device token, or the admin's.
+    SeriesWrite(String),
+}
+
+/// The policy: what each route template needs.
+fn need(method: &Method, template: &str, param: impl Fn(&str) -> String) -> Need {
+    match template {
+        "/v1/subjects/{subject}/events" if method == Method::GET => {
+            Need::PublicRead(param("subject"))
+        }
+        "/v1/subjects/{subject}/events"
+        | "/v1/subjects/{subject}/events/{event_id}"
+        | "/v1/subjects/{subject}/events/{event_id}/fanout"
+        | "/v1/subjects/{subject}/following/{target}"
+        | "/v1/subjects/{subject}/following"
+        | "/v1/subjects/{subject}/followers"
+        | "/v1/subjects/{subject}/timeline" => Need::Subject(param("subject")),
+        "/v1/series/{series}/points" if method == Method::POST => {
+            Need::SeriesWrite(param("series"))
+        }
+        _ => Need::Admin,
+    }
+}
+
+/// Whether `principal` may do what `need` asks.
+fn allows(principal: &Principal, need: &Need, public_events: bool) -> bool {
+    match (principal, need) {
+        (Principal::Admin, _) => true,
+        (_, Need::PublicRead(_)) if public_events => true,
+        (Principal::Subject(own), Need::Subject(subject) | Need::PublicRead(subject)) => {
+            own == subject
+        }
+        (Principal::Device(own), Need::SeriesWrite(series)) => own == series,
+        _ => false,
+    }
+}
+
+/// The bearer token of a request, if it has one.
+fn bearer(request: &Request) -> Option<&str> {
+    let value = request
+        .headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Middleware of every API route: 401 without a valid token, 403 outside its rights.
+pub async fn authorize(
+    State(state): State<AppState>,
+    matched: Option<MatchedPath>,
+    params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let template = matched.as_ref().map_or("", MatchedPath::as_str);
+    let params = params.ok();
+    let param = |name: &str| {
+        params
+            .iter()
+            .flat_map(|params| params.iter())
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.to_owned())
+            .unwrap_or_default()
+    };
+    let need = need(request.method(), template, param);
+    let token = bearer(&request);
+    if token.is_none() && matches!(need, Need::PublicRead(_)) && state.public_events {
+        return next.run(request).await;
+    }
+    let Some(token) = token else {
+        return ApiError::Unauthorized.into_response();
+    };
+    let principal = match state.tokens.authenticate(token).await {
+        Ok(Some(principal)) => principal,
+        Ok(None) => return ApiError::Unauthorized.into_response(),
+        Err(err) => return ApiError::from(err).into_response(),
+    };
+    if !allows(&principal, &need, state.public_events) {
+        return ApiError::Forbidden("this token may not do that".into()).into_response();
+    }
+    if let Some(limited) = state.rate_limits.check(&principal, token) {
+        return limited;
+    }
+    next.run(request).await
+}
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/v1/admin/subjects/{subject}/tokens",
+            post(issue_subject_token),
+        )
+        .route("/v1/admin/series/{series}/tokens", post(issue_device_token))
+        .route("/v1/admin/tokens/{token_id}", delete(revoke_token))
+        .route("/v1/admin/tokens", get(list_tokens))
+}
+
+#[derive(Debug, Serialize)]
+struct IssuedResponse {
+    token_id: String,
+    /// Shown once: only its hash is kept.
+    token: String,
+}
+
+async fn issue(state: &AppState, grant: Grant) -> Result<Response, ApiError> {
+    let issued = state.tokens.issue(grant).await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(IssuedResponse {
+            token_id: issued.token_id,
+            token: issued.token,
+        }),
+    )
+        .into_response())
+}
+
+async fn issue_subject_token(
+    State(state): State<AppState>,
+    Path(subject): Path<String>,
+) -> Result<Response, ApiError> {
+    let subject = SubjectId::parse(&subject)
+        .map_err(|message| ApiError::bad_request("invalid_subject", message))?;
+    issue(&state, Grant::Subject(subject.as_str().to_owned())).await
+}
+
+async fn issue_device_token(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+) -> Result<Response, ApiError> {
+    let series = SeriesName::parse(&series)
+        .map_err(|message| ApiError::bad_request("invalid_series", message))?;
+    issue(&state, Grant::Device(series.as_str().to_owned())).await
+}
+
+async fn revoke_token(
+    State(state): State<AppState>,
+    Path(token_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if token_id.len() != 32 || !token_id.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        return Err(ApiError::bad_request("invalid_token_id", "not a token id"));
+    }
+    if state.tokens.revoke(&token_id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::NotFound(format!("no token {token_id}")))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    subject: String,
+}
+
+#[derive(Debug, Serialize)]
+struct TokensResponse {
+    tokens: Vec<TokenInfo>,
+}
+
+async fn list_tokens(
+    State(state): State<AppState>,
+    Query(params): Query<ListParams>,
+) -> Result<axum::Json<TokensResponse>, ApiError> {
+    let tokens = state.tokens.list(&params.subject).await?;
+    Ok(axum::Json(TokensResponse { tokens }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_principal_reaches_exactly_its_own_routes() {
+        let alice = Principal::Subject("alice".into());
+        let device = Principal::Device("dev/1".into());
+        let own = Need::Subject("alice".into());
+        let other = Need::Subject("bob".into());
+        assert!(allows(&Principal::Admin, &Need::Admin, false));
+        assert!(allows(&alice, &own, false));
+        assert!(!allows(&alice, &other, false));
+        assert!(!allows(&alice, &Need::Admin, false));
+        assert!(!allows(&alice, &Need::SeriesWrite("alice".into()), false));
+        assert!(allows(&device, &Need::SeriesWrite("dev/1".into()), false));
+        assert!(!allows(&device, &Need::SeriesWrite("dev/2".into()), false));
+        assert!(!allows(&device, &Need::Subject("dev/1".into()), false));
+        assert!(!allows(&alice, &Need::PublicRead("bob".into()), false));
+        assert!(allows(&alice, &Need::PublicRead("bob".into()), true));
+    }
+}
