@@ -58,6 +58,13 @@ impl Timelines {
                 limit: self.settings.max_payload_bytes,
             });
         }
+        let depth = json_depth(new.payload.get());
+        if depth > MAX_PAYLOAD_DEPTH {
+            return Err(DomainError::invalid(
+                "payload_too_deep",
+                format!("payload nests {depth} levels; at most {MAX_PAYLOAD_DEPTH} are allowed"),
+            ));
+        }
         let received = Ticks::now();
         let at = match &new.at {
             Some(text) => Ticks::parse_rfc3339(text)
@@ -152,6 +159,37 @@ pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
     ]
 }
 
+/// Deepest nesting of arrays and objects a payload may have: the payload is stored and served
+/// as it came, and readers' JSON parsers must not be made to recurse without bound.
+pub const MAX_PAYLOAD_DEPTH: usize = 64;
+
+/// The deepest nesting of arrays and objects in a JSON text (brackets in strings skipped).
+fn json_depth(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for byte in text.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// A digest of what the client asked for (not of what the server filled in).
 fn request_digest(new: &NewEvent) -> String {
     let mut hasher = Sha256::new();
@@ -168,4 +206,17 @@ fn request_digest(new: &NewEvent) -> String {
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_counts_nesting_outside_strings() {
+        assert_eq!(json_depth("1"), 0);
+        assert_eq!(json_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(json_depth(r#"["[[[[", "\"[[", {"x": "]]]]"}]"#), 2);
+        assert_eq!(json_depth(&format!("{}{}", "[".repeat(65), "]".repeat(65))), 65);
+    }
 }

@@ -3,7 +3,7 @@
 use fanline::store::fault::Fault;
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::helpers::{Backend, Reply, segment, spawn_app};
 
@@ -164,6 +164,40 @@ async fn oversized_payloads_are_413(backend: Backend) {
     let reply = app.post_event("alice", json!({"payload": fits})).await;
     assert_eq!(reply.status, StatusCode::CREATED);
     assert_eq!(app.all_pages("alice", "events").await.len(), 1);
+    // Depth is bounded too: 64 levels are fine, 65 are not, and neither is 30,000.
+    let nested = |depth: usize| {
+        serde_json::from_str::<Value>(&format!("{}{}", "[".repeat(depth), "]".repeat(depth)))
+    };
+    let fine = app
+        .post_event("alice", json!({"payload": nested(64).expect("json")}))
+        .await;
+    assert_eq!(fine.status, StatusCode::CREATED, "{fine:?}");
+    let deep = app
+        .send(
+            app.client
+                .post(app.url("/v1/subjects/alice/events"))
+                .header("content-type", "application/json")
+                .body(format!(
+                    r#"{{"payload":{}{}}}"#,
+                    "[".repeat(65),
+                    "]".repeat(65)
+                )),
+        )
+        .await;
+    assert_error(&deep, StatusCode::BAD_REQUEST, "payload_too_deep");
+    let very_deep = app
+        .send(
+            app.client
+                .post(app.url("/v1/subjects/alice/events"))
+                .header("content-type", "application/json")
+                .body(format!(
+                    r#"{{"payload":{}{}}}"#,
+                    "[".repeat(30_000),
+                    "]".repeat(30_000)
+                )),
+        )
+        .await;
+    assert_error(&very_deep, StatusCode::BAD_REQUEST, "payload_too_deep");
 }
 
 /// Sends only the headers of a 1 MiB post over raw TCP and returns the whole answer.
