@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 
 use crate::cursor::CursorCodec;
 use crate::store::Store;
-use crate::timeline::check_printable;
+use crate::timeline::{check_no_dot_segments, check_printable};
 
 pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage};
 pub use writing::NewPoints;
@@ -53,6 +53,7 @@ pub struct SeriesName(String);
 impl SeriesName {
     pub fn parse(text: &str) -> Result<SeriesName, String> {
         check_printable("series name", text, MAX_SERIES_BYTES)?;
+        check_no_dot_segments("series name", text)?;
         Ok(SeriesName(text.to_owned()))
     }
 

@@ -27,6 +27,7 @@ pub struct SubjectId(String);
 impl SubjectId {
     pub fn parse(text: &str) -> Result<SubjectId, String> {
         check_printable("subject id", text, MAX_SUBJECT_BYTES)?;
+        check_no_dot_segments("subject id", text)?;
         Ok(SubjectId(text.to_owned()))
     }
 
@@ -39,6 +40,15 @@ impl std::fmt::Display for SubjectId {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter.write_str(&self.0)
     }
+}
+
+/// Refuses names with a `.` or `..` segment between slashes (`../x`, `a/./b`): names go into
+/// paths and keys, and path-traversal look-alikes are never what a client meant.
+pub fn check_no_dot_segments(what: &str, text: &str) -> Result<(), String> {
+    if text.split('/').any(|segment| segment == "." || segment == "..") {
+        return Err(format!("{what} must not have `.` or `..` segments"));
+    }
+    Ok(())
 }
 
 /// Checks that `text` is 1 to `max_bytes` bytes with no control characters.
@@ -224,6 +234,11 @@ mod tests {
         assert!(SubjectId::parse("").is_err());
         assert!(SubjectId::parse("tab\there").is_err());
         assert!(SubjectId::parse("nul\0").is_err());
+        assert!(SubjectId::parse("..").is_err());
+        assert!(SubjectId::parse("../../etc/passwd").is_err());
+        assert!(SubjectId::parse("a/./b").is_err());
+        assert!(SubjectId::parse("device-42/air_temp").is_ok());
+        assert!(SubjectId::parse("v1.2/..x").is_ok());
     }
 
     #[test]

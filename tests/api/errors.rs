@@ -15,6 +15,7 @@ on_both_backends!(
     wrong_content_types_are_415,
     wrong_shapes_are_422,
     a_store_outage_is_503_and_recovers,
+    hostile_names_are_clear_400s,
 );
 
 fn assert_error(reply: &Reply, status: StatusCode, code: &str) {
@@ -290,4 +291,53 @@ async fn a_store_outage_is_503_and_recovers(backend: Backend) {
     app.post_text("alice", "back").await;
     let timeline = app.wait_for_timeline("bob", 1).await;
     assert_eq!(timeline[0]["payload"]["text"], "back");
+}
+
+async fn hostile_names_are_clear_400s(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for (path, code) in [
+        ("/v1/subjects/%FF%FE/timeline", "invalid_path"),
+        (
+            "/v1/subjects/..%2F..%2Fetc%2Fpasswd/timeline",
+            "invalid_subject",
+        ),
+        ("/v1/subjects/a%2F.%2Fb/events", "invalid_subject"),
+        ("/v1/subjects/a%00b/timeline", "invalid_subject"),
+        ("/v1/subjects/a%0Ab/followers", "invalid_subject"),
+        ("/v1/series/..%2Fx/points", "invalid_series"),
+        ("/v1/series/x%7Fy/points", "invalid_series"),
+    ] {
+        let reply = app.get(path).await;
+        assert_error(&reply, StatusCode::BAD_REQUEST, code);
+    }
+    // Sent as is (an HTTP client would resolve the dot segments away first).
+    for path in ["/v1/subjects/%2e%2e/timeline", "/v1/series/%2E%2E/tags"] {
+        let answer = raw_get(&app.address, path).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        assert!(answer.contains("invalid_s"), "{path}: {answer}");
+    }
+    // A double-encoded slash is just a percent sign in a name, and fine.
+    let reply = app.get("/v1/subjects/a%252Fb/timeline").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+}
+
+/// A GET sent over raw TCP exactly as written, as the admin; the whole answer.
+async fn raw_get(address: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = address.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {}\r\nconnection: close\r\n\r\n",
+        crate::helpers::TEST_ADMIN_TOKEN
+    );
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut answer),
+    )
+    .await
+    .expect("answered in time")
+    .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
 }
