@@ -17,7 +17,9 @@ use tokio::sync::Notify;
 use crate::cursor::{CursorCodec, InvalidCursor};
 use crate::store::{Condition, Item, Store, StoreError, Table};
 
-pub use model::{Edge, Event, Page, SubjectId, TimelineEntry, check_no_dot_segments, check_printable};
+pub use model::{
+    Edge, Event, Page, SubjectId, TimelineEntry, check_no_dot_segments, check_printable,
+};
 pub use posting::{NewEvent, Posted};
 
 /// Largest (and default) page of any listing.

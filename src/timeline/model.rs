@@ -45,7 +45,10 @@ impl std::fmt::Display for SubjectId {
 /// Refuses names with a `.` or `..` segment between slashes (`../x`, `a/./b`): names go into
 /// paths and keys, and path-traversal look-alikes are never what a client meant.
 pub fn check_no_dot_segments(what: &str, text: &str) -> Result<(), String> {
-    if text.split('/').any(|segment| segment == "." || segment == "..") {
+    if text
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
         return Err(format!("{what} must not have `.` or `..` segments"));
     }
     Ok(())

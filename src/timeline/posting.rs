@@ -217,6 +217,9 @@ mod tests {
         assert_eq!(json_depth("1"), 0);
         assert_eq!(json_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
         assert_eq!(json_depth(r#"["[[[[", "\"[[", {"x": "]]]]"}]"#), 2);
-        assert_eq!(json_depth(&format!("{}{}", "[".repeat(65), "]".repeat(65))), 65);
+        assert_eq!(
+            json_depth(&format!("{}{}", "[".repeat(65), "]".repeat(65))),
+            65
+        );
     }
 }
