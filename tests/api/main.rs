@@ -12,6 +12,7 @@ mod fanout;
 mod following;
 mod import;
 mod lifecycle;
+mod limits;
 mod posting;
 mod reliability;
 mod restart;
