@@ -7,6 +7,16 @@ use crate::helpers::{Backend, segment, spawn_app};
 
 on_both_backends!(every_limit_answers_with_its_status_and_code);
 
+/// What a case checks, its method, path and body, and the status and code it must get.
+type Case = (
+    &'static str,
+    &'static str,
+    String,
+    Option<String>,
+    StatusCode,
+    &'static str,
+);
+
 /// `count` points one second apart.
 fn points(count: usize) -> Vec<Value> {
     (0..count)
@@ -23,7 +33,7 @@ async fn every_limit_answers_with_its_status_and_code(backend: Backend) {
         .collect::<Vec<_>>()
         .join(",");
     // (what, method, path, body, status, code)
-    let cases: Vec<(&str, &str, String, Option<String>, StatusCode, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "payload over 64 KiB",
             "POST",
