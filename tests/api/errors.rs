@@ -5,7 +5,7 @@ use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, Reply, segment, spawn_app};
+use crate::helpers::{Backend, Reply, raw_request, segment, spawn_app};
 
 on_both_backends!(
     bad_requests_are_400,
@@ -157,7 +157,13 @@ async fn oversized_payloads_are_413(backend: Backend) {
     let reply = app.post_event("alice", json!({"payload": big})).await;
     assert_error(&reply, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
     // A body declared far over any limit is refused before any of it is sent.
-    let reply = declare_huge_body(&app.address).await;
+    let reply = raw_request(
+        &app.address,
+        "POST",
+        "/v1/subjects/alice/events",
+        Some(1_048_576),
+    )
+    .await;
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
     assert!(reply.contains(r#""code":"payload_too_large""#), "{reply}");
     // Just under the limit is fine.
@@ -199,29 +205,6 @@ async fn oversized_payloads_are_413(backend: Backend) {
         )
         .await;
     assert_error(&very_deep, StatusCode::BAD_REQUEST, "payload_too_deep");
-}
-
-/// Sends only the headers of a 1 MiB post over raw TCP and returns the whole answer.
-async fn declare_huge_body(address: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let host = address.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
-    let head = format!(
-        "POST /v1/subjects/alice/events HTTP/1.1\r\nhost: {host}\r\n\
-         authorization: Bearer {}\r\n\
-         content-type: application/json\r\ncontent-length: 1048576\r\n\r\n",
-        crate::helpers::TEST_ADMIN_TOKEN
-    );
-    stream.write_all(head.as_bytes()).await.expect("write head");
-    let mut answer = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        stream.read_to_end(&mut answer),
-    )
-    .await
-    .expect("the server answers without waiting for the body")
-    .expect("read answer");
-    String::from_utf8_lossy(&answer).into_owned()
 }
 
 async fn wrong_content_types_are_415(backend: Backend) {
@@ -312,32 +295,11 @@ async fn hostile_names_are_clear_400s(backend: Backend) {
     }
     // Sent as is (an HTTP client would resolve the dot segments away first).
     for path in ["/v1/subjects/%2e%2e/timeline", "/v1/series/%2E%2E/tags"] {
-        let answer = raw_get(&app.address, path).await;
+        let answer = raw_request(&app.address, "GET", path, None).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
         assert!(answer.contains("invalid_s"), "{path}: {answer}");
     }
     // A double-encoded slash is just a percent sign in a name, and fine.
     let reply = app.get("/v1/subjects/a%252Fb/timeline").await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-}
-
-/// A GET sent over raw TCP exactly as written, as the admin; the whole answer.
-async fn raw_get(address: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let host = address.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
-    let head = format!(
-        "GET {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {}\r\nconnection: close\r\n\r\n",
-        crate::helpers::TEST_ADMIN_TOKEN
-    );
-    stream.write_all(head.as_bytes()).await.expect("write");
-    let mut answer = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        stream.read_to_end(&mut answer),
-    )
-    .await
-    .expect("answered in time")
-    .expect("read");
-    String::from_utf8_lossy(&answer).into_owned()
 }

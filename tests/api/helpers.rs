@@ -166,6 +166,34 @@ impl Reply {
     }
 }
 
+/// Sends a request over raw TCP exactly as written (no client normalising its path), as
+/// the admin; with `declared_length`, only the headers of a JSON body of that length. Returns
+/// the whole answer, which must come without the body being sent.
+pub async fn raw_request(
+    address: &str,
+    method: &str,
+    path: &str,
+    declared_length: Option<usize>,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = address.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
+    let body_headers = declared_length.map_or_else(
+        || "connection: close\r\n".to_owned(),
+        |length| format!("content-type: application/json\r\ncontent-length: {length}\r\n"),
+    );
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {TEST_ADMIN_TOKEN}\r\n{body_headers}\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server answers without waiting for a body")
+        .expect("read answer");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// Percent-encodes one path segment (everything but unreserved characters).
 pub fn segment(text: &str) -> String {
     let mut encoded = String::new();

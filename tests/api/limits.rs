@@ -3,7 +3,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, segment, spawn_app};
+use crate::helpers::{Backend, raw_request, segment, spawn_app};
 
 on_both_backends!(every_limit_answers_with_its_status_and_code);
 
@@ -190,7 +190,7 @@ async fn every_limit_answers_with_its_status_and_code(backend: Backend) {
         ("/v1/subjects/a/events", 81_921),
         ("/v1/series:batch", 16 * 1024 * 1024 + 1),
     ] {
-        let answer = declare_body(&app.address, path, declared).await;
+        let answer = raw_request(&app.address, "POST", path, Some(declared)).await;
         assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
         assert!(
             answer.contains(r#""code":"payload_too_large""#),
@@ -206,26 +206,4 @@ async fn every_limit_answers_with_its_status_and_code(backend: Backend) {
         )
         .await;
     assert_eq!(text.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
-}
-
-/// Sends only the headers of a POST declaring `length` bytes; the whole answer.
-async fn declare_body(address: &str, path: &str, length: usize) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let host = address.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {}\r\n\
-         content-type: application/json\r\ncontent-length: {length}\r\n\r\n",
-        crate::helpers::TEST_ADMIN_TOKEN
-    );
-    stream.write_all(head.as_bytes()).await.expect("write head");
-    let mut answer = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        stream.read_to_end(&mut answer),
-    )
-    .await
-    .expect("answered without waiting for the body")
-    .expect("read");
-    String::from_utf8_lossy(&answer).into_owned()
 }
