@@ -321,3 +321,39 @@ pub fn cancel_on_signal(token: CancellationToken) {
         token.cancel();
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn the_admin_token_is_configured_or_kept_in_the_data_dir_only_when_embedded() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config::defaults();
+        config.data_dir = dir.path().to_owned();
+
+        // Made once, owner-only, then read back on every start.
+        let made = resolve_admin_token(&config).expect("made");
+        let path = dir.path().join(ADMIN_TOKEN_FILE);
+        let mode = std::fs::metadata(&path).expect("file").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(resolve_admin_token(&config).expect("read"), made);
+        assert_eq!(read_admin_token(&config).expect("read"), Some(made));
+
+        config.admin_token = Some("short".into());
+        assert!(resolve_admin_token(&config).is_err(), "too short");
+        config.admin_token = Some("  a-long-enough-admin-token  ".into());
+        assert_eq!(
+            resolve_admin_token(&config).expect("ok"),
+            "a-long-enough-admin-token"
+        );
+
+        // On DynamoDB there is no data dir to keep one in.
+        let mut shared = Config::defaults();
+        shared.store = StoreKind::Dynamodb;
+        shared.data_dir = dir.path().join("nothing-here");
+        assert!(resolve_admin_token(&shared).is_err());
+    }
+}

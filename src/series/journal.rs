@@ -329,3 +329,95 @@ pub async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> St
         "series rows kept changing while a batch was applied".into(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use uuid::{NoContext, Timestamp};
+
+    use super::*;
+    use crate::store::EmbeddedStore;
+
+    /// Stages one series of a batch (its row, points and marker) without committing it.
+    async fn stage(store: &dyn Store, batch: &str, series: &str) {
+        let entry = StagedSeries {
+            series: series.to_owned(),
+            event_row_key: "unused".into(),
+            event_body: "{}".into(),
+        };
+        let points = [Point { at: 5, value: 1.0 }];
+        store
+            .batch_write(vec![
+                Write::put(
+                    Table::SeriesBatches,
+                    Item::new(
+                        batch,
+                        series_row(0),
+                        serde_json::to_vec(&entry).expect("json"),
+                    ),
+                ),
+                Write::put(
+                    Table::SeriesBatches,
+                    Item::new(
+                        batch,
+                        format!("{}00000", points_prefix(0)),
+                        codec::encode(0, &points),
+                    ),
+                ),
+                Write::put(Table::SeriesPending, Item::new(series, batch, "0")),
+            ])
+            .await
+            .expect("stage");
+    }
+
+    async fn markers(store: &dyn Store, series: &str) -> Vec<Item> {
+        store
+            .query_all(markers_query(series))
+            .await
+            .expect("markers")
+    }
+
+    #[tokio::test]
+    async fn a_dead_writers_staging_is_ignored_then_abandoned_and_never_committed_after() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        // A writer that died an hour ago, and one still between staging and commit.
+        let old = Uuid::new_v7(Timestamp::from_unix(NoContext, 1_700_000_000, 0)).to_string();
+        let fresh = Uuid::now_v7().to_string();
+        stage(&store, &old, "s").await;
+        stage(&store, &fresh, "s").await;
+
+        let seen = markers(&store, "s").await;
+        assert_eq!(seen.len(), 2);
+        let overlay = pending_points(&store, seen, 0, u64::MAX)
+            .await
+            .expect("read");
+        assert!(overlay.is_empty(), "uncommitted points are never shown");
+
+        // The old batch is abandoned: its marker and staging go, and it can no longer commit.
+        let left: Vec<String> = markers(&store, "s")
+            .await
+            .into_iter()
+            .map(|m| m.row)
+            .collect();
+        assert_eq!(left, [fresh], "the fresh batch is left alone");
+        let staged = store
+            .query_all(Query::partition(Table::SeriesBatches, &old, 100))
+            .await
+            .expect("rows");
+        let rows: Vec<&str> = staged.iter().map(|row| row.row.as_str()).collect();
+        assert_eq!(rows, [STATE_ROW]);
+        assert_eq!(staged[0].value.as_ref(), ABORTED);
+        let late_commit = store
+            .put(
+                Table::SeriesBatches,
+                Item::new(&old, STATE_ROW, Bytes::from_static(COMMITTED)),
+                Condition::Absent,
+            )
+            .await;
+        assert!(matches!(late_commit, Err(StoreError::ConditionFailed)));
+        assert!(
+            !settle(&store, &[&old]).await.expect("settle"),
+            "nothing to apply"
+        );
+    }
+}
