@@ -15,8 +15,6 @@
 //! compare-and-swap row writes (the new value plus the old one in its condition) stays
 //! under the 4 MB request limit.
 
-use crate::keys::MAX_TICKS;
-
 /// Ticks per second (100 ns each).
 pub const TICKS_PER_SECOND: u64 = 10_000_000;
 /// The span of one row's bucket: 10 minutes.
@@ -29,11 +27,6 @@ pub const MAX_POINTS_PER_ROW: usize = 1024;
 /// The day (partition index) a time falls in.
 pub fn day_of(at: u64) -> u64 {
     at / PARTITION_SPAN
-}
-
-/// The last day index there is.
-pub fn last_day() -> u64 {
-    day_of(MAX_TICKS)
 }
 
 /// The first tick of a day.
@@ -80,6 +73,7 @@ pub fn parse_day(key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::MAX_TICKS;
 
     #[test]
     fn buckets_never_cross_a_partition() {
@@ -105,7 +99,8 @@ mod tests {
         for (at, key) in times.iter().zip(&keys) {
             assert_eq!(parse_ticks(key), Some(*at));
         }
-        assert_eq!(parse_day(&day_key(last_day())), Some(last_day()));
+        let last_day = day_of(MAX_TICKS);
+        assert_eq!(parse_day(&day_key(last_day)), Some(last_day));
         assert_eq!(parse_ticks("12"), None);
         assert_eq!(parse_ticks("-000000000000000001"), None);
     }
