@@ -7,8 +7,8 @@
 //! delete comes after them.
 
 use super::catalogue::{meta_partition, tag_partition};
-use super::layout::{bucket_of, day_key, day_start, parse_day, parse_ticks, partition, row_key};
-use super::plan::{NAMES_PARTITION, days_partition};
+use super::layout::{bucket_of, day_start, parse_day, parse_ticks, partition, row_key};
+use super::plan::{NAMES_PARTITION, days_partition, days_query};
 use super::reading::Range;
 use super::{Series, SeriesName, codec, journal};
 use crate::store::{
@@ -38,11 +38,7 @@ async fn days_page(
     after: Option<String>,
 ) -> StoreResult<Vec<Item>> {
     store
-        .query(
-            Query::partition(Table::SeriesIndex, days_partition(series), 256)
-                .range(Some(day_key(first)), Some(day_key(last + 1)))
-                .after(after),
-        )
+        .query(days_query(series, first, last, 256).after(after))
         .await
 }
 

@@ -24,6 +24,13 @@ pub fn days_partition(series: &str) -> String {
     format!("days/{series}")
 }
 
+/// The query of the days `series` has points on, from `first` to `last` inclusive, `limit`
+/// a page.
+pub fn days_query(series: &str, first: u64, last: u64, limit: usize) -> Query {
+    Query::partition(Table::SeriesIndex, days_partition(series), limit)
+        .range(Some(day_key(first)), Some(day_key(last + 1)))
+}
+
 /// The row writes of one planned points write.
 #[derive(Debug, Default)]
 pub struct Plan {
@@ -83,14 +90,12 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> StoreRes
         }
     }
     let (first_day, last_day) = (day_of(first.at), day_of(last.at));
-    let mut queries = vec![
-        Query::partition(
-            Table::SeriesIndex,
-            days_partition(series),
-            (last_day - first_day + 1) as usize,
-        )
-        .range(Some(day_key(first_day)), Some(day_key(last_day + 1))),
-    ];
+    let mut queries = vec![days_query(
+        series,
+        first_day,
+        last_day,
+        (last_day - first_day + 1) as usize,
+    )];
     queries.push(super::journal::markers_query(series));
     queries.extend(runs.iter().map(|(start, end)| {
         Query::partition(Table::SeriesPoints, partition(series, day_of(*start)), 1000)

@@ -7,8 +7,8 @@
 
 use std::collections::VecDeque;
 
-use super::layout::{bucket_of, day_key, day_of, day_start, parse_day, partition, row_key};
-use super::plan::days_partition;
+use super::layout::{bucket_of, day_of, day_start, parse_day, partition, row_key};
+use super::plan::days_query;
 use super::{Point, codec, journal};
 use crate::keys::MAX_TICKS;
 use crate::store::{Query, Store, StoreError, StoreResult, Table};
@@ -70,15 +70,7 @@ impl Scan {
     }
 
     fn days_query(&self, first_day: u64) -> Query {
-        Query::partition(
-            Table::SeriesIndex,
-            days_partition(&self.series),
-            DAYS_PER_READ,
-        )
-        .range(
-            Some(day_key(first_day)),
-            Some(day_key(day_of(self.to - 1) + 1)),
-        )
+        days_query(&self.series, first_day, day_of(self.to - 1), DAYS_PER_READ)
     }
 
     fn take_days(&mut self, rows: Vec<crate::store::Item>) {
