@@ -71,10 +71,9 @@ struct StoredToken {
 }
 
 /// A token as listed: never its secret.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct TokenInfo {
     pub token_id: String,
-    #[serde(flatten)]
     pub grant: Grant,
     pub created_at: String,
 }

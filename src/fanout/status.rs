@@ -155,7 +155,7 @@ pub fn dead_letter(key: &JobKey, job: &Job, error: &str) -> Write {
 }
 
 /// Where a fan-out stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FanoutState {
     /// Queued, or waiting to be retried after a failure.
@@ -168,7 +168,7 @@ pub enum FanoutState {
 }
 
 /// Which of an event's jobs a status describes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Operation {
     /// Copying the event onto its followers' timelines.

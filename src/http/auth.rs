@@ -4,17 +4,19 @@
 //! The policy reads the matched route template and its path parameters, so a handler never
 //! forgets a check and the whole matrix is in one `match`.
 
-use axum::Router;
 use axum::extract::{MatchedPath, RawPathParams, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
+use super::openapi::Name;
 use crate::auth::{Grant, Principal, TokenInfo};
 use crate::series::SeriesName;
 use crate::timeline::SubjectId;
@@ -116,18 +118,15 @@ pub async fn authorize(
     next.run(request).await
 }
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/admin/subjects/{subject}/tokens",
-            post(issue_subject_token),
-        )
-        .route("/v1/admin/series/{series}/tokens", post(issue_device_token))
-        .route("/v1/admin/tokens/{token_id}", delete(revoke_token))
-        .route("/v1/admin/tokens", get(list_tokens))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(issue_subject_token))
+        .routes(routes!(issue_device_token))
+        .routes(routes!(revoke_token))
+        .routes(routes!(list_tokens))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct IssuedResponse {
     token_id: String,
     /// Shown once: only its hash is kept.
@@ -146,6 +145,15 @@ async fn issue(state: &AppState, grant: Grant) -> Result<Response, ApiError> {
         .into_response())
 }
 
+/// Issues a token that acts as `subject`: it posts, follows, reads its timeline, events and
+/// follow lists, and deletes its events.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/subjects/{subject}/tokens",
+    tag = "admin",
+    params(("subject" = Name, Path)),
+    responses((status = CREATED, description = "The token, shown this once", body = IssuedResponse))
+)]
 async fn issue_subject_token(
     State(state): State<AppState>,
     Path(subject): Path<String>,
@@ -155,6 +163,14 @@ async fn issue_subject_token(
     issue(&state, Grant::Subject(subject.as_str().to_owned())).await
 }
 
+/// Issues a write-only device token: it may add points to `series` and do nothing else.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/series/{series}/tokens",
+    tag = "admin",
+    params(("series" = Name, Path)),
+    responses((status = CREATED, description = "The token, shown this once", body = IssuedResponse))
+)]
 async fn issue_device_token(
     State(state): State<AppState>,
     Path(series): Path<String>,
@@ -164,6 +180,17 @@ async fn issue_device_token(
     issue(&state, Grant::Device(series.as_str().to_owned())).await
 }
 
+/// Revokes a token: every server refuses it within a second.
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/tokens/{token_id}",
+    tag = "admin",
+    params(("token_id" = String, Path, pattern = "^[0-9a-fA-F]{32}$", description = "32 hex digits, as issued")),
+    responses(
+        (status = NO_CONTENT, description = "Revoked"),
+        (status = NOT_FOUND, description = "No such token", body = ErrorBody),
+    )
+)]
 async fn revoke_token(
     State(state): State<AppState>,
     Path(token_id): Path<String>,
@@ -178,23 +205,71 @@ async fn revoke_token(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ListParams {
+    /// The subject, or series, whose tokens to list.
     subject: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct TokensResponse {
-    tokens: Vec<TokenInfo>,
+    tokens: Vec<ListedToken>,
 }
 
+/// A token as listed: never its secret.
+#[derive(Debug, Serialize, ToSchema)]
+struct ListedToken {
+    token_id: String,
+    kind: TokenKind,
+    /// The subject it acts as, or the series it writes to.
+    name: String,
+    /// RFC 3339.
+    #[schema(format = DateTime)]
+    created_at: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum TokenKind {
+    /// Acts as a subject.
+    Subject,
+    /// Writes points to one series.
+    Device,
+}
+
+impl From<TokenInfo> for ListedToken {
+    fn from(info: TokenInfo) -> Self {
+        let (kind, name) = match info.grant {
+            Grant::Subject(name) => (TokenKind::Subject, name),
+            Grant::Device(name) => (TokenKind::Device, name),
+        };
+        ListedToken {
+            token_id: info.token_id,
+            kind,
+            name,
+            created_at: info.created_at,
+        }
+    }
+}
+
+/// Lists the tokens issued for a subject or a series, without their secrets.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/tokens",
+    tag = "admin",
+    params(ListParams),
+    responses((status = OK, description = "The tokens", body = TokensResponse))
+)]
 async fn list_tokens(
     State(state): State<AppState>,
     Query(params): Query<ListParams>,
 ) -> Result<axum::Json<TokensResponse>, ApiError> {
     let tokens = state.tokens.list(&params.subject).await?;
-    Ok(axum::Json(TokensResponse { tokens }))
+    Ok(axum::Json(TokensResponse {
+        tokens: tokens.into_iter().map(ListedToken::from).collect(),
+    }))
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 use axum::Json;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 use tracing::error;
+use utoipa::ToSchema;
 
 use crate::store::StoreError;
 use crate::timeline::DomainError;
@@ -82,6 +83,31 @@ impl ApiError {
     }
 }
 
+/// The body of every error response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct ErrorDetail {
+    /// Stable and machine-readable: `invalid_subject`, `unauthorized`, `rate_limited`...
+    code: String,
+    /// For people; may change.
+    message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: &str, message: &str) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: code.to_owned(),
+                message: message.to_owned(),
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if let ApiError::Internal(detail) = &self {
@@ -89,7 +115,7 @@ impl IntoResponse for ApiError {
         }
         let status = self.status_code();
         let (code, message) = self.code_and_message();
-        let body = Json(json!({"error": {"code": code, "message": message}}));
+        let body = Json(ErrorBody::new(code, message));
         if status == StatusCode::UNAUTHORIZED {
             return (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
         }

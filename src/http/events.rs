@@ -1,45 +1,56 @@
 //! `POST /v1/subjects/{subject}/events` and `GET /v1/subjects/{subject}/events`.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::error::ApiError;
+use super::error::ErrorBody;
 use super::extract::{Json, Path, Query};
+use super::openapi::Name;
 use super::page::{PageParams, PageResponse};
 use super::{AppState, subject};
 use crate::timeline::{Event, NewEvent, Posted};
 
-pub fn router() -> Router<AppState> {
-    Router::new().route(
-        "/v1/subjects/{subject}/events",
-        post(post_event).get(list_events),
-    )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default().routes(routes!(post_event, list_events))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PostEventRequest {
-    /// Idempotency key chosen by the client, scoped to the author.
+    /// Idempotency key chosen by the client, scoped to the author: posting the same `id`
+    /// again returns the first event. 1 to 256 bytes.
+    #[schema(min_length = 1, max_length = 256)]
     id: Option<String>,
+    /// What the event is; `event` when absent. 1 to 128 bytes.
+    #[schema(min_length = 1, max_length = 128)]
     kind: Option<String>,
+    /// Any JSON, kept as sent (at most `FANLINE_MAX_PAYLOAD_BYTES`, nested at most 64 deep).
+    #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
-    /// RFC 3339.
+    /// When it happened, RFC 3339; now when absent.
+    #[schema(format = DateTime)]
     at: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EventResponse {
     event_id: Uuid,
     subject: String,
     kind: String,
+    #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
+    /// RFC 3339, UTC.
+    #[schema(format = DateTime)]
     at: String,
+    /// The event's key in every timeline: newest sorts first.
     row_key: String,
 }
 
@@ -56,7 +67,20 @@ impl From<Event> for EventResponse {
     }
 }
 
-/// 201 with the new event, or 200 with the first event when `id` was seen before.
+/// Posts an event as `subject`; a worker fans it out to the subject's followers.
+#[utoipa::path(
+    post,
+    path = "/v1/subjects/{subject}/events",
+    tag = "events",
+    params(("subject" = Name, Path, description = "The author")),
+    request_body = PostEventRequest,
+    responses(
+        (status = CREATED, description = "The new event", body = EventResponse),
+        (status = OK, description = "The first event posted with this `id`", body = EventResponse),
+        (status = CONFLICT, description = "This `id` was used for a different event", body = ErrorBody),
+        (status = NOT_FOUND, description = "The event first posted with this `id` was deleted", body = ErrorBody),
+    )
+)]
 async fn post_event(
     State(state): State<AppState>,
     Path(author): Path<String>,
@@ -76,6 +100,14 @@ async fn post_event(
     Ok(response.into_response())
 }
 
+/// The subject's own log, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/subjects/{subject}/events",
+    tag = "events",
+    params(("subject" = Name, Path, description = "The author"), PageParams),
+    responses((status = OK, description = "A page of events", body = PageResponse<EventResponse>))
+)]
 async fn list_events(
     State(state): State<AppState>,
     Path(author): Path<String>,

@@ -2,35 +2,28 @@
 //! /v1/subjects/{subject}/events/{event_id}` (whose progress is a status too) and the admin
 //! re-queue, `POST /v1/admin/fanout/{subject}/{event_id}/requeue`.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{delete, get, post};
 use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
+use super::openapi::Name;
 use super::{AppState, subject};
 use crate::fanout::status::Operation;
 use crate::fanout::{FanoutState, FanoutStatus};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/subjects/{subject}/events/{event_id}",
-            delete(delete_event),
-        )
-        .route(
-            "/v1/subjects/{subject}/events/{event_id}/fanout",
-            get(get_fanout_status),
-        )
-        .route(
-            "/v1/admin/fanout/{subject}/{event_id}/requeue",
-            post(requeue_fanout),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(delete_event))
+        .routes(routes!(get_fanout_status))
+        .routes(routes!(requeue_fanout))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct FanoutStatusResponse {
     /// `delivery` of a posted event, or `removal` of a deleted one's copies.
     operation: Operation,
@@ -42,8 +35,10 @@ struct FanoutStatusResponse {
     followers_total: Option<u64>,
     delivered: u64,
     attempts: u32,
+    #[schema(format = DateTime)]
     enqueued_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     finished_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     lag_ms: Option<u64>,
@@ -68,6 +63,20 @@ impl From<FanoutStatus> for FanoutStatusResponse {
     }
 }
 
+/// How far the event's delivery (or, once deleted, its removal) has got.
+#[utoipa::path(
+    get,
+    path = "/v1/subjects/{subject}/events/{event_id}/fanout",
+    tag = "events",
+    params(
+        ("subject" = Name, Path, description = "The author"),
+        ("event_id" = uuid::Uuid, Path, description = "The event's `event_id`"),
+    ),
+    responses(
+        (status = OK, description = "The status", body = FanoutStatusResponse),
+        (status = NOT_FOUND, description = "No such event", body = ErrorBody),
+    )
+)]
 async fn get_fanout_status(
     State(state): State<AppState>,
     Path((author, event_id)): Path<(String, String)>,
@@ -77,7 +86,21 @@ async fn get_fanout_status(
     Ok(axum::Json(status.into()))
 }
 
-/// 202: the event's dead-lettered jobs are back on the queue.
+/// Puts the event's dead-lettered jobs back on the queue.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/fanout/{subject}/{event_id}/requeue",
+    tag = "admin",
+    params(
+        ("subject" = Name, Path, description = "The author"),
+        ("event_id" = uuid::Uuid, Path, description = "The event's `event_id`"),
+    ),
+    responses(
+        (status = ACCEPTED, description = "Re-queued; the status", body = FanoutStatusResponse),
+        (status = NOT_FOUND, description = "No such event", body = ErrorBody),
+        (status = CONFLICT, description = "Nothing of it is dead-lettered", body = ErrorBody),
+    )
+)]
 async fn requeue_fanout(
     State(state): State<AppState>,
     Path((author, event_id)): Path<(String, String)>,
@@ -87,8 +110,22 @@ async fn requeue_fanout(
     Ok((StatusCode::ACCEPTED, axum::Json(status.into())))
 }
 
-/// 202: the event is gone from its author's log and from every timeline page; a removal job
-/// deletes its copies, and the body is that job's status. Deleting it again answers the same.
+/// Deletes an event everywhere. It is gone from its author's log and from every timeline
+/// page at once; a removal job deletes its copies, and the body is that job's status.
+/// Deleting it again answers the same.
+#[utoipa::path(
+    delete,
+    path = "/v1/subjects/{subject}/events/{event_id}",
+    tag = "events",
+    params(
+        ("subject" = Name, Path, description = "The author"),
+        ("event_id" = uuid::Uuid, Path, description = "The event's `event_id`"),
+    ),
+    responses(
+        (status = ACCEPTED, description = "Deleted; the removal's status", body = FanoutStatusResponse),
+        (status = NOT_FOUND, description = "No such event", body = ErrorBody),
+    )
+)]
 async fn delete_event(
     State(state): State<AppState>,
     Path((author, event_id)): Path<(String, String)>,

@@ -1,30 +1,32 @@
 //! Follow edges: `PUT`/`DELETE /v1/subjects/{subject}/following/{target}` and the two lists.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, put};
 use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::error::ApiError;
 use super::extract::{Path, Query};
+use super::openapi::Name;
 use super::page::{PageParams, PageResponse};
 use super::{AppState, subject};
 use crate::timeline::{Edge, Page, SubjectId};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/subjects/{subject}/following/{target}",
-            put(follow_subject).delete(unfollow_subject),
-        )
-        .route("/v1/subjects/{subject}/followers", get(list_followers))
-        .route("/v1/subjects/{subject}/following", get(list_following))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(follow_subject, unfollow_subject))
+        .routes(routes!(list_followers))
+        .routes(routes!(list_following))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct EdgeResponse {
+    /// The subject on the other side of the edge.
     subject: String,
+    /// When the edge was made, RFC 3339.
+    #[schema(format = DateTime)]
     since: String,
 }
 
@@ -39,6 +41,18 @@ fn pair(subject_text: &str, target_text: &str) -> Result<(SubjectId, SubjectId),
     Ok((subject(subject_text)?, subject(target_text)?))
 }
 
+/// `subject` follows `target`: the target's recent events are copied onto the subject's
+/// timeline in the background. Following again changes nothing.
+#[utoipa::path(
+    put,
+    path = "/v1/subjects/{subject}/following/{target}",
+    tag = "following",
+    params(
+        ("subject" = Name, Path, description = "The follower"),
+        ("target" = Name, Path, description = "The subject followed"),
+    ),
+    responses((status = NO_CONTENT, description = "`subject` follows `target`"))
+)]
 async fn follow_subject(
     State(state): State<AppState>,
     Path((follower, target)): Path<(String, String)>,
@@ -48,6 +62,18 @@ async fn follow_subject(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `subject` stops following `target`: the target's events leave the subject's timeline in
+/// the background. Unfollowing again changes nothing.
+#[utoipa::path(
+    delete,
+    path = "/v1/subjects/{subject}/following/{target}",
+    tag = "following",
+    params(
+        ("subject" = Name, Path, description = "The follower"),
+        ("target" = Name, Path, description = "The subject followed"),
+    ),
+    responses((status = NO_CONTENT, description = "`subject` does not follow `target`"))
+)]
 async fn unfollow_subject(
     State(state): State<AppState>,
     Path((follower, target)): Path<(String, String)>,
@@ -57,6 +83,14 @@ async fn unfollow_subject(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Who follows the subject, in id order.
+#[utoipa::path(
+    get,
+    path = "/v1/subjects/{subject}/followers",
+    tag = "following",
+    params(("subject" = Name, Path), PageParams),
+    responses((status = OK, description = "A page of edges", body = PageResponse<EdgeResponse>))
+)]
 async fn list_followers(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -70,6 +104,14 @@ async fn list_followers(
     Ok(edges(page))
 }
 
+/// Whom the subject follows, in id order.
+#[utoipa::path(
+    get,
+    path = "/v1/subjects/{subject}/following",
+    tag = "following",
+    params(("subject" = Name, Path), PageParams),
+    responses((status = OK, description = "A page of edges", body = PageResponse<EdgeResponse>))
+)]
 async fn list_following(
     State(state): State<AppState>,
     Path(id): Path<String>,

@@ -2,12 +2,12 @@
 
 use std::time::Instant;
 
-use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use crate::metrics::HttpLabels;
@@ -15,10 +15,22 @@ use crate::metrics::HttpLabels;
 /// Jobs counted per queue shard for the depth gauge; a deeper queue shows as this cap.
 const QUEUE_DEPTH_CAP_PER_SHARD: usize = 10_000;
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/metrics", get(get_metrics))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default().routes(routes!(get_metrics))
 }
 
+/// Prometheus metrics: requests, fan-out, queue depth, store calls.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((
+        status = OK,
+        description = "OpenMetrics text",
+        body = String,
+        content_type = "application/openmetrics-text"
+    ))
+)]
 async fn get_metrics(State(state): State<AppState>) -> Response {
     match state.timelines.queue_depth(QUEUE_DEPTH_CAP_PER_SHARD).await {
         Ok(depth) => {

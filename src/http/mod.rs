@@ -8,6 +8,7 @@ mod fanout;
 mod following;
 mod health;
 mod metrics;
+mod openapi;
 mod page;
 pub mod rate_limit;
 mod series;
@@ -22,6 +23,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
+use utoipa_axum::router::OpenApiRouter;
 
 pub use error::ApiError;
 
@@ -42,15 +44,16 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
 }
 
-/// The whole API. `max_body_bytes` bounds request bodies before they are read.
+/// The whole API, and its OpenAPI document at `/openapi.json`. `max_body_bytes` bounds
+/// request bodies before they are read.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
-    let subjects = Router::new()
+    let subjects = OpenApiRouter::default()
         .merge(events::router())
         .merge(following::router())
         .merge(timeline::router())
         .merge(fanout::router())
         .merge(auth::router());
-    let api = Router::new()
+    let api = OpenApiRouter::default()
         .merge(with_body_limit(subjects, max_body_bytes))
         .merge(with_body_limit(
             series::router(),
@@ -60,10 +63,14 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             state.clone(),
             auth::authorize,
         ));
-    Router::new()
+    let (routes, mut document) = OpenApiRouter::with_openapi(openapi::base())
         .merge(api)
         .merge(health::router())
         .merge(metrics::router())
+        .split_for_parts();
+    openapi::finish(&mut document, state.public_events);
+    routes
+        .merge(openapi::router(&document))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(
@@ -80,7 +87,10 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
 
 /// Bounds the request bodies of `routes` at `max_body_bytes` (event bodies are small; series
 /// batches are not).
-fn with_body_limit(routes: Router<AppState>, max_body_bytes: usize) -> Router<AppState> {
+fn with_body_limit(
+    routes: OpenApiRouter<AppState>,
+    max_body_bytes: usize,
+) -> OpenApiRouter<AppState> {
     routes
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
@@ -90,10 +100,11 @@ fn with_body_limit(routes: Router<AppState>, max_body_bytes: usize) -> Router<Ap
 
 /// `/metrics` and `/healthz` alone, for `fanline worker` processes.
 pub fn ops_router(state: AppState) -> Router {
-    Router::new()
+    let (routes, _) = OpenApiRouter::default()
         .merge(health::router())
         .merge(metrics::router())
-        .with_state(state)
+        .split_for_parts();
+    routes.with_state(state)
 }
 
 /// Answers 413 to a body whose declared length is over the limit before reading any of it,

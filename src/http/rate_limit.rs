@@ -4,13 +4,12 @@
 
 use std::num::NonZeroU32;
 
+use super::error::ErrorBody;
+use crate::auth::Principal;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use serde_json::json;
-
-use crate::auth::Principal;
 
 /// A keyed token-bucket limiter, one bucket per token.
 pub struct RateLimits {
@@ -43,10 +42,10 @@ impl RateLimits {
             (
                 StatusCode::TOO_MANY_REQUESTS,
                 [(header::RETRY_AFTER, seconds.to_string())],
-                axum::Json(json!({"error": {
-                    "code": "rate_limited",
-                    "message": "too many requests for this token; retry after the given seconds",
-                }})),
+                axum::Json(ErrorBody::new(
+                    "rate_limited",
+                    "too many requests for this token; retry after the given seconds",
+                )),
             )
                 .into_response(),
         )

@@ -1,16 +1,18 @@
 //! The series API: points by range, step aggregates, aligned series, deletes, tags and the
 //! catalogue.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{Json, Path, Query};
+use super::openapi::Name;
 use crate::keys::Ticks;
 use crate::series::catalogue::DEFAULT_LIST_PAGE;
 use crate::series::reading::{DEFAULT_SERIES_PAGE, Range};
@@ -19,17 +21,14 @@ use crate::series::{Aggregate, MAX_POINTS_PER_SERIES_WRITE, NewPoints, Point, Se
 /// Largest series request body: a batch of 200,000 points at about 70 bytes each.
 pub const MAX_SERIES_BODY_BYTES: usize = 16 * 1024 * 1024;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/series", get(list_series))
-        .route("/v1/series:batch", post(write_batch))
-        .route("/v1/series:aligned", get(read_aligned))
-        .route(
-            "/v1/series/{series}/points",
-            post(write_points).get(read_points).delete(delete_points),
-        )
-        .route("/v1/series/{series}", axum::routing::delete(delete_series))
-        .route("/v1/series/{series}/tags", get(read_tags).put(write_tags))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(list_series))
+        .routes(routes!(write_batch))
+        .routes(routes!(read_aligned))
+        .routes(routes!(write_points, read_points, delete_points))
+        .routes(routes!(delete_series))
+        .routes(routes!(read_tags, write_tags))
 }
 
 fn series_name(text: &str) -> Result<SeriesName, ApiError> {
@@ -83,35 +82,42 @@ fn aggregate_param(text: Option<&str>) -> Result<Aggregate, ApiError> {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PointBody {
     /// RFC 3339, 100 ns precision.
+    #[schema(format = DateTime)]
     at: String,
+    /// A finite number.
     value: f64,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct WritePointsRequest {
+    /// At most 10,000.
     points: Vec<PointBody>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct BatchSeries {
+    #[schema(value_type = Name)]
     name: String,
+    /// At most 10,000.
     points: Vec<PointBody>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct WriteBatchRequest {
+    /// At most 200,000 points in all.
     series: Vec<BatchSeries>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct WrittenResponse {
+    /// Points written (a point at a time already held replaces it).
     written: usize,
 }
 
@@ -138,6 +144,18 @@ fn points(where_: &str, bodies: Vec<PointBody>) -> Result<Vec<Point>, ApiError> 
         .collect()
 }
 
+/// Adds points to a series; the admin token or the series' device token.
+#[utoipa::path(
+    post,
+    path = "/v1/series/{series}/points",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name")),
+    request_body = WritePointsRequest,
+    responses(
+        (status = CREATED, description = "Written", body = WrittenResponse),
+        (status = CONFLICT, description = "Lost to concurrent writers 8 times in a row; retry", body = ErrorBody),
+    )
+)]
 async fn write_points(
     State(state): State<AppState>,
     Path(series): Path<String>,
@@ -158,6 +176,17 @@ async fn write_points(
     Ok((StatusCode::CREATED, axum::Json(WrittenResponse { written })).into_response())
 }
 
+/// Adds points to many series in one request, all or none.
+#[utoipa::path(
+    post,
+    path = "/v1/series:batch",
+    tag = "series",
+    request_body = WriteBatchRequest,
+    responses(
+        (status = CREATED, description = "Written", body = WrittenResponse),
+        (status = CONFLICT, description = "Lost to concurrent writers 8 times in a row; retry", body = ErrorBody),
+    )
+)]
 async fn write_batch(
     State(state): State<AppState>,
     Json(request): Json<WriteBatchRequest>,
@@ -174,25 +203,37 @@ async fn write_batch(
     Ok((StatusCode::CREATED, axum::Json(WrittenResponse { written })).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ReadParams {
+    /// Start of the range, RFC 3339, inclusive.
+    #[param(format = DateTime)]
     from: Option<String>,
+    /// End of the range, RFC 3339, exclusive.
+    #[param(format = DateTime)]
     to: Option<String>,
+    /// Points (or buckets) a page: 1 to 10,000; 1,000 when absent.
+    #[param(minimum = 1, maximum = 10000)]
     limit: Option<usize>,
     cursor: Option<String>,
+    /// Bucket width, such as `60s`, `5m` or `1h`: one aggregate row per bucket.
+    #[param(min_length = 1)]
     step: Option<String>,
+    /// With `step`: avg (default), min, max, sum, count, first or last.
     agg: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct PointResponse {
+    /// RFC 3339; with `step`, the start of the bucket.
+    #[schema(format = DateTime)]
     at: String,
     value: f64,
 }
 
 /// `{"points":[{"at","value"}],"next_cursor"}`: raw points, or one row per step bucket.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct PointsResponse {
     points: Vec<PointResponse>,
     next_cursor: Option<String>,
@@ -205,6 +246,14 @@ fn point_response(at: u64, value: f64) -> PointResponse {
     }
 }
 
+/// Points in a time range, oldest first; or with `step`, one aggregate per bucket.
+#[utoipa::path(
+    get,
+    path = "/v1/series/{series}/points",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name"), ReadParams),
+    responses((status = OK, description = "A page of points", body = PointsResponse))
+)]
 async fn read_points(
     State(state): State<AppState>,
     Path(series): Path<String>,
@@ -252,34 +301,55 @@ async fn read_points(
     Ok(axum::Json(response))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct AlignedParams {
-    /// Comma-separated series names.
+    /// Comma-separated series names, at most 32.
     names: String,
+    /// Start of the range, RFC 3339, inclusive.
+    #[param(format = DateTime)]
     from: Option<String>,
+    /// End of the range, RFC 3339, exclusive.
+    #[param(format = DateTime)]
     to: Option<String>,
+    /// Bucket width, such as `60s`, `5m` or `1h`.
+    #[param(min_length = 1)]
     step: String,
+    /// avg (default), min, max, sum, count, first or last.
     agg: Option<String>,
+    /// Rows a page: 1 to 10,000; 1,000 when absent.
+    #[param(minimum = 1, maximum = 10000)]
     limit: Option<usize>,
     cursor: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct AlignedRow {
+    /// RFC 3339, the start of the bucket.
+    #[schema(format = DateTime)]
     at: String,
+    /// One per name, in order; null where that series has no points in the bucket.
     values: Vec<Option<f64>>,
 }
 
 /// `{"names":[...],"rows":[{"at","values":[...]}],"next_cursor"}`: `values` in the order
 /// of `names`, null where a series has no points in the bucket.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct AlignedResponse {
     names: Vec<String>,
     rows: Vec<AlignedRow>,
     next_cursor: Option<String>,
 }
 
+/// Several series bucketed on one time grid, a row per bucket.
+#[utoipa::path(
+    get,
+    path = "/v1/series:aligned",
+    tag = "series",
+    params(AlignedParams),
+    responses((status = OK, description = "A page of rows", body = AlignedResponse))
+)]
 async fn read_aligned(
     State(state): State<AppState>,
     Query(params): Query<AlignedParams>,
@@ -318,18 +388,32 @@ async fn read_aligned(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct DeleteParams {
+    /// Start of the range, RFC 3339, inclusive; required.
+    #[param(format = DateTime)]
     from: Option<String>,
+    /// End of the range, RFC 3339, exclusive; required.
+    #[param(format = DateTime)]
     to: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct DeletedResponse {
+    /// Points deleted.
     deleted: u64,
 }
 
+/// Deletes the points in a time range.
+#[utoipa::path(
+    delete,
+    path = "/v1/series/{series}/points",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name"), DeleteParams),
+    responses((status = OK, description = "Deleted", body = DeletedResponse))
+)]
 async fn delete_points(
     State(state): State<AppState>,
     Path(series): Path<String>,
@@ -347,6 +431,17 @@ async fn delete_points(
     Ok(axum::Json(DeletedResponse { deleted }))
 }
 
+/// Deletes a series: its points, tags and name.
+#[utoipa::path(
+    delete,
+    path = "/v1/series/{series}",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name")),
+    responses(
+        (status = NO_CONTENT, description = "Deleted"),
+        (status = NOT_FOUND, description = "No such series", body = ErrorBody),
+    )
+)]
 async fn delete_series(
     State(state): State<AppState>,
     Path(series): Path<String>,
@@ -356,12 +451,25 @@ async fn delete_series(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Tags {
+    /// At most 32, each 1 to 256 bytes.
+    #[schema(value_type = std::collections::BTreeSet<Name>, max_items = 32)]
     tags: Vec<String>,
 }
 
+/// A series' tags.
+#[utoipa::path(
+    get,
+    path = "/v1/series/{series}/tags",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name")),
+    responses(
+        (status = OK, description = "The tags", body = Tags),
+        (status = NOT_FOUND, description = "No such series", body = ErrorBody),
+    )
+)]
 async fn read_tags(
     State(state): State<AppState>,
     Path(series): Path<String>,
@@ -371,6 +479,18 @@ async fn read_tags(
     Ok(axum::Json(Tags { tags }))
 }
 
+/// Replaces a series' tags.
+#[utoipa::path(
+    put,
+    path = "/v1/series/{series}/tags",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name")),
+    request_body = Tags,
+    responses(
+        (status = OK, description = "The tags as stored", body = Tags),
+        (status = CONFLICT, description = "Lost to concurrent writers 8 times in a row; retry", body = ErrorBody),
+    )
+)]
 async fn write_tags(
     State(state): State<AppState>,
     Path(series): Path<String>,
@@ -381,21 +501,34 @@ async fn write_tags(
     Ok(axum::Json(request))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ListParams {
+    /// Names from this one on, in name order.
     start: Option<String>,
+    /// Only the series with this tag.
     tag: Option<String>,
+    /// Names a page: 1 to 1,000; 100 when absent.
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
     cursor: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct ListResponse {
     series: Vec<String>,
     next_cursor: Option<String>,
 }
 
+/// The names of the series, in name order.
+#[utoipa::path(
+    get,
+    path = "/v1/series",
+    tag = "series",
+    params(ListParams),
+    responses((status = OK, description = "A page of names", body = ListResponse))
+)]
 async fn list_series(
     State(state): State<AppState>,
     Query(params): Query<ListParams>,

@@ -2,28 +2,33 @@
 //! `max_timeline_len` deep; or, with `after`, a catch-up read: everything newer than a
 //! catch-up cursor, oldest first.
 
-use axum::Router;
 use axum::extract::State;
-use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::{Path, Query};
+use super::openapi::Name;
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/subjects/{subject}/timeline", get(read_timeline))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default().routes(routes!(read_timeline))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct TimelineItemResponse {
     event_id: Uuid,
     author: String,
     kind: String,
+    #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
+    /// RFC 3339, UTC.
+    #[schema(format = DateTime)]
     at: String,
     row_key: String,
 }
@@ -41,10 +46,12 @@ impl From<TimelineEntry> for TimelineItemResponse {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct TimelineParams {
-    /// 1 to 250; 250 when absent.
+    /// Items a page: 1 to 250; 250 when absent.
+    #[param(minimum = 1, maximum = 250)]
     limit: Option<usize>,
     /// A page cursor (newest-first paging).
     cursor: Option<String>,
@@ -55,13 +62,23 @@ struct TimelineParams {
 /// `{"items":[...],"next_cursor":string|null,"truncated":bool}`. A page that reaches the
 /// timeline cap has `next_cursor: null` and `truncated: true`. A catch-up page always has a
 /// `next_cursor`, to read on from next time.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct TimelinePageResponse {
     items: Vec<TimelineItemResponse>,
     next_cursor: Option<String>,
+    /// The page stops at the timeline cap (`FANLINE_MAX_TIMELINE_LEN`), not at the end.
     truncated: bool,
 }
 
+/// The subject's timeline: the events of those it follows, newest first; or with `after`,
+/// what arrived since a catch-up cursor, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/subjects/{subject}/timeline",
+    tag = "timeline",
+    params(("subject" = Name, Path, description = "The reader"), TimelineParams),
+    responses((status = OK, description = "A page of the timeline", body = TimelinePageResponse))
+)]
 async fn read_timeline(
     State(state): State<AppState>,
     Path(owner): Path<String>,

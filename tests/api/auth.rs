@@ -251,6 +251,18 @@ async fn every_route_admits_exactly_the_callers_it_should(backend: Backend) {
             admin_route(S::CREATED),
         ),
         (
+            Method::DELETE,
+            format!("{points_path}?from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z"),
+            None,
+            admin_route(S::OK),
+        ),
+        (
+            Method::DELETE,
+            format!("/v1/series/{}", segment(series)),
+            None,
+            admin_route(S::NO_CONTENT),
+        ),
+        (
             Method::POST,
             "/v1/admin/subjects/zed/tokens".into(),
             Some(&empty),
@@ -282,6 +294,7 @@ async fn every_route_admits_exactly_the_callers_it_should(backend: Backend) {
         ),
         (Method::GET, "/healthz".into(), None, [S::OK; 6]),
         (Method::GET, "/metrics".into(), None, [S::OK; 6]),
+        (Method::GET, "/openapi.json".into(), None, [S::OK; 6]),
     ];
     // Another series than the device's own is refused to it.
     let other_series = "/v1/series/dev-2/points".to_owned();

@@ -13,6 +13,7 @@ mod following;
 mod import;
 mod lifecycle;
 mod limits;
+mod openapi;
 mod posting;
 mod reliability;
 mod restart;
