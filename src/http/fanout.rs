@@ -4,8 +4,8 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::Serialize;
-use utoipa::ToSchema;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -21,6 +21,18 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(delete_event))
         .routes(routes!(get_fanout_status))
         .routes(routes!(requeue_fanout))
+}
+
+/// The event a route names. Both are checked by the domain, with their own error codes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct EventPath {
+    /// The author.
+    #[param(value_type = Name)]
+    subject: String,
+    /// The event's `event_id`.
+    #[param(value_type = uuid::Uuid)]
+    event_id: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -68,10 +80,7 @@ impl From<FanoutStatus> for FanoutStatusResponse {
     get,
     path = "/v1/subjects/{subject}/events/{event_id}/fanout",
     tag = "events",
-    params(
-        ("subject" = Name, Path, description = "The author"),
-        ("event_id" = uuid::Uuid, Path, description = "The event's `event_id`"),
-    ),
+    params(EventPath),
     responses(
         (status = OK, description = "The status", body = FanoutStatusResponse),
         (status = NOT_FOUND, description = "No such event", body = ErrorBody),
@@ -79,10 +88,13 @@ impl From<FanoutStatus> for FanoutStatusResponse {
 )]
 async fn get_fanout_status(
     State(state): State<AppState>,
-    Path((author, event_id)): Path<(String, String)>,
+    Path(event): Path<EventPath>,
 ) -> Result<axum::Json<FanoutStatusResponse>, ApiError> {
-    let author = subject(&author)?;
-    let status = state.timelines.fanout_status(&author, &event_id).await?;
+    let author = subject(&event.subject)?;
+    let status = state
+        .timelines
+        .fanout_status(&author, &event.event_id)
+        .await?;
     Ok(axum::Json(status.into()))
 }
 
@@ -91,10 +103,7 @@ async fn get_fanout_status(
     post,
     path = "/v1/admin/fanout/{subject}/{event_id}/requeue",
     tag = "admin",
-    params(
-        ("subject" = Name, Path, description = "The author"),
-        ("event_id" = uuid::Uuid, Path, description = "The event's `event_id`"),
-    ),
+    params(EventPath),
     responses(
         (status = ACCEPTED, description = "Re-queued; the status", body = FanoutStatusResponse),
         (status = NOT_FOUND, description = "No such event", body = ErrorBody),
@@ -103,10 +112,13 @@ async fn get_fanout_status(
 )]
 async fn requeue_fanout(
     State(state): State<AppState>,
-    Path((author, event_id)): Path<(String, String)>,
+    Path(event): Path<EventPath>,
 ) -> Result<(StatusCode, axum::Json<FanoutStatusResponse>), ApiError> {
-    let author = subject(&author)?;
-    let status = state.timelines.requeue_fanout(&author, &event_id).await?;
+    let author = subject(&event.subject)?;
+    let status = state
+        .timelines
+        .requeue_fanout(&author, &event.event_id)
+        .await?;
     Ok((StatusCode::ACCEPTED, axum::Json(status.into())))
 }
 
@@ -117,10 +129,7 @@ async fn requeue_fanout(
     delete,
     path = "/v1/subjects/{subject}/events/{event_id}",
     tag = "events",
-    params(
-        ("subject" = Name, Path, description = "The author"),
-        ("event_id" = uuid::Uuid, Path, description = "The event's `event_id`"),
-    ),
+    params(EventPath),
     responses(
         (status = ACCEPTED, description = "Deleted; the removal's status", body = FanoutStatusResponse),
         (status = NOT_FOUND, description = "No such event", body = ErrorBody),
@@ -128,9 +137,12 @@ async fn requeue_fanout(
 )]
 async fn delete_event(
     State(state): State<AppState>,
-    Path((author, event_id)): Path<(String, String)>,
+    Path(event): Path<EventPath>,
 ) -> Result<(StatusCode, axum::Json<FanoutStatusResponse>), ApiError> {
-    let author = subject(&author)?;
-    let status = state.timelines.delete_event(&author, &event_id).await?;
+    let author = subject(&event.subject)?;
+    let status = state
+        .timelines
+        .delete_event(&author, &event.event_id)
+        .await?;
     Ok((StatusCode::ACCEPTED, axum::Json(status.into())))
 }

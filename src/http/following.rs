@@ -2,8 +2,8 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::Serialize;
-use utoipa::ToSchema;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -37,8 +37,22 @@ fn edges(page: Page<Edge>) -> axum::Json<PageResponse<EdgeResponse>> {
     }))
 }
 
-fn pair(subject_text: &str, target_text: &str) -> Result<(SubjectId, SubjectId), ApiError> {
-    Ok((subject(subject_text)?, subject(target_text)?))
+/// The follow edge a route names.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct EdgePath {
+    /// The follower.
+    #[param(value_type = Name)]
+    subject: String,
+    /// The subject followed.
+    #[param(value_type = Name)]
+    target: String,
+}
+
+impl EdgePath {
+    fn ids(&self) -> Result<(SubjectId, SubjectId), ApiError> {
+        Ok((subject(&self.subject)?, subject(&self.target)?))
+    }
 }
 
 /// `subject` follows `target`: the target's recent events are copied onto the subject's
@@ -47,17 +61,14 @@ fn pair(subject_text: &str, target_text: &str) -> Result<(SubjectId, SubjectId),
     put,
     path = "/v1/subjects/{subject}/following/{target}",
     tag = "following",
-    params(
-        ("subject" = Name, Path, description = "The follower"),
-        ("target" = Name, Path, description = "The subject followed"),
-    ),
+    params(EdgePath),
     responses((status = NO_CONTENT, description = "`subject` follows `target`"))
 )]
 async fn follow_subject(
     State(state): State<AppState>,
-    Path((follower, target)): Path<(String, String)>,
+    Path(edge): Path<EdgePath>,
 ) -> Result<StatusCode, ApiError> {
-    let (follower, target) = pair(&follower, &target)?;
+    let (follower, target) = edge.ids()?;
     state.timelines.follow(&follower, &target).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -68,17 +79,14 @@ async fn follow_subject(
     delete,
     path = "/v1/subjects/{subject}/following/{target}",
     tag = "following",
-    params(
-        ("subject" = Name, Path, description = "The follower"),
-        ("target" = Name, Path, description = "The subject followed"),
-    ),
+    params(EdgePath),
     responses((status = NO_CONTENT, description = "`subject` does not follow `target`"))
 )]
 async fn unfollow_subject(
     State(state): State<AppState>,
-    Path((follower, target)): Path<(String, String)>,
+    Path(edge): Path<EdgePath>,
 ) -> Result<StatusCode, ApiError> {
-    let (follower, target) = pair(&follower, &target)?;
+    let (follower, target) = edge.ids()?;
     state.timelines.unfollow(&follower, &target).await?;
     Ok(StatusCode::NO_CONTENT)
 }

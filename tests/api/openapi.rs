@@ -163,7 +163,9 @@ async fn schemathesis_finds_no_server_errors_or_schema_violations(backend: Backe
             "--exclude-checks",
             "positive_data_acceptance",
         ])
-        .args(["--max-examples", "40", "--seed", &seed, "--workers", "2"])
+        // One worker: hypothesis parses lambdas with `ast`, which on CPython 3.11 can fail
+        // spuriously ("AST constructor recursion depth mismatch") when threads do it at once.
+        .args(["--max-examples", "40", "--seed", &seed, "--workers", "1"])
         .args(["--request-timeout", "20"])
         .arg("--no-color")
         .current_dir(scratch.path())
