@@ -28,6 +28,7 @@ use tracing::warn;
 use crate::app::open_store;
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
+use crate::http::ErrorBody;
 use crate::keys::Ticks;
 use crate::series::{
     MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, NewPoints, Point, Series, SeriesName,
@@ -732,26 +733,17 @@ struct BatchSeries<'a> {
     points: Vec<PointBody>,
 }
 
+/// A point as the series API takes it (the bench posts these too).
 #[derive(Serialize)]
-struct PointBody {
-    at: String,
-    value: f64,
+pub(crate) struct PointBody {
+    pub(crate) at: String,
+    pub(crate) value: f64,
 }
 
+/// The series API's answer to a write.
 #[derive(Deserialize)]
-struct WrittenBody {
-    written: usize,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    code: String,
-    message: String,
+pub(crate) struct WrittenBody {
+    pub(crate) written: usize,
 }
 
 impl Sink {
@@ -908,7 +900,7 @@ async fn post_chunk(
             });
     }
     let message = match serde_json::from_str::<ErrorBody>(&text) {
-        Ok(body) => format!("{}: {}", body.error.code, body.error.message),
+        Ok(body) => body.to_string(),
         Err(_) => abbreviate(&text),
     };
     let err = anyhow!("the server answered {status}: {message}");

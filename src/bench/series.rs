@@ -19,7 +19,7 @@ use super::{BenchStore, millis, percentile};
 use crate::app::{Application, OpenStore};
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
-use crate::import::{DEFAULT_CHUNK_POINTS, ImportArgs};
+use crate::import::{DEFAULT_CHUNK_POINTS, ImportArgs, PointBody, WrittenBody};
 use crate::keys::Ticks;
 use crate::series::layout::{TICKS_PER_SECOND, day_of, day_start};
 use crate::series::reading::MAX_SERIES_PAGE;
@@ -186,17 +186,6 @@ impl BenchServer {
 #[derive(Serialize)]
 struct WriteBody {
     points: Vec<PointBody>,
-}
-
-#[derive(Serialize)]
-struct PointBody {
-    at: String,
-    value: f64,
-}
-
-#[derive(Deserialize)]
-struct WrittenBody {
-    written: usize,
 }
 
 #[derive(Deserialize)]

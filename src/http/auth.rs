@@ -112,8 +112,8 @@ pub async fn authorize(
     if !allows(&principal, &need, state.public_events) {
         return ApiError::Forbidden("this token may not do that".into()).into_response();
     }
-    if let Some(limited) = state.rate_limits.check(&principal, token) {
-        return limited;
+    if let Err(limited) = state.rate_limits.check(&principal, token) {
+        return limited.into_response();
     }
     next.run(request).await
 }

@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracing::error;
 use utoipa::ToSchema;
 
@@ -31,6 +31,8 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     /// 422: well-formed JSON of the wrong shape.
     Unprocessable(String),
+    /// 429: a token over its rate; retry after this many seconds.
+    RateLimited { retry_after_secs: u64 },
     /// 503: the store is down, throttling, or not initialised; retry later.
     Unavailable(String),
     /// 500: a bug or corrupt data; details are logged, not returned.
@@ -56,6 +58,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -77,19 +80,24 @@ impl ApiError {
             ApiError::PayloadTooLarge(message) => ("payload_too_large", message),
             ApiError::UnsupportedMediaType(message) => ("unsupported_media_type", message),
             ApiError::Unprocessable(message) => ("invalid_body", message),
+            ApiError::RateLimited { .. } => (
+                "rate_limited",
+                "too many requests for this token; retry after the given seconds",
+            ),
             ApiError::Unavailable(message) => ("unavailable", message),
             ApiError::Internal(_) => ("internal", "internal error"),
         }
     }
 }
 
-/// The body of every error response.
-#[derive(Debug, Serialize, ToSchema)]
+/// The body of every error response; clients of the API (`fanline import --server`) read
+/// it back with the same type.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     error: ErrorDetail,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 struct ErrorDetail {
     /// Stable and machine-readable: `invalid_subject`, `unauthorized`, `rate_limited`...
     code: String,
@@ -97,14 +105,10 @@ struct ErrorDetail {
     message: String,
 }
 
-impl ErrorBody {
-    pub fn new(code: &str, message: &str) -> ErrorBody {
-        ErrorBody {
-            error: ErrorDetail {
-                code: code.to_owned(),
-                message: message.to_owned(),
-            },
-        }
+/// `code: message`.
+impl std::fmt::Display for ErrorBody {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{}: {}", self.error.code, self.error.message)
     }
 }
 
@@ -115,14 +119,27 @@ impl IntoResponse for ApiError {
         }
         let status = self.status_code();
         let (code, message) = self.code_and_message();
-        let body = Json(ErrorBody::new(code, message));
-        if status == StatusCode::UNAUTHORIZED {
-            return (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
+        let body = Json(ErrorBody {
+            error: ErrorDetail {
+                code: code.to_owned(),
+                message: message.to_owned(),
+            },
+        });
+        match self {
+            ApiError::Unauthorized => {
+                (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response()
+            }
+            ApiError::RateLimited { retry_after_secs } => (
+                status,
+                [(header::RETRY_AFTER, retry_after_secs.to_string())],
+                body,
+            )
+                .into_response(),
+            ApiError::Unavailable(_) => {
+                (status, [(header::RETRY_AFTER, "1")], body).into_response()
+            }
+            _ => (status, body).into_response(),
         }
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            return (status, [(header::RETRY_AFTER, "1")], body).into_response();
-        }
-        (status, body).into_response()
     }
 }
 

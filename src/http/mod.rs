@@ -25,7 +25,7 @@ use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use error::ApiError;
+pub use error::{ApiError, ErrorBody};
 
 use crate::auth::Tokens;
 use crate::metrics::Metrics;

@@ -4,12 +4,11 @@
 
 use std::num::NonZeroU32;
 
-use super::error::ErrorBody;
-use crate::auth::Principal;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+use super::error::ApiError;
+use crate::auth::Principal;
 
 /// A keyed token-bucket limiter, one bucket per token.
 pub struct RateLimits {
@@ -25,29 +24,23 @@ impl RateLimits {
         }
     }
 
-    /// `None` if the request may go on; else the 429 to answer.
-    pub fn check(&self, principal: &Principal, token: &str) -> Option<Response> {
-        let limiter = self.limiter.as_ref()?;
+    /// `Ok` if the request may go on; else the 429 to answer.
+    pub fn check(&self, principal: &Principal, token: &str) -> Result<(), ApiError> {
+        let Some(limiter) = self.limiter.as_ref() else {
+            return Ok(());
+        };
         if *principal == Principal::Admin {
-            return None;
+            return Ok(());
         }
         // `fl_{id}_...`: the id names the token without its secret.
         let key = token.get(..35).unwrap_or(token).to_owned();
-        let wait = limiter.check_key(&key).err()?;
-        let seconds = wait
+        let Err(wait) = limiter.check_key(&key) else {
+            return Ok(());
+        };
+        let retry_after_secs = wait
             .wait_time_from(DefaultClock::default().now())
             .as_secs()
             .max(1);
-        Some(
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                [(header::RETRY_AFTER, seconds.to_string())],
-                axum::Json(ErrorBody::new(
-                    "rate_limited",
-                    "too many requests for this token; retry after the given seconds",
-                )),
-            )
-                .into_response(),
-        )
+        Err(ApiError::RateLimited { retry_after_secs })
     }
 }

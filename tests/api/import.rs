@@ -10,7 +10,10 @@ use crate::helpers::{Backend, TestStore, spawn_app_with};
 use crate::restart::{Process, fanline};
 use crate::series::read_all;
 
-on_both_backends!(an_import_killed_mid_way_resumes_without_duplicating_points);
+on_both_backends!(
+    an_import_killed_mid_way_resumes_without_duplicating_points,
+    an_import_the_server_refuses_stops_and_says_why,
+);
 
 const SERIES: [&str; 3] = ["dev-1/air", "dev,2/soil", "dev-3/moisture"];
 const POINTS_PER_SERIES: u64 = 4_000;
@@ -112,4 +115,44 @@ async fn an_import_killed_mid_way_resumes_without_duplicating_points(backend: Ba
             assert_eq!(*value, i as f64 + index as f64 / 10.0, "{series} point {i}");
         }
     }
+}
+
+/// A chunk the server refuses (here: a wrong admin token) stops the import with the server's
+/// own error code and message, and saves no progress.
+async fn an_import_the_server_refuses_stops_and_says_why(backend: Backend) {
+    let app = crate::helpers::spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("points.csv");
+    std::fs::write(&file, "dev-1/air,2026-05-01T00:00:00Z,1.5\n").expect("csv");
+    let args = fanline::import::ImportArgs {
+        file: file.clone(),
+        server: Some(app.address.clone()),
+        chunk_points: 1_000,
+        restart: false,
+        pause_after_chunks: None,
+        config: fanline::config::Config {
+            admin_token: Some("not-the-admin-token-of-this-server".into()),
+            ..fanline::config::Config::defaults()
+        },
+    };
+    let err = fanline::import::run(args)
+        .await
+        .expect_err("the server refuses the chunk");
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("the server answered 401 Unauthorized: unauthorized: a valid token"),
+        "{message}"
+    );
+    // The sidecar written before the first chunk still says nothing was imported.
+    let sidecar: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fanline::import::sidecar_path(&file)).expect("sidecar"),
+    )
+    .expect("sidecar JSON");
+    assert_eq!(sidecar["offset"], 0, "{sidecar}");
+    assert_eq!(sidecar["points_done"], 0, "{sidecar}");
+    assert_eq!(sidecar["done"], false, "{sidecar}");
+    assert_eq!(
+        app.get("/v1/series").await.body["series"],
+        serde_json::json!([])
+    );
 }
