@@ -14,7 +14,7 @@ use tracing::info;
 use crate::auth::{Tokens, new_secret};
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
-use crate::fanout::{FanoutMetrics, Worker};
+use crate::jobs::{self, Worker};
 use crate::http::rate_limit::RateLimits;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -164,31 +164,44 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     file.sync_all()
 }
 
-/// The fan-out workers of one process.
+/// The job workers of one process, with the handlers of every domain.
 pub struct Workers {
     workers: Vec<Worker>,
 }
 
 impl Workers {
-    pub fn new(
+    /// Checks the job queue's format first: a store holding jobs this build cannot read is
+    /// refused, never misread.
+    pub async fn new(
         config: &Config,
         store: &Arc<dyn Store>,
         wake: &Arc<Notify>,
-        metrics: &FanoutMetrics,
+        metrics: &Metrics,
         shutdown: &CancellationToken,
-    ) -> Self {
+    ) -> anyhow::Result<Self> {
+        jobs::format::check(store.as_ref())
+            .await
+            .context("failed to check the job queue")?;
+        let handlers = crate::timeline::job_handlers(
+            store,
+            config.fanout_settings(),
+            metrics.fanout.clone(),
+            wake,
+        )
+        .extend(crate::series::job_handlers(store));
         let workers = (0..config.workers)
             .map(|_| {
                 Worker::new(
                     store.clone(),
-                    config.worker_settings(),
+                    handlers.clone(),
+                    config.runner_settings(),
                     wake.clone(),
-                    metrics.clone(),
+                    metrics.jobs.clone(),
                     shutdown.clone(),
                 )
             })
             .collect();
-        Workers { workers }
+        Ok(Workers { workers })
     }
 
     pub fn spawn_on(self, tracker: &TaskTracker) {
@@ -224,7 +237,7 @@ impl Application {
         let admin_token = resolve_admin_token(&config)?;
         let state = app_state(&config, &store, &wake, metrics.clone(), &admin_token).await?;
         let router = http::router(state, config.max_payload_bytes + BODY_OVERHEAD_BYTES);
-        let workers = Workers::new(&config, &store, &wake, &metrics.fanout, &shutdown);
+        let workers = Workers::new(&config, &store, &wake, &metrics, &shutdown).await?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
@@ -271,7 +284,9 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     let wake = Arc::new(Notify::new());
     let metrics = Arc::new(Metrics::new(stats));
     let tracker = TaskTracker::new();
-    Workers::new(config, &store, &wake, &metrics.fanout, &shutdown).spawn_on(&tracker);
+    Workers::new(config, &store, &wake, &metrics, &shutdown)
+        .await?
+        .spawn_on(&tracker);
     if let Some(address) = config.metrics_listen {
         // Its routes are open; no token is checked, so any unguessable one does.
         let state = app_state(config, &store, &wake, metrics, &new_secret()).await?;
@@ -293,7 +308,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
         });
     }
     tracker.close();
-    info!(workers = config.workers, "fan-out workers running");
+    info!(workers = config.workers, "job workers running");
     tracker.wait().await;
     Ok(())
 }

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::fanout::WorkerSettings;
+use crate::jobs::RunnerSettings;
 use crate::store::DynamoConfig;
 use crate::timeline::Settings;
+use crate::timeline::fanout::FanoutSettings;
 
 /// Which backend holds the tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -100,9 +101,9 @@ pub struct Config {
 
     /// An author with more followers than this is merged into timelines at read time
     /// instead of fanned out on write.
-    #[arg(long, env = "FANLINE_CELEBRITY_THRESHOLD", default_value_t = 10_000,
+    #[arg(long, env = "FANLINE_MERGE_THRESHOLD", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub celebrity_threshold: u32,
+    pub merge_threshold: u32,
 
     /// Seconds late an entry may arrive (behind newer ones already read) and still reach a
     /// catch-up reader.
@@ -150,18 +151,23 @@ impl Config {
         }
     }
 
-    pub fn worker_settings(&self) -> WorkerSettings {
-        WorkerSettings {
+    pub fn runner_settings(&self) -> RunnerSettings {
+        RunnerSettings {
             lease: Duration::from_millis(self.lease_ms),
             poll_interval: Duration::from_millis(self.poll_ms),
-            page_size: self.fanout_page_size as usize,
-            split_above: self.fanout_split_above as usize,
             max_attempts: self.max_attempts,
             retry_base: Duration::from_millis(self.retry_base_ms),
             status_retention: Duration::from_secs(self.status_retention_secs),
+        }
+    }
+
+    pub fn fanout_settings(&self) -> FanoutSettings {
+        FanoutSettings {
+            page_size: self.fanout_page_size as usize,
+            split_above: self.fanout_split_above as usize,
             max_timeline_len: self.max_timeline_len as usize,
             backfill: self.backfill as usize,
-            celebrity_threshold: self.celebrity_threshold as usize,
+            merge_threshold: self.merge_threshold as usize,
         }
     }
 
@@ -191,7 +197,7 @@ mod tests {
         assert_eq!(config.status_retention_secs, 86_400);
         assert_eq!(config.max_timeline_len, 800);
         assert_eq!(config.backfill, 100);
-        assert_eq!(config.celebrity_threshold, 10_000);
+        assert_eq!(config.merge_threshold, 10_000);
         assert_eq!(config.catch_up_window_secs, 60);
     }
 }

@@ -5,8 +5,9 @@
 //! - [`cursor`]: opaque, HMAC-authenticated page cursors
 //! - [`store`]: the table-store trait, its fjall and DynamoDB backends, the conformance suite
 //! - [`series`]: sensor series: points by time range, aggregates, tags, batch writes
-//! - [`timeline`]: the domain: posting, following, reading (backend-agnostic)
-//! - [`fanout`]: the job queue with leases and checkpoints, and the fan-out worker
+//! - [`timeline`]: posting, following, reading, and their job handlers (fan-out, reconcile)
+//! - [`jobs`]: the generic job runner: queue shards, leases, checkpoints, retries, dead letters,
+//!   status records; handlers live with their domain
 //! - [`http`]: axum routers, extractors and the JSON error type
 //! - [`metrics`]: Prometheus metrics of fan-out, HTTP and store traffic
 //! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
@@ -19,8 +20,8 @@ pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod cursor;
-pub mod fanout;
 pub mod http;
+pub mod jobs;
 pub mod import;
 pub mod keys;
 pub mod metrics;

@@ -1,4 +1,4 @@
-//! The process's Prometheus metrics: fan-out, HTTP, and the store's own traffic. One
+//! The process's Prometheus metrics: jobs, fan-out, HTTP, and the store's own traffic. One
 //! [`Metrics`] per process, encoded in the OpenMetrics text format at `GET /metrics`.
 
 use std::sync::Arc;
@@ -13,7 +13,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::fanout::FanoutMetrics;
+use crate::jobs::JobMetrics;
+use crate::timeline::fanout::FanoutMetrics;
 use crate::store::StoreStats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -50,6 +51,7 @@ impl HttpMetrics {
 
 pub struct Metrics {
     registry: Registry,
+    pub jobs: JobMetrics,
     pub fanout: FanoutMetrics,
     pub http: HttpMetrics,
     /// Jobs waiting or leased in the queue, read from the store at each scrape.
@@ -59,6 +61,8 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(store_stats: Arc<StoreStats>) -> Self {
         let mut registry = Registry::default();
+        let jobs = JobMetrics::default();
+        jobs.register(&mut registry);
         let fanout = FanoutMetrics::default();
         fanout.register(&mut registry);
         let http = HttpMetrics {
@@ -77,13 +81,14 @@ impl Metrics {
         );
         let queue_depth = Gauge::default();
         registry.register(
-            "fanline_fanout_queue_depth",
-            "Fan-out jobs in the queue, pending or leased (counted at scrape time, up to 10000 per shard)",
+            "fanline_jobs_queue_depth",
+            "Jobs in the queue, pending or leased (counted at scrape time, up to 10000 per shard)",
             queue_depth.clone(),
         );
         registry.register_collector(Box::new(StoreCollector(store_stats)));
         Metrics {
             registry,
+            jobs,
             fanout,
             http,
             queue_depth,

@@ -9,8 +9,8 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::{Rig, millis, percentile};
-use crate::fanout::edge::{self, EdgeSettings};
-use crate::fanout::hybrid;
+use crate::timeline::merged_authors;
+use crate::timeline::reconcile::{self, EdgeSettings};
 use crate::keys::{Ticks, event_row_key};
 use crate::store::{Item, Store, Table, Write};
 use crate::timeline::{Event, MAX_PAGE_SIZE, SubjectId};
@@ -70,7 +70,7 @@ pub async fn unfollow_cleanup(rig: &Rig, samples: usize) -> anyhow::Result<()> {
         seed_events(store, &author, FULL_TIMELINE, 0, &[&reader]).await?;
         let started = Instant::now();
         // No edge: the job cleans up.
-        edge::reconcile(store, settings, &reader, &author).await?;
+        reconcile::reconcile(store, settings, &reader, &author).await?;
         times.push(started.elapsed());
         let left = store
             .query(crate::store::Query::partition(
@@ -121,26 +121,26 @@ pub async fn delete_everywhere(rig: &Rig, count: usize) -> anyhow::Result<()> {
 }
 
 /// Timeline reads of one reader with 0, 1 and 5 authors merged at read time, in one run.
-pub async fn hybrid_reads(rig: &Rig, reads: usize) -> anyhow::Result<()> {
+pub async fn merged_reads(rig: &Rig, reads: usize) -> anyhow::Result<()> {
     let store = rig.bench_store.store.as_ref();
     let cases = [0usize, 1, 5];
     let readers: Vec<String> = cases
         .iter()
-        .map(|merged| format!("bench-hybrid-reader-{merged}"))
+        .map(|merged| format!("bench-merged-reader-{merged}"))
         .collect();
     let reader_refs: Vec<&str> = readers.iter().map(String::as_str).collect();
     seed_events(store, "bench-pushed", FULL_TIMELINE, 0, &reader_refs).await?;
-    let celebrities: Vec<String> = (0..5).map(|i| format!("bench-celebrity-{i}")).collect();
-    for (index, celebrity) in celebrities.iter().enumerate() {
+    let stars: Vec<String> = (0..5).map(|i| format!("bench-star-{i}")).collect();
+    for (index, star) in stars.iter().enumerate() {
         // As busy as the pushed author and interleaved with it, a few ticks apart: a page
         // of a timeline merging five holds as many of each author's events as pushed ones.
-        seed_events(store, celebrity, FULL_TIMELINE, 1 + index as u64, &[]).await?;
+        seed_events(store, star, FULL_TIMELINE, 1 + index as u64, &[]).await?;
     }
     let mut owners = Vec::new();
     for (merged, reader) in cases.iter().zip(&readers) {
-        let marks = celebrities[..*merged]
+        let marks = stars[..*merged]
             .iter()
-            .map(|celebrity| hybrid::merge_into(reader, celebrity, None))
+            .map(|star| merged_authors::merge_into(reader, star, None))
             .collect::<Vec<_>>();
         if !marks.is_empty() {
             store.batch_write(marks).await?;

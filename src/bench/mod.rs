@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
-use crate::fanout::{FanoutMetrics, JobDone, Worker, WorkerSettings};
+use crate::jobs::{Handlers, JobDone, JobMetrics, RunnerSettings, Worker};
+use crate::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use crate::keys::Ticks;
 use crate::store::{
     DynamoConfig, DynamoStore, EmbeddedStore, Item, Store, StoreStats, Table, Write,
@@ -69,7 +70,7 @@ pub struct BenchArgs {
     pub cleanups: usize,
     /// 250-item reads of one timeline with 0, 1 and 5 merged authors, each.
     #[arg(long, default_value_t = 500)]
-    pub hybrid_reads: usize,
+    pub merged_reads: usize,
 }
 
 #[derive(Clone, Debug, Subcommand)]
@@ -148,7 +149,8 @@ struct Rig {
     author: SubjectId,
     followers: Vec<String>,
     wake: Arc<Notify>,
-    settings: WorkerSettings,
+    /// The handlers of every domain, as a server runs them.
+    handlers: Handlers,
     /// Shared by all the rig's workers: deliveries counted here include the authors' own
     /// entries, which no single job reports.
     metrics: FanoutMetrics,
@@ -173,19 +175,23 @@ impl Rig {
         ));
         // In-process workers are woken by posts; polling is only the fallback, so it keeps
         // its default and idle workers do not inflate the request counts.
-        let settings = WorkerSettings {
+        let settings = FanoutSettings {
             split_above: args.split_above,
             page_size: args.page_size,
-            ..WorkerSettings::default()
+            ..FanoutSettings::default()
         };
+        let metrics = FanoutMetrics::default();
+        let handlers =
+            crate::timeline::job_handlers(&bench_store.store, settings, metrics.clone(), &wake)
+                .extend(crate::series::job_handlers(&bench_store.store));
         Ok(Rig {
             bench_store,
             timelines,
             author,
             followers,
             wake,
-            settings,
-            metrics: FanoutMetrics::default(),
+            handlers,
+            metrics,
         })
     }
 
@@ -196,9 +202,10 @@ impl Rig {
             .map(|_| {
                 let worker = Worker::new(
                     self.bench_store.store.clone(),
-                    self.settings.clone(),
+                    self.handlers.clone(),
+                    RunnerSettings::default(),
                     self.wake.clone(),
-                    self.metrics.clone(),
+                    JobMetrics::default(),
                     shutdown.clone(),
                 )
                 .report_done_to(sink.clone());
@@ -226,7 +233,7 @@ impl Workers {
         let mut lags = Vec::with_capacity(events);
         while lags.len() < events {
             let job = self.done.recv().await.context("workers stopped")?;
-            if job.event_done {
+            if job.work_done && job.kind == "fanout" {
                 lags.push(job.lag);
             }
         }
@@ -363,8 +370,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if args.hybrid_reads > 0 {
-        lifecycle::hybrid_reads(&rig, args.hybrid_reads).await?;
+    if args.merged_reads > 0 {
+        lifecycle::merged_reads(&rig, args.merged_reads).await?;
     }
     if args.cleanups > 0 {
         lifecycle::unfollow_cleanup(&rig, args.cleanups).await?;

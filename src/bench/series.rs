@@ -555,7 +555,7 @@ async fn import_rate(
         summary.written
     );
     let deadline = Instant::now() + Duration::from_secs(600);
-    while crate::fanout::queue::depth(bench_store.store.as_ref(), 10_000).await? > 0 {
+    while crate::jobs::depth(bench_store.store.as_ref(), 10_000).await? > 0 {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the import's jobs did not finish"

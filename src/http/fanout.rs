@@ -13,8 +13,8 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
 use super::openapi::Name;
 use super::{AppState, subject};
-use crate::fanout::status::Operation;
-use crate::fanout::{FanoutState, FanoutStatus};
+use crate::timeline::fanout::status::Operation;
+use crate::timeline::fanout::status::{FanoutState, FanoutStatus};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default()

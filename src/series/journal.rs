@@ -18,6 +18,9 @@
 //! that dies before its commit leaves staged rows and markers that no read counts; the first
 //! read to meet such a marker ten minutes on abandons the batch the same way.
 
+use std::sync::Arc;
+
+use async_trait::async_trait;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -25,7 +28,7 @@ use uuid::Uuid;
 use super::plan::{self, merge};
 use super::writing::Prepared;
 use super::{Point, codec};
-use crate::fanout::queue;
+use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{
     Condition, Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, StoreResult,
     Table, Write,
@@ -61,6 +64,43 @@ fn series_row(index: usize) -> String {
 
 fn points_prefix(index: usize) -> String {
     format!("p.{index:05}.")
+}
+
+/// The job kind.
+const KIND: &str = "series_batch";
+
+/// The payload of the job that applies a committed batch.
+#[derive(Debug, Serialize, Deserialize)]
+struct BatchJob {
+    batch: String,
+}
+
+/// The write that enqueues applying a committed batch; part of the transaction that commits
+/// it, so a committed batch is always applied.
+fn batch_job(batch: Uuid) -> Write {
+    let payload = BatchJob {
+        batch: batch.as_hyphenated().to_string(),
+    };
+    NewJob::new(JobKey::new(batch, ".b"), KIND, &payload).write()
+}
+
+/// Runs the jobs that apply committed batches (step 3).
+pub struct ApplyBatchHandler {
+    pub store: Arc<dyn Store>,
+}
+
+#[async_trait]
+impl Handler for ApplyBatchHandler {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
+        let payload: BatchJob = job.payload()?;
+        let applied = apply(self.store.as_ref(), &payload.batch).await?;
+        job.add_progress(applied);
+        Ok(Outcome::done())
+    }
 }
 
 /// Stages `prepared` under a new batch id and commits it (steps 1 and 2).
@@ -101,7 +141,7 @@ pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> Store
                 Table::SeriesBatches,
                 Item::new(&batch_id, STATE_ROW, Bytes::from_static(COMMITTED)),
             ),
-            queue::enqueue_series_batch(batch),
+            batch_job(batch),
         ])
         .await;
     if let Err(err) = committed {

@@ -92,3 +92,10 @@ impl Series {
         }
     }
 }
+
+/// The job handlers of the series domain: applying committed batches.
+pub fn job_handlers(store: &Arc<dyn Store>) -> crate::jobs::Handlers {
+    crate::jobs::Handlers::default().with(Arc::new(journal::ApplyBatchHandler {
+        store: store.clone(),
+    }))
+}

@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{DomainError, DomainResult, SubjectId, Timelines};
-use crate::fanout::status::{self, FanoutState, FanoutStatus, Operation};
-use crate::fanout::{queue, removal};
+use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
+use super::fanout::removal_job;
+use super::removal;
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, StoreError, Table, Write};
 
@@ -44,7 +45,7 @@ impl Timelines {
         author: &SubjectId,
         event_id: &str,
     ) -> DomainResult<FanoutStatus> {
-        let event_id = super::delivery::parse_event_id(event_id)?;
+        let event_id = status::parse_event_id(event_id)?;
         let id_row = event_id.as_hyphenated().to_string();
         let store = self.store.as_ref();
         let not_found = || DomainError::NotFound(format!("{author} has no event {event_id}"));
@@ -70,7 +71,7 @@ impl Timelines {
                     ),
                     condition: Condition::Equals(seen),
                 },
-                queue::enqueue_removal(author.as_str(), &index.row_key, event_id, Ticks::now()),
+                removal_job(author.as_str(), &index.row_key, event_id, Ticks::now()),
             ];
             writes.extend(removal::mark(&index.row_key));
             match store.transact(writes).await {

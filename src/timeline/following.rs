@@ -1,10 +1,10 @@
 //! Following and unfollowing. Both edge tables change in one transaction, so the two
 //! directions never disagree; both calls are idempotent. A call that changes the edge
 //! enqueues, in the same transaction, a job that backfills or cleans up the follower's
-//! timeline (`fanout::edge`), so the call answers without waiting for it.
+//! timeline (`timeline::reconcile`), so the call answers without waiting for it.
 
 use super::{DomainError, DomainResult, Edge, SubjectId, Timelines};
-use crate::fanout::{hybrid, queue};
+use super::{merged_authors, reconcile};
 use crate::keys::Ticks;
 use crate::store::{Item, StoreError, Table, Write};
 
@@ -27,7 +27,7 @@ impl Timelines {
                 Table::SubjectFollowing,
                 Item::new(follower.as_str(), target.as_str(), since),
             ),
-            queue::enqueue_reconcile(follower.as_str(), target.as_str()),
+            reconcile::job(follower.as_str(), target.as_str()),
         ];
         match self.store.transact(writes).await {
             Ok(()) => {
@@ -53,8 +53,8 @@ impl Timelines {
             Write::delete(Table::SubjectFollowers, target.as_str(), follower.as_str()),
             Write::delete(Table::SubjectFollowing, follower.as_str(), target.as_str()),
             // A merged author leaves the timeline at once; pushed entries go with the job.
-            hybrid::stop_merging(follower.as_str(), target.as_str()),
-            queue::enqueue_reconcile(follower.as_str(), target.as_str()),
+            merged_authors::stop_merging(follower.as_str(), target.as_str()),
+            reconcile::job(follower.as_str(), target.as_str()),
         ];
         self.store.transact(writes).await?;
         self.wake_workers.notify_one();

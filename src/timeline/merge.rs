@@ -1,7 +1,7 @@
 //! One ordered stream of timeline rows from several partitions.
 //!
 //! A timeline read merges the owner's `timelines` partition with the `events` partitions of
-//! the authors it merges at read time (hybrid fan-out). Every source is already sorted by
+//! the authors it merges at read time (merged authors). Every source is already sorted by
 //! event row key, and an event has one row key everywhere, so a k-way merge by row key gives
 //! exactly the order of a fully pushed timeline; equal row keys are one event (pushed before
 //! its author crossed the threshold, and merged after) and are yielded once. Rows of deleted
@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::{SubjectId, TimelineEntry};
-use crate::fanout::hybrid::{self, MergedSource};
-use crate::fanout::removal;
+use super::merged_authors::{self, MergedSource};
+use super::removal;
 use crate::store::{Direction, Item, Query, Store, StoreResult, Table};
 
 /// Where a source's rows come from, which decides how they decode.
@@ -217,13 +217,13 @@ impl Merged {
             .filter_map(|merged| Some((merged, author_source(window, merged, predicted_share)?)))
             .collect();
         let mut queries = vec![
-            hybrid::merged_sources_query(owner.as_str()),
+            merged_authors::merged_sources_query(owner.as_str()),
             timeline.next_query(),
             removals.next_query(),
         ];
         queries.extend(guessed.iter().map(|(_, source)| source.next_query()));
         let mut answers = store.query_many(queries).await?.into_iter();
-        let merged = hybrid::merged_sources(answers.next().unwrap_or_default());
+        let merged = merged_authors::merged_sources(answers.next().unwrap_or_default());
         timeline.accept(answers.next().unwrap_or_default());
         removals.accept(answers.next().unwrap_or_default());
         for (_, source) in &mut guessed {
@@ -370,12 +370,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
         let owner = SubjectId::parse("reader").expect("owner");
-        let old = post(&store, "old-celebrity", 1).await;
-        let new = post(&store, "new-celebrity", 2).await;
+        let old = post(&store, "old-star", 1).await;
+        let new = post(&store, "new-star", 2).await;
         let hints = MergedHints::new(16);
 
         store
-            .batch_write(vec![hybrid::merge_into("reader", "old-celebrity", None)])
+            .batch_write(vec![merged_authors::merge_into("reader", "old-star", None)])
             .await
             .expect("merge");
         assert_eq!(read_all(&store, &hints, &owner).await, [old]);
@@ -383,8 +383,8 @@ mod tests {
         // The hint still names the old author; the list read says otherwise.
         store
             .batch_write(vec![
-                hybrid::stop_merging("reader", "old-celebrity"),
-                hybrid::merge_into("reader", "new-celebrity", None),
+                merged_authors::stop_merging("reader", "old-star"),
+                merged_authors::merge_into("reader", "new-star", None),
             ])
             .await
             .expect("switch");
@@ -394,12 +394,12 @@ mod tests {
         );
 
         // A changed starting event is not taken from the prediction either.
-        let newer = post(&store, "new-celebrity", 3).await;
+        let newer = post(&store, "new-star", 3).await;
         assert_eq!(read_all(&store, &hints, &owner).await, [newer.clone(), new]);
         store
-            .batch_write(vec![hybrid::merge_into(
+            .batch_write(vec![merged_authors::merge_into(
                 "reader",
-                "new-celebrity",
+                "new-star",
                 Some(&newer),
             )])
             .await
@@ -407,7 +407,7 @@ mod tests {
         assert_eq!(read_all(&store, &hints, &owner).await, [newer]);
 
         store
-            .batch_write(vec![hybrid::stop_merging("reader", "new-celebrity")])
+            .batch_write(vec![merged_authors::stop_merging("reader", "new-star")])
             .await
             .expect("stop");
         assert!(read_all(&store, &hints, &owner).await.is_empty());

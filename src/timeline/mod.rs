@@ -2,12 +2,16 @@
 
 pub mod catch_up;
 pub mod deleting;
-pub mod delivery;
+pub mod fanout;
 pub mod following;
 pub mod merge;
+pub mod merged_authors;
 pub mod model;
 pub mod posting;
 pub mod reading;
+pub mod reconcile;
+pub mod removal;
+pub mod trim;
 
 use std::sync::Arc;
 
@@ -15,6 +19,7 @@ use rand::RngCore;
 use tokio::sync::Notify;
 
 use crate::cursor::{CursorCodec, InvalidCursor};
+use crate::jobs::{self, Handlers, JobError};
 use crate::store::{Condition, Item, Store, StoreError, Table};
 
 pub use model::{
@@ -61,6 +66,19 @@ pub enum DomainError {
     Corrupt(String),
 }
 
+impl From<JobError> for DomainError {
+    fn from(err: JobError) -> Self {
+        match err {
+            JobError::Store(store) => DomainError::Store(store),
+            JobError::Conflict(message) => DomainError::Conflict(message),
+            JobError::LeaseLost => DomainError::Conflict(err.to_string()),
+            corrupt @ (JobError::Corrupt(_) | JobError::UnknownFormat { .. }) => {
+                DomainError::Corrupt(corrupt.to_string())
+            }
+        }
+    }
+}
+
 impl DomainError {
     pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
         DomainError::InvalidInput {
@@ -101,7 +119,7 @@ impl Timelines {
 
     /// Jobs in the fan-out queue, counting at most `cap_per_shard` per shard (for metrics).
     pub async fn queue_depth(&self, cap_per_shard: usize) -> Result<u64, StoreError> {
-        crate::fanout::queue::depth(self.store.as_ref(), cap_per_shard).await
+        jobs::depth(self.store.as_ref(), cap_per_shard).await
     }
 
     /// Whether the store answers (for health checks).
@@ -127,7 +145,32 @@ pub async fn cursor_key(store: &dyn Store) -> Result<Vec<u8>, StoreError> {
             .get(Table::Meta, PARTITION, ROW)
             .await?
             .map(|key| key.to_vec())
-            .ok_or_else(|| StoreError::Other("cursor key vanished".into())),
+            .ok_or_else(|| StoreError::NotFound("the cursor key, deleted as it was created".into())),
         Err(err) => Err(err),
     }
+}
+
+/// The job handlers of the timeline domain: fan-out (delivery, removal, merge transitions)
+/// and reconciling a timeline with a follow edge.
+pub fn job_handlers(
+    store: &Arc<dyn Store>,
+    settings: fanout::FanoutSettings,
+    metrics: fanout::FanoutMetrics,
+    wake: &Arc<Notify>,
+) -> Handlers {
+    let edges = reconcile::EdgeSettings {
+        backfill: settings.backfill,
+        max_timeline_len: settings.max_timeline_len,
+    };
+    Handlers::default()
+        .with(Arc::new(fanout::FanoutHandler::new(
+            store.clone(),
+            settings,
+            metrics,
+            wake.clone(),
+        )))
+        .with(Arc::new(reconcile::ReconcileHandler {
+            store: store.clone(),
+            settings: edges,
+        }))
 }

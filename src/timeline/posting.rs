@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::deleting::EventIndex;
 use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
-use crate::fanout::queue;
+use super::fanout::delivery_job;
 use crate::keys::{Ticks, event_row_key};
 use crate::store::{Item, StoreError, Table, Write};
 
@@ -147,7 +147,7 @@ pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
             Table::Events,
             Item::new(author, &event.row_key, event.encode()),
         ),
-        queue::enqueue(author, &event.row_key, event.event_id, received),
+        delivery_job(author, &event.row_key, event.event_id, received),
         Write::put_if_absent(
             Table::EventIds,
             Item::new(

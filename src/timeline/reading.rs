@@ -9,7 +9,7 @@ use super::{
     Timelines,
 };
 use crate::cursor::InvalidCursor;
-use crate::fanout::trim;
+use super::trim;
 use crate::store::{Item, Query, Table};
 
 impl Timelines {

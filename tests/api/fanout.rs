@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fanline::cursor::CursorCodec;
-use fanline::fanout::{FanoutMetrics, JobDone, Worker, WorkerSettings};
+use fanline::jobs::{JobDone, JobMetrics, RunnerSettings, Worker};
 use fanline::keys::Ticks;
 use fanline::store::fault::{Calls, Fault, Op};
 use fanline::store::{Item, Query, Store, StoreExt, Table, Write};
+use fanline::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use fanline::timeline::{Edge, NewEvent, Posted, Settings, SubjectId, Timelines};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -166,16 +167,16 @@ async fn metrics_expose_fanout_http_and_queue_series(backend: Backend) {
     let posted = app.post_text("writer", "counted").await;
     wait_for_fanout(&app, "writer", &event_id(&posted), "done").await;
     // The worker lets go of the job last, after counting it.
-    wait_for_metric(&app, "fanline_fanout_jobs_in_flight", 0.0).await;
+    wait_for_metric(&app, "fanline_jobs_in_flight", 0.0).await;
 
     assert_eq!(metric(&app, "fanline_fanout_deliveries_total").await, 2.0);
     assert_eq!(
-        metric(&app, "fanline_fanout_events_completed_total").await,
+        metric(&app, r#"fanline_jobs_work_completed_total{kind="fanout"}"#).await,
         1.0
     );
-    assert_eq!(metric(&app, "fanline_fanout_lag_seconds_count").await, 1.0);
-    assert_eq!(metric(&app, "fanline_fanout_queue_depth").await, 0.0);
-    assert_eq!(metric(&app, "fanline_fanout_jobs_in_flight").await, 0.0);
+    assert_eq!(metric(&app, r#"fanline_jobs_lag_seconds_count{kind="fanout"}"#).await, 1.0);
+    assert_eq!(metric(&app, "fanline_jobs_queue_depth").await, 0.0);
+    assert_eq!(metric(&app, "fanline_jobs_in_flight").await, 0.0);
     assert_eq!(
         metric(
             &app,
@@ -236,7 +237,7 @@ async fn throttling_every_third_write_still_delivers_exactly_once_and_counts_ret
         assert_eq!(items[0]["row_key"], posted.body["row_key"]);
     }
     assert!(
-        metric(&app, r#"fanline_fanout_retries_total{reason="throttled"}"#).await >= 1.0,
+        metric(&app, r#"fanline_jobs_retries_total{kind="fanout",reason="throttled"}"#).await >= 1.0,
         "retries show in the metrics"
     );
 }
@@ -262,7 +263,7 @@ async fn a_stretch_of_failed_writes_delays_the_fanout_but_loses_nothing(backend:
     let deadline = Instant::now() + Duration::from_secs(30);
     while metric(
         &app,
-        r#"fanline_fanout_retries_total{reason="unavailable"}"#,
+        r#"fanline_jobs_retries_total{kind="fanout",reason="unavailable"}"#,
     )
     .await
         < 3.0
@@ -278,7 +279,7 @@ async fn a_stretch_of_failed_writes_delays_the_fanout_but_loses_nothing(backend:
     let done = wait_for_fanout(&app, "writer", &id, "done").await;
     assert_eq!(done["followers_total"], 30);
     assert_eq!(
-        metric(&app, "fanline_fanout_dead_lettered_total").await,
+        metric(&app, r#"fanline_jobs_dead_lettered_total{kind="fanout"}"#).await,
         0.0
     );
     for follower in &followers {
@@ -311,7 +312,7 @@ async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(ba
             .is_some_and(|error| error.contains("injected failure")),
         "{failed}"
     );
-    wait_for_metric(&app, "fanline_fanout_dead_lettered_total", 1.0).await;
+    wait_for_metric(&app, r#"fanline_jobs_dead_lettered_total{kind="fanout"}"#, 1.0).await;
     assert!(app.timeline("reader").await.is_empty());
 
     app.faults.clear();
@@ -416,20 +417,30 @@ impl FanoutRun {
         let shutdown = CancellationToken::new();
         let wake = Arc::new(Notify::new());
         let (sink, mut reports) = mpsc::unbounded_channel();
-        let settings = WorkerSettings {
+        let runner = RunnerSettings {
             poll_interval: Duration::from_millis(10),
+            ..RunnerSettings::default()
+        };
+        let fanout = FanoutSettings {
             split_above,
             // Every follower gets its entry pushed, however many there are.
-            celebrity_threshold: usize::MAX,
-            ..WorkerSettings::default()
+            merge_threshold: usize::MAX,
+            ..FanoutSettings::default()
         };
+        let handlers = fanline::timeline::job_handlers(
+            &self.store,
+            fanout,
+            FanoutMetrics::default(),
+            &wake,
+        );
         let tasks: Vec<_> = (0..workers)
             .map(|_| {
                 let worker = Worker::new(
                     self.store.clone(),
-                    settings.clone(),
+                    handlers.clone(),
+                    runner.clone(),
                     wake.clone(),
-                    FanoutMetrics::default(),
+                    JobMetrics::default(),
                     shutdown.clone(),
                 )
                 .report_done_to(sink.clone());
@@ -443,7 +454,7 @@ impl FanoutRun {
                 .await
                 .expect("the fan-out finishes in time")
                 .expect("workers running");
-            let event_done = report.event_done;
+            let event_done = report.work_done;
             done.push(report);
             if event_done {
                 break;

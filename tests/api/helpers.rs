@@ -339,7 +339,7 @@ impl Api {
                 .expect("metrics text");
             let depth = text
                 .lines()
-                .find_map(|line| line.strip_prefix("fanline_fanout_queue_depth "))
+                .find_map(|line| line.strip_prefix("fanline_jobs_queue_depth "))
                 .expect("a queue depth")
                 .trim()
                 .to_owned();

@@ -219,7 +219,7 @@ async fn deleting_an_event_hides_it_at_once_and_removes_every_copy(backend: Back
         assert_eq!(stored_rows(&app, Table::Timelines, owner).await.len(), 1);
     }
     // The markers go with the job.
-    for shard in 0..fanline::fanout::removal::SHARDS {
+    for shard in 0..fanline::timeline::removal::SHARDS {
         let markers = stored_rows(&app, Table::Removals, &format!("removals-{shard}")).await;
         assert!(markers.is_empty(), "{markers:?}");
     }
@@ -313,7 +313,7 @@ async fn a_timeline_page_stops_at_the_cap_and_says_it_was_truncated(backend: Bac
 /// pushes everything; returns each app's pages of `reader`'s timeline (texts, cursor given).
 async fn timeline_pages(backend: Backend, threshold: u32) -> Vec<(Vec<String>, bool, bool)> {
     let app = app(backend, |config| {
-        config.celebrity_threshold = threshold;
+        config.merge_threshold = threshold;
         config.max_timeline_len = 11;
         config.backfill = 2;
     })
@@ -403,7 +403,7 @@ async fn hybrid_timeline_pages_match_a_fully_pushed_timeline_page_by_page(backen
 }
 
 async fn an_author_crossing_the_threshold_both_ways_keeps_timelines_whole(backend: Backend) {
-    let app = app(backend, |config| config.celebrity_threshold = 2).await;
+    let app = app(backend, |config| config.merge_threshold = 2).await;
     follow(&app, "reader", "rising").await;
     follow(&app, "fan", "rising").await;
     app.wait_for_idle().await;
@@ -466,7 +466,7 @@ async fn an_author_crossing_the_threshold_both_ways_keeps_timelines_whole(backen
 async fn a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers(
     backend: Backend,
 ) {
-    let app = app(backend, |config| config.celebrity_threshold = 1).await;
+    let app = app(backend, |config| config.merge_threshold = 1).await;
     follow(&app, "reader", "star").await;
     follow(&app, "fan", "star").await;
     follow(&app, "reader", "friend").await;
@@ -507,7 +507,7 @@ async fn a_merged_authors_events_are_caught_up_and_deleted_without_touching_foll
 }
 
 async fn posts_racing_across_the_threshold_all_reach_every_follower(backend: Backend) {
-    let app = app(backend, |config| config.celebrity_threshold = 1).await;
+    let app = app(backend, |config| config.merge_threshold = 1).await;
     for round in 0..3u32 {
         let author = format!("racer-{round}");
         follow(&app, "reader", &author).await;

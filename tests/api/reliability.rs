@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fanline::config::{Config, StoreKind};
-use fanline::fanout::FanoutState;
+use fanline::timeline::fanout::status::FanoutState;
 use fanline::keys::Ticks;
 use fanline::store::{Item, Query, Store, StoreExt, Table, Write};
 use fanline::timeline::Edge;
@@ -136,7 +136,7 @@ async fn kill_and_recover_an_embedded_fanout(
 
     let interrupted = {
         let dead = store.open().await;
-        let status = fanline::fanout::status::lookup(dead.as_ref(), AUTHOR, event.uuid())
+        let status = fanline::timeline::fanout::status::lookup(dead.as_ref(), AUTHOR, event.uuid())
             .await
             .expect("read the fan-out status")
             .expect("an acknowledged event has a fan-out status");

@@ -11,16 +11,63 @@
 //! speed end in the state of the last call.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
-use crate::fanout::{hybrid, trim};
-use crate::store::{Item, Query, Store, StoreError, StoreResult, Table, Write};
-use crate::timeline::{Event, SubjectId};
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{Event, SubjectId, merged_authors, trim};
+use crate::jobs::{Claimed, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
+use crate::store::{Item, Query, Store, StoreResult, Table, Write};
+
+/// The job kind.
+const KIND: &str = "reconcile";
+
+/// The payload of a reconcile job: the edge it brings a timeline in line with.
+#[derive(Debug, Serialize, Deserialize)]
+struct EdgeJob {
+    follower: String,
+    author: String,
+}
+
+/// The write that enqueues reconciling `follower`'s timeline with its edge to `author`; part
+/// of the follow or unfollow transaction. Each call gets its own job (a UUIDv7, so it takes
+/// its turn in the queue); the jobs of one edge converge on its last state.
+pub fn job(follower: &str, author: &str) -> Write {
+    let edge = EdgeJob {
+        follower: follower.to_owned(),
+        author: author.to_owned(),
+    };
+    NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, &edge).write()
+}
+
+/// Runs reconcile jobs.
+pub struct ReconcileHandler {
+    pub store: Arc<dyn Store>,
+    pub settings: EdgeSettings,
+}
+
+#[async_trait]
+impl Handler for ReconcileHandler {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
+        let edge: EdgeJob = job.payload()?;
+        let touched =
+            reconcile(self.store.as_ref(), self.settings, &edge.follower, &edge.author).await?;
+        job.add_progress(touched);
+        Ok(Outcome::done())
+    }
+}
 
 /// Times a job re-reads a changing edge before it gives up (and is retried later).
 const EDGE_RACES: usize = 8;
 
 /// Most keys an unfollow computes and deletes.
-pub const MAX_CLEANUP_KEYS: usize = 10_000;
+const MAX_CLEANUP_KEYS: usize = 10_000;
 
 /// How a timeline is reconciled.
 #[derive(Clone, Copy, Debug)]
@@ -38,7 +85,7 @@ pub async fn reconcile(
     settings: EdgeSettings,
     follower: &str,
     author: &str,
-) -> StoreResult<u64> {
+) -> JobResult<u64> {
     let mut before = edge(store, follower, author).await?;
     let mut touched = 0;
     for _ in 0..EDGE_RACES {
@@ -53,7 +100,7 @@ pub async fn reconcile(
         }
         before = after;
     }
-    Err(StoreError::Throttled(format!(
+    Err(JobError::Conflict(format!(
         "the edge {follower} -> {author} kept changing"
     )))
 }
@@ -73,7 +120,7 @@ async fn backfill(
     settings: EdgeSettings,
     follower: &str,
     author: &str,
-) -> StoreResult<u64> {
+) -> JobResult<u64> {
     let newest = store
         .query(Query::partition(
             Table::Events,
@@ -81,21 +128,22 @@ async fn backfill(
             settings.backfill.max(1),
         ))
         .await?;
-    if hybrid::author_flag(store, author).await?.is_some() {
+    if merged_authors::author_flag(store, author).await?.is_some() {
         // Merged at read time: the timeline shows the newest `backfill` events from the log.
         let since = (newest.len() >= settings.backfill)
             .then(|| newest.last().map(|item| item.row.as_str()))
             .flatten();
         store
-            .batch_write(vec![hybrid::merge_into(follower, author, since)])
+            .batch_write(vec![merged_authors::merge_into(follower, author, since)])
             .await?;
         return Ok(0);
     }
     let author_id = SubjectId::parse(author)
-        .map_err(|message| StoreError::Other(format!("edge author: {message}")))?;
-    let mut writes = vec![hybrid::stop_merging(follower, author)];
+        .map_err(|message| JobError::Corrupt(format!("edge author: {message}")))?;
+    let mut writes = vec![merged_authors::stop_merging(follower, author)];
     for item in &newest {
-        let event = Event::decode(&author_id, &item.row, &item.value).map_err(StoreError::Other)?;
+        let event =
+            Event::decode(&author_id, &item.row, &item.value).map_err(JobError::Corrupt)?;
         writes.push(Write::put(
             Table::Timelines,
             Item::new(follower, &item.row, event.timeline_entry_body()),
@@ -113,7 +161,7 @@ async fn backfill(
 /// the events and writing the copies may have run its removal job already; the events are
 /// read again after the write, so a delete either shows here or comes after the write, and
 /// then its removal job deletes the copy.
-pub async fn take_back_deleted(
+pub(super) async fn take_back_deleted(
     store: &dyn Store,
     owner: &str,
     author: &str,
@@ -146,7 +194,7 @@ pub async fn take_back_deleted(
 async fn clean_up(store: &dyn Store, follower: &str, author: &str) -> StoreResult<u64> {
     let mut deleted = 0;
     store
-        .batch_write(vec![hybrid::stop_merging(follower, author)])
+        .batch_write(vec![merged_authors::stop_merging(follower, author)])
         .await?;
     let oldest = store
         .query(Query::partition(Table::Timelines, follower, 1).reverse())

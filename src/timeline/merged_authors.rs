@@ -1,6 +1,6 @@
-//! Authors merged into timelines at read time (hybrid fan-out).
+//! Authors merged into timelines at read time (merged authors).
 //!
-//! An author with more followers than the celebrity threshold is not fanned out on write: a
+//! An author with more followers than the merge threshold is not fanned out on write: a
 //! flag in `mergedAuthors` says so, and each follower's timeline has a row in
 //! `mergedFollowing` naming the author and the oldest of the author's events it shows
 //! (`since_row`). A timeline read queries that small partition and merges each named author's

@@ -1,0 +1,164 @@
+//! A generic, durable job runner on the table store. It knows nothing of events or series.
+//!
+//! A job is a kind plus an opaque payload. The runner owns everything around running it: the
+//! queue shards ([`queue`]), leases and checkpoints ([`Claimed`]), retries with backoff, dead
+//! letters and re-queueing ([`dead_letter`]), status records ([`status`]), the stored format
+//! ([`format`]) and its metrics. A domain registers a [`Handler`] per kind; the handler does
+//! the work and says how it ended ([`Outcome`]).
+//!
+//! Processing is at least once: a worker that dies loses only its lease, and another resumes
+//! the job from its last checkpoint. Handlers make their writes idempotent.
+
+mod dead_letter;
+pub mod format;
+mod job;
+mod metrics;
+mod queue;
+mod runner;
+mod status;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::store::{StoreError, Write};
+
+pub use dead_letter::{DeadLetterView, list as dead_letters, requeue};
+pub use job::{FORMAT, JobKey, NewJob, now_ms};
+pub use metrics::{JobMetrics, KindLabel, RetryLabels};
+pub use queue::{Claimed, depth};
+pub use runner::{JobDone, Processed, RunnerSettings, Worker};
+pub use status::{WorkState, WorkStatus, lookup as work_status};
+
+/// Why a job did not end well.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// The store failed; retried with backoff.
+    #[error(transparent)]
+    Store(StoreError),
+    /// Concurrent writers kept changing what the job works on; retried with backoff.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// Stored data that cannot be decoded: a bug or a foreign writer. Retrying cannot help, so
+    /// the job is dead-lettered at once.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+    /// Another worker took the job (our lease expired): this worker stops working on it.
+    #[error("lease lost to another worker")]
+    LeaseLost,
+    /// A job (or a queue) of a format this build cannot read.
+    #[error(
+        "the job queue holds jobs of format {found}, and this build reads only format {FORMAT}: \
+         finish them with the release that wrote them, or clear the queue"
+    )]
+    UnknownFormat { found: u32 },
+}
+
+impl JobError {
+    /// The `reason` label of a retry.
+    fn reason(&self) -> &'static str {
+        match self {
+            JobError::Store(StoreError::Throttled(_)) => "throttled",
+            JobError::Store(StoreError::Unavailable(_)) => "unavailable",
+            JobError::Store(_) => "store_error",
+            JobError::Conflict(_) => "conflict",
+            JobError::Corrupt(_) | JobError::UnknownFormat { .. } => "corrupt",
+            JobError::LeaseLost => "lease_lost",
+        }
+    }
+}
+
+impl From<StoreError> for JobError {
+    /// A failed condition of a handler's own write is a lost race with another writer.
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::ConditionFailed => {
+                JobError::Conflict("a conditional write lost a race".into())
+            }
+            other => JobError::Store(other),
+        }
+    }
+}
+
+pub type JobResult<T> = Result<T, JobError>;
+
+/// How a job's run ended, short of an error.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The job's work is done: it is deleted, in one transaction with `ending`'s writes.
+    Done(Ending),
+    /// A root job enqueued all its `parts` (the last one in `ending`'s writes) and hands
+    /// over to them.
+    Split { parts: u32, ending: Ending },
+    /// Shutdown came first: the job is given back with its last checkpoint.
+    Paused,
+}
+
+impl Outcome {
+    /// Done, with nothing more to write or say.
+    pub fn done() -> Self {
+        Outcome::Done(Ending::default())
+    }
+}
+
+/// What goes with a job's end.
+#[derive(Debug, Default)]
+pub struct Ending {
+    /// Written in the transaction that ends the job.
+    pub writes: Vec<Write>,
+    /// Written too if this job's end completes its whole work (it is the last part to end).
+    pub closing: Vec<Write>,
+    /// Units the whole work has, if this job knows (an unsplit job, or a root that split).
+    pub total: Option<u64>,
+    /// A word for the status record on how the work went (for example `merged`).
+    pub label: Option<&'static str>,
+}
+
+/// Runs the jobs of one kind. Lives with its domain.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// The kind of the jobs it runs, as stored.
+    fn kind(&self) -> &'static str;
+
+    /// Most claimed jobs of this kind handed to [`Handler::run_batch`] at once.
+    fn batch_size(&self) -> usize {
+        1
+    }
+
+    /// Runs one job as far as it goes, checkpointing as it sees fit.
+    async fn run(&self, job: &mut Claimed) -> JobResult<Outcome>;
+
+    /// Runs several claimed jobs: one result per job, in order. By default one at a time; a
+    /// handler that can share work between small jobs does it here.
+    async fn run_batch(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
+        let mut results = Vec::with_capacity(jobs.len());
+        for job in jobs.iter_mut() {
+            results.push(self.run(job).await);
+        }
+        results
+    }
+}
+
+/// The handlers of a process, by kind.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    by_kind: HashMap<&'static str, Arc<dyn Handler>>,
+}
+
+impl Handlers {
+    pub fn with(mut self, handler: Arc<dyn Handler>) -> Self {
+        self.by_kind.insert(handler.kind(), handler);
+        self
+    }
+
+    pub fn extend(mut self, other: Handlers) -> Self {
+        self.by_kind.extend(other.by_kind);
+        self
+    }
+
+    fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {
+        self.by_kind.get(kind)
+    }
+}

@@ -1,0 +1,349 @@
+//! The queue table: finding jobs no lease hides, claiming them, and writing a held job back.
+//!
+//! Jobs are spread over [`SHARDS`] partitions so no queue partition is hot on DynamoDB. A
+//! worker owns a job while it holds an unexpired lease, taken and renewed by compare-and-swap
+//! on the whole job item (the visibility-timeout pattern): two workers never hold one job,
+//! and a worker that dies only loses its lease.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::job::{Job, JobKey, NewJob, SHARDS, encode_payload, now_ms, shard_name};
+use super::{JobError, JobResult};
+use crate::keys::Ticks;
+use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
+
+/// Jobs read per page of a shard by one poll.
+pub(super) const SCAN_LIMIT: usize = 64;
+/// How deep a poll looks into a shard for a job no lease hides.
+const SCAN_MAX: usize = 4096;
+
+/// A job no lease hides, as read: its key, the job, and the exact bytes to claim it against.
+pub(super) struct Available {
+    pub key: JobKey,
+    pub job: Job,
+    pub seen: Bytes,
+}
+
+/// Jobs of one shard that no live lease hides, oldest first, and the ids of any jobs whose
+/// format this build cannot read (never claimed). Reads the shard a page at a time until it
+/// finds some, so that jobs held by busy workers at the head of a shard do not hide the ones
+/// behind them (up to [`SCAN_MAX`] jobs deep).
+pub(super) async fn available(
+    store: &dyn Store,
+    shard: u32,
+    now_ms: i64,
+) -> StoreResult<(Vec<Available>, Vec<(String, JobError)>)> {
+    let mut found = Vec::new();
+    let mut unreadable = Vec::new();
+    let mut after = None;
+    let mut scanned = 0;
+    loop {
+        let items = store
+            .query(Query::partition(Table::Jobs, shard_name(shard), SCAN_LIMIT).after(after))
+            .await?;
+        scanned += items.len();
+        let full = items.len() == SCAN_LIMIT;
+        after = items.last().map(|item| item.row.clone());
+        for item in items {
+            match Job::decode(&item.row, &item.value) {
+                Ok(job) if job.hidden_until_ms.is_none_or(|until| until <= now_ms) => {
+                    found.push(Available {
+                        key: JobKey {
+                            shard,
+                            id: item.row,
+                        },
+                        job,
+                        seen: item.value,
+                    });
+                }
+                Ok(_) => {}
+                Err(err) => unreadable.push((item.row, err)),
+            }
+        }
+        if !found.is_empty() || !full || scanned >= SCAN_MAX {
+            return Ok((found, unreadable));
+        }
+    }
+}
+
+/// How many jobs the queue holds, counting at most `cap` per shard (for `/metrics`).
+pub async fn depth(store: &dyn Store, cap: usize) -> StoreResult<u64> {
+    let mut total = 0;
+    for shard in 0..SHARDS {
+        let items = store
+            .query(Query::partition(Table::Jobs, shard_name(shard), cap))
+            .await?;
+        total += items.len() as u64;
+    }
+    Ok(total)
+}
+
+/// A job this worker holds: what a handler works on. Its payload and progress live here in
+/// memory until a checkpoint writes them back.
+pub struct Claimed {
+    pub(super) key: JobKey,
+    pub(super) job: Job,
+    /// The bytes the job was last written as: the lease is a compare-and-swap against them.
+    stored: Bytes,
+    store: Arc<dyn Store>,
+    lease_ms: i64,
+    shutdown: CancellationToken,
+}
+
+impl Claimed {
+    /// Takes the lease on a job read by [`available`]; `None` if another worker got it first.
+    pub(super) async fn claim(
+        store: Arc<dyn Store>,
+        available: Available,
+        owner: &str,
+        lease_ms: i64,
+        shutdown: CancellationToken,
+    ) -> StoreResult<Option<Claimed>> {
+        let Available { key, mut job, seen } = available;
+        job.lease_owner = Some(owner.to_owned());
+        job.hidden_until_ms = Some(now_ms() + lease_ms);
+        job.attempts += 1;
+        let mut claimed = Claimed {
+            key,
+            job,
+            stored: seen,
+            store,
+            lease_ms,
+            shutdown,
+        };
+        match claimed.commit(true, Vec::new()).await {
+            Ok(()) => Ok(Some(claimed)),
+            Err(StoreError::ConditionFailed) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.key.id
+    }
+
+    pub fn kind(&self) -> &str {
+        &self.job.kind
+    }
+
+    /// Which part of a split piece of work this is (`None`: a root job).
+    pub fn part(&self) -> Option<u32> {
+        self.job.part
+    }
+
+    /// The handler's state as last set.
+    pub fn payload<T: serde::de::DeserializeOwned>(&self) -> JobResult<T> {
+        self.job.payload()
+    }
+
+    /// Replaces the handler's state; the next checkpoint (or the job's end) writes it.
+    pub fn set_payload<T: Serialize>(&mut self, payload: &T) {
+        self.job.payload = encode_payload(payload);
+    }
+
+    /// Counts `units` of work done; progress also resets the failure count.
+    pub fn add_progress(&mut self, units: u64) {
+        self.job.progress += units;
+        self.job.failures = 0;
+    }
+
+    pub fn progress(&self) -> u64 {
+        self.job.progress
+    }
+
+    /// When the work was asked for.
+    pub fn enqueued_at(&self) -> Ticks {
+        Ticks::clamped(self.job.enqueued_at)
+    }
+
+    /// Whether the process is shutting down: a handler checkpoints and returns
+    /// [`super::Outcome::Paused`] at its next safe point.
+    pub fn stopping(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
+    /// Writes the payload and progress and extends the lease. [`JobError::LeaseLost`] if
+    /// another worker took the job meanwhile.
+    pub async fn checkpoint(&mut self) -> JobResult<()> {
+        self.checkpoint_with(Vec::new()).await
+    }
+
+    /// [`Self::checkpoint`] with `writes` in the same transaction (parts of a split, say), so
+    /// the job's progress and what it did are never out of step.
+    pub async fn checkpoint_with(&mut self, writes: Vec<Write>) -> JobResult<()> {
+        self.job.hidden_until_ms = Some(now_ms() + self.lease_ms);
+        self.commit(true, writes).await.map_err(lease_lost)
+    }
+
+    /// The write that enqueues part `index` of this job's work, of the same kind and status
+    /// record, with its own payload. Goes in a [`Self::checkpoint_with`] or the job's end.
+    pub fn part_write<T: Serialize>(&self, index: u32, payload: &T) -> Write {
+        let key = self.key.part(index);
+        let new = NewJob {
+            key,
+            kind: "",
+            payload: encode_payload(payload),
+            status: self.job.status.clone(),
+            enqueued_at: self.enqueued_at(),
+        };
+        let (key, mut job) = new.into_job(Some(index));
+        job.kind.clone_from(&self.job.kind);
+        Write::put_if_absent(
+            Table::Jobs,
+            Item::new(key.shard_name(), key.id, job.encode()),
+        )
+    }
+
+    /// Writes the job's current state (`keep`) or deletes it, together with `extra` writes in
+    /// one transaction, if we still hold the lease (`ConditionFailed` if not, or if a
+    /// condition of `extra` fails).
+    pub(super) async fn commit(&mut self, keep: bool, extra: Vec<Write>) -> StoreResult<()> {
+        let next = self.job.encode();
+        let condition = Condition::Equals(self.stored.clone());
+        let shard = self.key.shard_name();
+        let write = if keep {
+            Write::Put {
+                table: Table::Jobs,
+                item: Item::new(shard, &self.key.id, next.clone()),
+                condition,
+            }
+        } else {
+            Write::Delete {
+                table: Table::Jobs,
+                partition: shard,
+                row: self.key.id.clone(),
+                condition,
+            }
+        };
+        if extra.is_empty() {
+            match write {
+                Write::Put {
+                    table,
+                    item,
+                    condition,
+                } => self.store.put(table, item, condition).await?,
+                Write::Delete {
+                    table,
+                    partition,
+                    row,
+                    condition,
+                } => {
+                    self.store
+                        .delete(table, &partition, &row, condition)
+                        .await?;
+                }
+            }
+        } else {
+            let mut writes = extra;
+            writes.push(write);
+            self.store.transact(writes).await?;
+        }
+        self.stored = next;
+        Ok(())
+    }
+
+    /// Whether the stored job is still the one we wrote (we hold the lease).
+    pub(super) async fn still_held(&self) -> StoreResult<bool> {
+        let current = self
+            .store
+            .get(Table::Jobs, &self.key.shard_name(), &self.key.id)
+            .await?;
+        Ok(current.as_ref() == Some(&self.stored))
+    }
+
+    /// Gives the job back, keeping its progress, visible again after `delay_ms`. A lease
+    /// already lost is fine: the job is someone else's now.
+    pub(super) async fn release(mut self, delay_ms: i64) -> StoreResult<()> {
+        self.job.lease_owner = None;
+        self.job.hidden_until_ms = (delay_ms > 0).then(|| now_ms() + delay_ms);
+        match self.commit(true, Vec::new()).await {
+            Ok(()) | Err(StoreError::ConditionFailed) => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+fn lease_lost(err: StoreError) -> JobError {
+    match err {
+        StoreError::ConditionFailed => JobError::LeaseLost,
+        other => JobError::Store(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::EmbeddedStore;
+    use uuid::Uuid;
+
+    #[tokio::test]
+    async fn a_poll_looks_past_jobs_hidden_by_leases_at_the_head_of_a_shard() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let now = now_ms();
+        let mut writes = Vec::new();
+        for i in 0..(SCAN_LIMIT * 2 + 5) {
+            let new = NewJob::new(JobKey::new(Uuid::now_v7(), ""), "demo", &i);
+            let (_, mut job) = new.into_job(None);
+            if i < SCAN_LIMIT * 2 {
+                job.lease_owner = Some("busy".into());
+                job.hidden_until_ms = Some(now + 60_000);
+            }
+            writes.push(Write::put(
+                Table::Jobs,
+                Item::new(shard_name(0), format!("job-{i:04}"), job.encode()),
+            ));
+        }
+        store.batch_write(writes).await.expect("jobs");
+        let (visible, unreadable) = available(&store, 0, now).await.expect("poll");
+        let ids: Vec<&str> = visible.iter().map(|found| found.key.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["job-0128", "job-0129", "job-0130", "job-0131", "job-0132"]
+        );
+        assert!(unreadable.is_empty());
+        assert_eq!(depth(&store, 10_000).await.expect("depth"), 133);
+    }
+
+    #[tokio::test]
+    async fn two_workers_never_hold_one_job() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let key = JobKey::new(Uuid::now_v7(), "");
+        store
+            .transact(vec![NewJob::new(key.clone(), "demo", &1).write()])
+            .await
+            .expect("enqueue");
+        let (mut found, _) = available(store.as_ref(), key.shard, now_ms())
+            .await
+            .expect("poll");
+        assert_eq!(found.len(), 1);
+        let first = found.remove(0);
+        let second = Available {
+            key: first.key.clone(),
+            job: first.job.clone(),
+            seen: first.seen.clone(),
+        };
+        let shutdown = CancellationToken::new();
+        let won = Claimed::claim(store.clone(), first, "worker-a", 30_000, shutdown.clone())
+            .await
+            .expect("claim");
+        let lost = Claimed::claim(store.clone(), second, "worker-b", 30_000, shutdown)
+            .await
+            .expect("claim");
+        assert!(won.is_some());
+        assert!(lost.is_none(), "the second claim must lose");
+        let body = store
+            .get(Table::Jobs, &key.shard_name(), &key.id)
+            .await
+            .expect("get")
+            .expect("job");
+        let job = Job::decode(&key.id, &body).expect("job");
+        assert_eq!(job.lease_owner.as_deref(), Some("worker-a"));
+    }
+}

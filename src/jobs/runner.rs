@@ -1,0 +1,474 @@
+//! The worker: claims available jobs, hands them to their kind's handler, and ends each the
+//! way its handler says (done, split, paused) or its error calls for (retried with backoff,
+//! dead-lettered at the limit or at once when the data is corrupt).
+//!
+//! [`Worker::try_process_one`] is one step, so tests can drive a worker; [`Worker::run`]
+//! loops it until the shutdown token fires.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+use uuid::Uuid;
+
+use super::job::{Job, SHARDS, now_ms};
+use super::metrics::{JobMetrics, kind};
+use super::queue::{self, Claimed};
+use super::status::{self, RECORD_RACES, StatusRecord};
+use super::{Ending, Handler, Handlers, JobError, JobResult, Outcome, dead_letter};
+use crate::keys::Ticks;
+use crate::store::{Store, StoreError, StoreResult, Write};
+
+#[derive(Clone, Debug)]
+pub struct RunnerSettings {
+    /// How long a claimed job stays hidden from other workers without a checkpoint.
+    pub lease: Duration,
+    /// How long an idle worker waits before looking at the queue again (it is woken at once
+    /// by work enqueued in the same process).
+    pub poll_interval: Duration,
+    /// Failures in a row, without progress, after which a job is dead-lettered.
+    pub max_attempts: u32,
+    /// Delay before the first retry of a failed job; it doubles with each failure (with
+    /// jitter), up to 30 s.
+    pub retry_base: Duration,
+    /// How long the status record of finished work stays readable.
+    pub status_retention: Duration,
+}
+
+impl Default for RunnerSettings {
+    fn default() -> Self {
+        RunnerSettings {
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(500),
+            max_attempts: 8,
+            retry_base: Duration::from_millis(100),
+            status_retention: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Processed {
+    /// Jobs were claimed and ended: finished, split, given back, or dead-lettered.
+    Job,
+    /// No job was available.
+    Idle,
+}
+
+/// A job that ended well, for observers such as the benchmark and tests.
+#[derive(Clone, Debug)]
+pub struct JobDone {
+    pub kind: String,
+    pub id: String,
+    /// The row of its work's status record: the root job's id.
+    pub status_row: Option<String>,
+    /// Which part of split work this was.
+    pub part: Option<u32>,
+    /// The worker that ended it.
+    pub worker: String,
+    /// Units this job did.
+    pub progress: u64,
+    /// Whether this was the work's last job: the work is complete.
+    pub work_done: bool,
+    /// From asking for the work to now.
+    pub lag: Duration,
+}
+
+/// How a held job ends.
+enum Ended {
+    Done(Ending),
+    Split { parts: u32, ending: Ending },
+    Failed(String),
+}
+
+/// Longest pause of the worker loop after a failed step (the store unreachable).
+const STEP_BACKOFF_CAP_MS: i64 = 2_000;
+
+pub struct Worker {
+    store: Arc<dyn Store>,
+    handlers: Handlers,
+    settings: RunnerSettings,
+    owner: String,
+    wake: Arc<Notify>,
+    metrics: JobMetrics,
+    shutdown: CancellationToken,
+    done_sink: Option<mpsc::UnboundedSender<JobDone>>,
+    next_shard: u32,
+    /// Jobs already logged as unreadable (or of a kind with no handler), so each is logged
+    /// once, not at every poll.
+    reported: HashSet<String>,
+}
+
+impl Worker {
+    pub fn new(
+        store: Arc<dyn Store>,
+        handlers: Handlers,
+        settings: RunnerSettings,
+        wake: Arc<Notify>,
+        metrics: JobMetrics,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let next_shard = u32::from(Uuid::new_v4().as_bytes()[0]) % SHARDS;
+        Worker {
+            store,
+            handlers,
+            settings,
+            owner: Uuid::new_v4().to_string(),
+            wake,
+            metrics,
+            shutdown,
+            done_sink: None,
+            next_shard,
+            reported: HashSet::new(),
+        }
+    }
+
+    /// Reports every job that ends well on `sink`.
+    pub fn report_done_to(mut self, sink: mpsc::UnboundedSender<JobDone>) -> Self {
+        self.done_sink = Some(sink);
+        self
+    }
+
+    fn lease_ms(&self) -> i64 {
+        millis(self.settings.lease)
+    }
+
+    /// Claims available jobs of one kind (as many as its handler takes at once, from one
+    /// shard), runs them and ends them.
+    pub async fn try_process_one(&mut self) -> StoreResult<Processed> {
+        for _ in 0..SHARDS {
+            let shard = self.next_shard;
+            self.next_shard = (self.next_shard + 1) % SHARDS;
+            let (candidates, unreadable) =
+                queue::available(self.store.as_ref(), shard, now_ms()).await?;
+            for (id, err) in unreadable {
+                if self.reported.insert(id.clone()) {
+                    self.metrics.unreadable.inc();
+                    error!(job = %id, error = %err, "job left in the queue: this build cannot read it");
+                }
+            }
+            let mut chosen: Option<Arc<dyn Handler>> = None;
+            let mut claimed = Vec::new();
+            for candidate in candidates {
+                let Some(handler) = self.handlers.get(&candidate.job.kind).cloned() else {
+                    if self.reported.insert(candidate.key.id.clone()) {
+                        error!(job = %candidate.key.id, kind = %candidate.job.kind, "job left in the queue: no handler for its kind");
+                    }
+                    continue;
+                };
+                if let Some(current) = &chosen {
+                    if current.kind() != handler.kind() {
+                        continue;
+                    }
+                    if claimed.len() >= current.batch_size().max(1) {
+                        break;
+                    }
+                }
+                let taken = Claimed::claim(
+                    self.store.clone(),
+                    candidate,
+                    &self.owner,
+                    self.lease_ms(),
+                    self.shutdown.clone(),
+                )
+                .await?;
+                if let Some(job) = taken {
+                    claimed.push(job);
+                    chosen.get_or_insert(handler);
+                }
+            }
+            if let Some(handler) = chosen {
+                // More work may be waiting: let another idle worker look too.
+                self.wake.notify_one();
+                let count = claimed.len() as i64;
+                self.metrics.in_flight.inc_by(count);
+                let results = handler.run_batch(&mut claimed).await;
+                self.metrics.in_flight.dec_by(count);
+                let mut first_error = None;
+                let mut results = results.into_iter();
+                for job in claimed {
+                    let result = results.next().unwrap_or_else(|| {
+                        Err(JobError::Conflict("the handler returned no result".into()))
+                    });
+                    if let Err(err) = self.end(job, result).await {
+                        first_error.get_or_insert(err);
+                    }
+                }
+                return match first_error {
+                    Some(err) => Err(err),
+                    None => Ok(Processed::Job),
+                };
+            }
+        }
+        Ok(Processed::Idle)
+    }
+
+    /// Ends a job the way its run ended.
+    async fn end(&self, job: Claimed, result: JobResult<Outcome>) -> StoreResult<()> {
+        match result {
+            Ok(Outcome::Done(ending)) => self.finish(job, Ended::Done(ending)).await,
+            Ok(Outcome::Split { parts, ending }) => {
+                let ended = self.finish(job, Ended::Split { parts, ending }).await;
+                self.wake.notify_one();
+                ended
+            }
+            Ok(Outcome::Paused) => {
+                info!(job = %job.id(), "job paused for shutdown");
+                job.release(0).await
+            }
+            Err(JobError::LeaseLost) => {
+                warn!(job = %job.id(), "job lease lost to another worker");
+                Ok(())
+            }
+            Err(err @ (JobError::Corrupt(_) | JobError::UnknownFormat { .. })) => {
+                error!(job = %job.id(), kind = %job.kind(), error = %err, "job dead-lettered: its data cannot be read");
+                self.dead_letter(job, err.to_string()).await
+            }
+            Err(err) => self.fail(job, err).await,
+        }
+    }
+
+    /// Gives a failed job back for a later retry, or dead-letters it at the limit.
+    async fn fail(&self, mut job: Claimed, err: JobError) -> StoreResult<()> {
+        job.job.failures += 1;
+        job.job.last_error = Some(err.to_string());
+        let failures = job.job.failures;
+        if failures >= self.settings.max_attempts {
+            error!(job = %job.id(), kind = %job.kind(), failures, error = %err, "job dead-lettered");
+            return self.dead_letter(job, err.to_string()).await;
+        }
+        self.metrics.record_retry(job.kind(), &err);
+        let delay = retry_delay_ms(failures, millis(self.settings.retry_base));
+        warn!(job = %job.id(), kind = %job.kind(), failures, delay_ms = delay, error = %err, "job failed, will retry");
+        job.release(delay).await
+    }
+
+    async fn dead_letter(&self, mut job: Claimed, error: String) -> StoreResult<()> {
+        job.job.last_error = Some(error.clone());
+        self.finish(job, Ended::Failed(error)).await
+    }
+
+    /// Deletes a job and adds its outcome to its work's status record, in one transaction,
+    /// with the writes its ending asks for; a failed job is filed in the dead-letter table in
+    /// the same transaction.
+    async fn finish(&self, mut job: Claimed, ended: Ended) -> StoreResult<()> {
+        let label = kind(job.kind());
+        let snapshot = job.job.clone();
+        let (writes, closing) = match &ended {
+            Ended::Done(ending) | Ended::Split { ending, .. } => {
+                (ending.writes.clone(), ending.closing.clone())
+            }
+            Ended::Failed(error) => (
+                vec![dead_letter::file(&job.key, &snapshot, error)],
+                Vec::new(),
+            ),
+        };
+        let record = if snapshot.status.is_none() {
+            // Work without a status record is simply done (closing with it), or dead.
+            let mut all = writes;
+            all.extend(closing);
+            match job.commit(false, all).await {
+                Ok(()) => None,
+                Err(StoreError::ConditionFailed) => {
+                    warn!(job = %job.id(), "job lease lost before the job ended");
+                    return Ok(());
+                }
+                Err(err) => return Err(err),
+            }
+        } else {
+            let retention_ms = millis(self.settings.status_retention);
+            let ended_record = self
+                .commit_with_record(&mut job, writes, closing, |record| {
+                    record.attempts += snapshot.attempts;
+                    match &ended {
+                        Ended::Failed(error) => {
+                            record.parts_failed += 1;
+                            record.last_error = Some(error.clone());
+                        }
+                        Ended::Done(ending) => {
+                            record.parts_done += 1;
+                            record.progress += snapshot.progress;
+                            if let Some(word) = ending.label {
+                                record.label = Some(word.to_owned());
+                            }
+                            if snapshot.part.is_none() {
+                                record.parts_total = Some(1);
+                                record.total = ending.total.or(record.total);
+                            }
+                            record.finish_if_complete(retention_ms);
+                        }
+                        Ended::Split { parts, ending } => {
+                            record.parts_total = Some(*parts);
+                            record.total = ending.total.or(record.total);
+                            record.progress += snapshot.progress;
+                            record.finish_if_complete(retention_ms);
+                        }
+                    }
+                })
+                .await
+                .map_err(|err| match err {
+                    JobError::Store(store) => store,
+                    other => StoreError::Other(other.to_string()),
+                })?;
+            match ended_record {
+                Some(record) => Some(record),
+                None => return Ok(()),
+            }
+        };
+        match ended {
+            Ended::Failed(_) => {
+                self.metrics.dead_lettered.get_or_create(&label).inc();
+            }
+            Ended::Split { parts, .. } => {
+                debug!(job = %job.id(), parts, "work split");
+                if record.as_ref().is_some_and(|done| done.finished_at.is_some()) {
+                    self.report_done(&snapshot, &job, record.as_ref()).await;
+                }
+            }
+            Ended::Done(_) => {
+                self.metrics.completed.get_or_create(&label).inc();
+                self.report_done(&snapshot, &job, record.as_ref()).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts work that is complete, and tells the observer of every job that ended well.
+    async fn report_done(&self, snapshot: &Job, job: &Claimed, record: Option<&StatusRecord>) {
+        let work_done = record.is_none_or(|record| record.finished_at.is_some());
+        let lag_ticks = Ticks::now().get().saturating_sub(snapshot.enqueued_at);
+        let lag = Duration::from_micros(lag_ticks / 10);
+        if work_done {
+            let label = kind(&snapshot.kind);
+            self.metrics.work_completed.get_or_create(&label).inc();
+            self.metrics
+                .lag_seconds
+                .get_or_create(&label)
+                .observe(lag.as_secs_f64());
+            if let Some(key) = &snapshot.status
+                && let Err(err) = status::sweep_expired(self.store.as_ref(), &key.partition).await
+            {
+                warn!(partition = %key.partition, error = %err, "could not sweep expired status records");
+            }
+        }
+        if let Some(sink) = &self.done_sink {
+            let _ = sink.send(JobDone {
+                kind: snapshot.kind.clone(),
+                id: job.id().to_owned(),
+                status_row: snapshot.status.as_ref().map(|key| key.row.clone()),
+                part: snapshot.part,
+                worker: self.owner.clone(),
+                progress: snapshot.progress,
+                work_done,
+                lag,
+            });
+        }
+    }
+
+    /// Deletes the held job with `writes` and an update of its status record, in one
+    /// transaction, retrying when another job of the same work updated the record first.
+    /// `closing` goes too if the update completes the work. Returns the record as written,
+    /// or `None` if the lease was lost.
+    async fn commit_with_record(
+        &self,
+        job: &mut Claimed,
+        writes: Vec<Write>,
+        closing: Vec<Write>,
+        update: impl Fn(&mut StatusRecord),
+    ) -> JobResult<Option<StatusRecord>> {
+        let Some(key) = job.job.status.clone() else {
+            return Ok(None);
+        };
+        for _ in 0..RECORD_RACES {
+            let mut slot = status::load(self.store.as_ref(), &key, &job.job).await?;
+            update(&mut slot.record);
+            let mut all = writes.clone();
+            if slot.record.finished_at.is_some() {
+                all.extend(closing.iter().cloned());
+            }
+            all.push(slot.write());
+            match job.commit(false, all).await {
+                Ok(()) => return Ok(Some(slot.record)),
+                Err(StoreError::ConditionFailed) => {
+                    if !job.still_held().await? {
+                        warn!(job = %job.id(), "job lease lost before the job ended");
+                        return Ok(None);
+                    }
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(JobError::Conflict("the status record kept changing".into()))
+    }
+
+    /// Runs steps until shutdown, sleeping when idle and backing off after errors.
+    pub async fn run(mut self) {
+        let mut failures: u32 = 0;
+        loop {
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            let pause = match self.try_process_one().await {
+                Ok(Processed::Job) => {
+                    failures = 0;
+                    continue;
+                }
+                Ok(Processed::Idle) => {
+                    failures = 0;
+                    self.settings.poll_interval
+                }
+                Err(err) => {
+                    failures = failures.saturating_add(1);
+                    warn!(error = %err, failures, "worker step failed");
+                    // Capped lower than a job's retry: a worker process is not woken by
+                    // posts, and should notice soon that the store is back.
+                    let delay = retry_delay_ms(failures, millis(self.settings.retry_base))
+                        .min(STEP_BACKOFF_CAP_MS);
+                    Duration::from_millis(u64::try_from(delay).unwrap_or(1000))
+                }
+            };
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+/// Exponential backoff with jitter: `base_ms` doubling per failure, capped at 30 s, and a
+/// random half of it taken off so that jobs failing together do not retry together.
+fn retry_delay_ms(failures: u32, base_ms: i64) -> i64 {
+    let base = base_ms
+        .max(1)
+        .saturating_mul(1 << failures.saturating_sub(1).min(16));
+    let capped = base.min(30_000);
+    capped / 2 + rand::random_range(0..=capped / 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_grow_with_jitter_and_stay_capped() {
+        for failures in 1..40 {
+            let delay = retry_delay_ms(failures, 100);
+            assert!((50..=30_000).contains(&delay), "{failures}: {delay}");
+        }
+        assert!(retry_delay_ms(1, 100) <= 100);
+        assert!(retry_delay_ms(20, 100) >= 15_000);
+        assert!(retry_delay_ms(3, 1) <= 4);
+        let spread: std::collections::HashSet<i64> =
+            (0..50).map(|_| retry_delay_ms(8, 100)).collect();
+        assert!(spread.len() > 1, "jitter spreads retries out");
+    }
+}

@@ -1,0 +1,273 @@
+//! Status records: how a piece of work went, across all its jobs.
+//!
+//! While an unsplit job runs, its progress lives in the job item itself; the record is written
+//! in the same transaction that deletes the job (done) or moves it to the dead-letter table
+//! (failed). Work split into parts has several jobs: each adds its count to the record when
+//! it ends, and the last one marks the record done. Done records carry an expiry and are
+//! removed after it.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::job::{Job, JobKey, StatusKey, now_ms};
+use super::{JobError, JobResult};
+use crate::keys::Ticks;
+use crate::store::{Condition, Item, Query, Store, Table, Write};
+
+/// Attempts at a compare-and-swap of a status record that other jobs of the same work are
+/// updating too.
+pub(super) const RECORD_RACES: usize = 32;
+
+/// Progress and outcome of one piece of work, across all its jobs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct StatusRecord {
+    /// When the work was asked for (ticks).
+    pub enqueued_at: u64,
+    /// Jobs the work was split into; known once the root job has enqueued them all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts_total: Option<u32>,
+    #[serde(default)]
+    pub parts_done: u32,
+    /// Jobs now in the dead-letter table.
+    #[serde(default)]
+    pub parts_failed: u32,
+    /// Units done by the jobs that have ended.
+    #[serde(default)]
+    pub progress: u64,
+    /// Units the whole work has, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+    /// Claims of the jobs that have ended.
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// What the handler said of how the work went (for example `merged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    /// Unix milliseconds after which a done record is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+}
+
+impl StatusRecord {
+    fn is_expired(&self, now_ms: i64) -> bool {
+        self.expires_at_ms.is_some_and(|at| at <= now_ms)
+    }
+
+    /// Marks the record done if every part has ended well.
+    pub fn finish_if_complete(&mut self, retention_ms: i64) {
+        let complete = self
+            .parts_total
+            .is_some_and(|total| total == self.parts_done);
+        if complete && self.finished_at.is_none() {
+            self.finished_at = Some(Ticks::now().get());
+            self.expires_at_ms = Some(now_ms().saturating_add(retention_ms));
+        }
+    }
+}
+
+/// A record as read, with the bytes to compare-and-swap against (`None`: absent).
+#[derive(Debug)]
+pub(super) struct RecordSlot {
+    key: StatusKey,
+    pub record: StatusRecord,
+    seen: Option<Bytes>,
+}
+
+impl RecordSlot {
+    /// The write that replaces the record as read (fails if it changed meanwhile).
+    pub fn write(&self) -> Write {
+        let body = Bytes::from(serde_json::to_vec(&self.record).unwrap_or_default());
+        let item = Item::new(&self.key.partition, &self.key.row, body);
+        let condition = match &self.seen {
+            Some(seen) => Condition::Equals(seen.clone()),
+            None => Condition::Absent,
+        };
+        Write::Put {
+            table: Table::FanoutStatus,
+            item,
+            condition,
+        }
+    }
+
+    /// The write that deletes the record as read.
+    pub fn delete(&self) -> Option<Write> {
+        let seen = self.seen.clone()?;
+        Some(Write::Delete {
+            table: Table::FanoutStatus,
+            partition: self.key.partition.clone(),
+            row: self.key.row.clone(),
+            condition: Condition::Equals(seen),
+        })
+    }
+}
+
+/// Reads a record, or a fresh one for `job`'s work if there is none.
+pub(super) async fn load(store: &dyn Store, key: &StatusKey, job: &Job) -> JobResult<RecordSlot> {
+    let seen = store
+        .get(Table::FanoutStatus, &key.partition, &key.row)
+        .await?;
+    let record = match &seen {
+        Some(body) => decode(body)?,
+        None => StatusRecord {
+            enqueued_at: job.enqueued_at,
+            ..StatusRecord::default()
+        },
+    };
+    Ok(RecordSlot {
+        key: key.clone(),
+        record,
+        seen,
+    })
+}
+
+fn decode(body: &[u8]) -> JobResult<StatusRecord> {
+    serde_json::from_slice(body).map_err(|err| JobError::Corrupt(format!("status record: {err}")))
+}
+
+/// Where a piece of work stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkState {
+    /// Queued, or waiting to be retried after a failure.
+    Pending,
+    /// A worker holds one of its jobs, or parts are still in flight.
+    Running,
+    Done,
+    /// A job is in the dead-letter table; it can be re-queued.
+    Failed,
+}
+
+/// The status of one piece of work, as a client reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkStatus {
+    pub state: WorkState,
+    /// What the handler said of how the work went.
+    pub label: Option<String>,
+    /// Units the whole work has, once known.
+    pub total: Option<u64>,
+    pub progress: u64,
+    pub attempts: u32,
+    pub enqueued_at: Ticks,
+    pub finished_at: Option<Ticks>,
+    pub last_error: Option<String>,
+}
+
+/// Reads a record and its work's root job as of one moment.
+///
+/// A job ends in one transaction that deletes it and adds its progress to the record, so the
+/// two must not be read on either side of that transaction: the progress would count twice
+/// (or the work would seem to have vanished). The job is read before and after the record;
+/// if it changed meanwhile, the reads are repeated. When the job was absent at the first
+/// read, the record read after it already holds everything the job did.
+async fn consistent_read(
+    store: &dyn Store,
+    status: &StatusKey,
+    root: &JobKey,
+) -> JobResult<(Option<StatusRecord>, Option<Job>)> {
+    const ATTEMPTS: usize = 8;
+    let shard = root.shard_name();
+    let mut before = store.get(Table::Jobs, &shard, &root.id).await?;
+    for _ in 0..ATTEMPTS {
+        let record = match store
+            .get(Table::FanoutStatus, &status.partition, &status.row)
+            .await?
+        {
+            Some(body) => Some(decode(&body)?),
+            None => None,
+        };
+        let after = match &before {
+            None => None,
+            Some(_) => store.get(Table::Jobs, &shard, &root.id).await?,
+        };
+        if after == before {
+            let job = after.map(|body| Job::decode(&root.id, &body)).transpose()?;
+            return Ok((record, job));
+        }
+        before = after;
+    }
+    Err(JobError::Conflict(
+        "the work kept changing while its status was read".into(),
+    ))
+}
+
+/// The status of the work whose root job is `root` and whose record is `{partition}/{root
+/// id}`; `None` if there is no trace of it (never asked for, or done and past its retention).
+pub async fn lookup(
+    store: &dyn Store,
+    partition: &str,
+    root: &JobKey,
+) -> JobResult<Option<WorkStatus>> {
+    let now = now_ms();
+    let status = StatusKey {
+        partition: partition.to_owned(),
+        row: root.id.clone(),
+    };
+    let (record_opt, job_opt) = consistent_read(store, &status, root).await?;
+    let record_opt = record_opt.filter(|record| !record.is_expired(now));
+    // A job of the same id but someone else's work (ids are per-partition for records).
+    let job_opt = job_opt.filter(|job| job.status.as_ref() == Some(&status));
+    Ok(match (record_opt, job_opt) {
+        (None, None) => None,
+        (None, Some(job)) => Some(WorkStatus {
+            label: None,
+            state: if job.is_leased(now) {
+                WorkState::Running
+            } else {
+                WorkState::Pending
+            },
+            total: None,
+            progress: job.progress,
+            attempts: job.attempts,
+            enqueued_at: Ticks::clamped(job.enqueued_at),
+            finished_at: None,
+            last_error: job.last_error,
+        }),
+        (Some(record), job_opt) => {
+            let state = if record.finished_at.is_some() {
+                WorkState::Done
+            } else if record.parts_failed > 0 {
+                WorkState::Failed
+            } else if job_opt.as_ref().is_some_and(|job| !job.is_leased(now))
+                && record.parts_done == 0
+            {
+                WorkState::Pending
+            } else {
+                WorkState::Running
+            };
+            let (job_progress, job_attempts, job_error) = job_opt
+                .map(|job| (job.progress, job.attempts, job.last_error))
+                .unwrap_or_default();
+            Some(WorkStatus {
+                state,
+                label: record.label,
+                total: record.total,
+                progress: record.progress + job_progress,
+                attempts: record.attempts + job_attempts,
+                enqueued_at: Ticks::clamped(record.enqueued_at),
+                finished_at: record.finished_at.map(Ticks::clamped),
+                last_error: record.last_error.or(job_error),
+            })
+        }
+    })
+}
+
+/// Deletes expired done records at the head of a partition (oldest first, since the rows
+/// are UUIDv7 job ids). Called after work ends, so records never pile up.
+pub(super) async fn sweep_expired(store: &dyn Store, partition: &str) -> JobResult<()> {
+    let now = now_ms();
+    let head = store
+        .query(Query::partition(Table::FanoutStatus, partition, 16))
+        .await?;
+    let expired: Vec<Write> = head
+        .iter()
+        .filter(|item| decode(&item.value).is_ok_and(|record| record.is_expired(now)))
+        .map(|item| Write::delete(Table::FanoutStatus, partition, &item.row))
+        .collect();
+    if !expired.is_empty() {
+        store.batch_write(expired).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! How an event's fan-out is going, and re-queueing one that failed: the fan-out's view of
+//! the job runner's status records and dead letters.
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::{MERGED_LABEL, delivery_key, removal_key};
+use crate::jobs::{self, JobKey, WorkState, WorkStatus};
+use crate::keys::Ticks;
+use crate::store::Store;
+use crate::timeline::{DomainError, DomainResult, SubjectId, Timelines};
+
+/// Where a fan-out stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FanoutState {
+    /// Queued, or waiting to be retried after a failure.
+    Pending,
+    /// A worker holds one of its jobs, or parts are still in flight.
+    Running,
+    Done,
+    /// A job is in the dead-letter table; an admin can re-queue it.
+    Failed,
+}
+
+/// Which of an event's jobs a status describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    /// Copying the event onto its followers' timelines.
+    Delivery,
+    /// Removing a deleted event's copies.
+    Removal,
+}
+
+/// The fan-out status of one event, as `GET .../fanout` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FanoutStatus {
+    pub operation: Operation,
+    pub state: FanoutState,
+    /// The event was not fanned out: followers merge it at read time.
+    pub merged: bool,
+    pub followers_total: Option<u64>,
+    pub delivered: u64,
+    pub attempts: u32,
+    pub enqueued_at: Ticks,
+    pub finished_at: Option<Ticks>,
+    pub last_error: Option<String>,
+}
+
+impl FanoutStatus {
+    /// From posting to the last delivery, once done.
+    pub fn lag_ms(&self) -> Option<u64> {
+        self.finished_at
+            .map(|finished| finished.get().saturating_sub(self.enqueued_at.get()) / 10_000)
+    }
+
+    fn from_work(operation: Operation, work: WorkStatus) -> Self {
+        FanoutStatus {
+            operation,
+            state: match work.state {
+                WorkState::Pending => FanoutState::Pending,
+                WorkState::Running => FanoutState::Running,
+                WorkState::Done => FanoutState::Done,
+                WorkState::Failed => FanoutState::Failed,
+            },
+            merged: work.label.as_deref() == Some(MERGED_LABEL),
+            followers_total: work.total,
+            delivered: work.progress,
+            attempts: work.attempts,
+            enqueued_at: work.enqueued_at,
+            finished_at: work.finished_at,
+            last_error: work.last_error,
+        }
+    }
+}
+
+/// Reads the status of an event's fan-out, or of the removal of its copies once it is
+/// deleted; `None` if there is no trace of either (never posted, or done and past its
+/// retention).
+pub async fn lookup(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+) -> DomainResult<Option<FanoutStatus>> {
+    let operations: [(Operation, JobKey); 2] = [
+        (Operation::Removal, removal_key(event_id)),
+        (Operation::Delivery, delivery_key(event_id)),
+    ];
+    for (operation, root) in operations {
+        if let Some(work) = jobs::work_status(store, author, &root).await? {
+            return Ok(Some(FanoutStatus::from_work(operation, work)));
+        }
+    }
+    Ok(None)
+}
+
+impl Timelines {
+    /// The fan-out status of one of `author`'s events.
+    pub async fn fanout_status(
+        &self,
+        author: &SubjectId,
+        event_id: &str,
+    ) -> DomainResult<FanoutStatus> {
+        let event_id = parse_event_id(event_id)?;
+        lookup(self.store.as_ref(), author.as_str(), event_id)
+            .await?
+            .ok_or_else(no_record)
+    }
+
+    /// Puts the dead-lettered jobs of an event's fan-out back on the queue, keeping their
+    /// progress, and returns the status after that.
+    pub async fn requeue_fanout(
+        &self,
+        author: &SubjectId,
+        event_id: &str,
+    ) -> DomainResult<FanoutStatus> {
+        let event_id = parse_event_id(event_id)?;
+        let store = self.store.as_ref();
+        // Delivery and removal jobs, root and parts: every id starts with the event id.
+        let prefix = event_id.as_hyphenated().to_string();
+        let requeued = jobs::requeue(store, author.as_str(), &prefix).await?;
+        let current = lookup(store, author.as_str(), event_id)
+            .await?
+            .ok_or_else(no_record)?;
+        if requeued == 0 {
+            return Err(DomainError::Conflict(
+                "this event's fan-out has no dead-lettered job to re-queue".into(),
+            ));
+        }
+        self.wake_workers.notify_one();
+        Ok(current)
+    }
+}
+
+pub(in crate::timeline) fn parse_event_id(text: &str) -> DomainResult<Uuid> {
+    Uuid::try_parse(text).map_err(|err| {
+        DomainError::invalid(
+            "invalid_event_id",
+            format!("event id must be a UUID: {err}"),
+        )
+    })
+}
+
+fn no_record() -> DomainError {
+    DomainError::NotFound(
+        "no fan-out of this event: it was never posted, or finished longer ago than the status retention"
+            .into(),
+    )
+}
