@@ -14,9 +14,9 @@ use tracing::info;
 use crate::auth::{Tokens, new_secret};
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
-use crate::jobs::{self, Worker};
 use crate::http::rate_limit::RateLimits;
 use crate::http::{self, AppState};
+use crate::jobs::{self, Worker};
 use crate::metrics::Metrics;
 use crate::series::Series;
 use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
@@ -370,5 +370,34 @@ mod tests {
         shared.store = StoreKind::Dynamodb;
         shared.data_dir = dir.path().join("nothing-here");
         assert!(resolve_admin_token(&shared).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_server_refuses_to_start_on_a_queue_holding_jobs_of_an_unknown_format() {
+        use crate::store::{Item, Table, Write};
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        // A job as an older build wrote it, before jobs carried a format.
+        let old_job = br#"{"author":"alice","row_key":"r","enqueued_at":1}"#;
+        store
+            .batch_write(vec![Write::put(
+                Table::Jobs,
+                Item::new("shard-00", "old", &old_job[..]),
+            )])
+            .await
+            .expect("old job");
+        let mut config = Config::defaults();
+        config.data_dir = dir.path().to_owned();
+        config.listen = "127.0.0.1:0".parse().expect("addr");
+        let refused = Application::build_with_store(config, OpenStore::uncounted(Arc::new(store)))
+            .await
+            .err()
+            .expect("refused");
+        let message = format!("{refused:#}");
+        assert!(
+            message.contains("jobs of format 0") && message.contains("reads only format 1"),
+            "{message}"
+        );
     }
 }

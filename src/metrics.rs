@@ -14,8 +14,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::jobs::JobMetrics;
-use crate::timeline::fanout::FanoutMetrics;
 use crate::store::StoreStats;
+use crate::timeline::fanout::FanoutMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {

@@ -9,10 +9,10 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::{Rig, millis, percentile};
-use crate::timeline::merged_authors;
-use crate::timeline::reconcile::{self, EdgeSettings};
 use crate::keys::{Ticks, event_row_key};
 use crate::store::{Item, Store, Table, Write};
+use crate::timeline::merged_authors;
+use crate::timeline::reconcile::{self, EdgeSettings};
 use crate::timeline::{Event, MAX_PAGE_SIZE, SubjectId};
 
 /// Entries of the timelines the cleanup and read figures use (the default cap).

@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
 use crate::jobs::{Handlers, JobDone, JobMetrics, RunnerSettings, Worker};
-use crate::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use crate::keys::Ticks;
 use crate::store::{
     DynamoConfig, DynamoStore, EmbeddedStore, Item, Store, StoreStats, Table, Write,
 };
+use crate::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 
 pub use series::SeriesBenchArgs;

@@ -45,7 +45,8 @@ pub(super) fn file(key: &JobKey, job: &Job, error: &str) -> Write {
 }
 
 fn decode(row: &str, body: &[u8]) -> JobResult<DeadLetter> {
-    serde_json::from_slice(body).map_err(|err| JobError::Corrupt(format!("dead letter {row}: {err}")))
+    serde_json::from_slice(body)
+        .map_err(|err| JobError::Corrupt(format!("dead letter {row}: {err}")))
 }
 
 /// Puts the dead-lettered jobs of `partition` whose ids start with `id_prefix` back on the

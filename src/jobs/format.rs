@@ -60,14 +60,20 @@ mod tests {
     async fn a_store_with_jobs_of_an_unknown_format_is_refused_at_start() {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
-        check(&store).await.expect("a fresh store records our format");
+        check(&store)
+            .await
+            .expect("a fresh store records our format");
         check(&store).await.expect("and accepts it again");
 
         // A job left by an older build, which wrote no format.
         store
             .batch_write(vec![Write::put(
                 Table::Jobs,
-                Item::new(shard_name(3), "old-job", &br#"{"author":"a","enqueued_at":1}"#[..]),
+                Item::new(
+                    shard_name(3),
+                    "old-job",
+                    &br#"{"author":"a","enqueued_at":1}"#[..],
+                ),
             )])
             .await
             .expect("old job");

@@ -20,7 +20,7 @@ use super::queue::{self, Claimed};
 use super::status::{self, RECORD_RACES, StatusRecord};
 use super::{Ending, Handler, Handlers, JobError, JobResult, Outcome, dead_letter};
 use crate::keys::Ticks;
-use crate::store::{Store, StoreError, StoreResult, Write};
+use crate::store::{Store, StoreError, Write};
 
 #[derive(Clone, Debug)]
 pub struct RunnerSettings {
@@ -139,7 +139,7 @@ impl Worker {
 
     /// Claims available jobs of one kind (as many as its handler takes at once, from one
     /// shard), runs them and ends them.
-    pub async fn try_process_one(&mut self) -> StoreResult<Processed> {
+    pub async fn try_process_one(&mut self) -> JobResult<Processed> {
         for _ in 0..SHARDS {
             let shard = self.next_shard;
             self.next_shard = (self.next_shard + 1) % SHARDS;
@@ -208,7 +208,7 @@ impl Worker {
     }
 
     /// Ends a job the way its run ended.
-    async fn end(&self, job: Claimed, result: JobResult<Outcome>) -> StoreResult<()> {
+    async fn end(&self, job: Claimed, result: JobResult<Outcome>) -> JobResult<()> {
         match result {
             Ok(Outcome::Done(ending)) => self.finish(job, Ended::Done(ending)).await,
             Ok(Outcome::Split { parts, ending }) => {
@@ -218,7 +218,7 @@ impl Worker {
             }
             Ok(Outcome::Paused) => {
                 info!(job = %job.id(), "job paused for shutdown");
-                job.release(0).await
+                Ok(job.release(0).await?)
             }
             Err(JobError::LeaseLost) => {
                 warn!(job = %job.id(), "job lease lost to another worker");
@@ -233,7 +233,7 @@ impl Worker {
     }
 
     /// Gives a failed job back for a later retry, or dead-letters it at the limit.
-    async fn fail(&self, mut job: Claimed, err: JobError) -> StoreResult<()> {
+    async fn fail(&self, mut job: Claimed, err: JobError) -> JobResult<()> {
         job.job.failures += 1;
         job.job.last_error = Some(err.to_string());
         let failures = job.job.failures;
@@ -244,10 +244,10 @@ impl Worker {
         self.metrics.record_retry(job.kind(), &err);
         let delay = retry_delay_ms(failures, millis(self.settings.retry_base));
         warn!(job = %job.id(), kind = %job.kind(), failures, delay_ms = delay, error = %err, "job failed, will retry");
-        job.release(delay).await
+        Ok(job.release(delay).await?)
     }
 
-    async fn dead_letter(&self, mut job: Claimed, error: String) -> StoreResult<()> {
+    async fn dead_letter(&self, mut job: Claimed, error: String) -> JobResult<()> {
         job.job.last_error = Some(error.clone());
         self.finish(job, Ended::Failed(error)).await
     }
@@ -255,7 +255,7 @@ impl Worker {
     /// Deletes a job and adds its outcome to its work's status record, in one transaction,
     /// with the writes its ending asks for; a failed job is filed in the dead-letter table in
     /// the same transaction.
-    async fn finish(&self, mut job: Claimed, ended: Ended) -> StoreResult<()> {
+    async fn finish(&self, mut job: Claimed, ended: Ended) -> JobResult<()> {
         let label = kind(job.kind());
         let snapshot = job.job.clone();
         let (writes, closing) = match &ended {
@@ -277,7 +277,7 @@ impl Worker {
                     warn!(job = %job.id(), "job lease lost before the job ended");
                     return Ok(());
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(err.into()),
             }
         } else {
             let retention_ms = millis(self.settings.status_retention);
@@ -309,11 +309,7 @@ impl Worker {
                         }
                     }
                 })
-                .await
-                .map_err(|err| match err {
-                    JobError::Store(store) => store,
-                    other => StoreError::Other(other.to_string()),
-                })?;
+                .await?;
             match ended_record {
                 Some(record) => Some(record),
                 None => return Ok(()),
@@ -325,7 +321,10 @@ impl Worker {
             }
             Ended::Split { parts, .. } => {
                 debug!(job = %job.id(), parts, "work split");
-                if record.as_ref().is_some_and(|done| done.finished_at.is_some()) {
+                if record
+                    .as_ref()
+                    .is_some_and(|done| done.finished_at.is_some())
+                {
                     self.report_done(&snapshot, &job, record.as_ref()).await;
                 }
             }

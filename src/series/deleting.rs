@@ -11,9 +11,7 @@ use super::layout::{bucket_of, day_start, parse_day, parse_ticks, partition, row
 use super::plan::{NAMES_PARTITION, days_partition, days_query};
 use super::reading::Range;
 use super::{Series, SeriesName, codec, journal};
-use crate::store::{
-    Condition, Item, Query, Store, StoreError, StoreExt, StoreResult, Table, Write,
-};
+use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
 /// Rows read (and written) per step.
@@ -22,7 +20,7 @@ const ROWS_PER_STEP: usize = 50;
 const MAX_ATTEMPTS: u32 = 8;
 
 /// Applies the committed batches still pending on `series`.
-async fn settle_pending(store: &dyn Store, series: &str) -> StoreResult<()> {
+async fn settle_pending(store: &dyn Store, series: &str) -> DomainResult<()> {
     let markers = store.query_all(journal::markers_query(series)).await?;
     let batches: Vec<&String> = markers.iter().map(|marker| &marker.row).collect();
     journal::settle(store, &batches).await?;
@@ -36,10 +34,11 @@ async fn days_page(
     first: u64,
     last: u64,
     after: Option<String>,
-) -> StoreResult<Vec<Item>> {
+) -> DomainResult<Vec<Item>> {
     store
         .query(days_query(series, first, last, 256).after(after))
         .await
+        .map_err(DomainError::from)
 }
 
 impl Series {
@@ -141,7 +140,7 @@ async fn delete_in_day(
     series: &str,
     day: u64,
     range: Range,
-) -> StoreResult<u64> {
+) -> DomainResult<u64> {
     let part = partition(series, day);
     let start = row_key(bucket_of(range.from.max(day_start(day))));
     let mut after: Option<String> = None;
@@ -161,8 +160,8 @@ async fn delete_in_day(
         let mut cut = 0;
         for row in rows {
             let key = parse_ticks(&row.row)
-                .ok_or_else(|| StoreError::Other(format!("series row {:?}", row.row)))?;
-            let points = codec::decode(key, &row.value).map_err(StoreError::Other)?;
+                .ok_or_else(|| DomainError::Corrupt(format!("series row {:?}", row.row)))?;
+            let points = codec::decode(key, &row.value).map_err(DomainError::Corrupt)?;
             let kept: Vec<_> = points
                 .iter()
                 .copied()
@@ -195,7 +194,7 @@ async fn delete_in_day(
                     attempts += 1;
                     continue;
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(err.into()),
             }
         }
         attempts = 0;

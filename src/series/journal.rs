@@ -30,11 +30,10 @@ use super::writing::Prepared;
 use super::{Point, codec};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{
-    Condition, Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, StoreResult,
-    Table, Write,
+    Condition, Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table, Write,
 };
 use crate::timeline::posting::event_writes;
-use crate::timeline::{Event, SubjectId};
+use crate::timeline::{DomainError, DomainResult, Event, SubjectId};
 
 /// Points per staged row (under 74 KB each).
 const STAGED_POINTS_PER_ROW: usize = 4096;
@@ -104,7 +103,7 @@ impl Handler for ApplyBatchHandler {
 }
 
 /// Stages `prepared` under a new batch id and commits it (steps 1 and 2).
-pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> StoreResult<()> {
+pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> DomainResult<()> {
     let batch = Uuid::now_v7();
     let batch_id = batch.as_hyphenated().to_string();
     let mut staged = Vec::new();
@@ -114,7 +113,8 @@ pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> Store
             event_row_key: one.event.row_key.clone(),
             event_body: String::from_utf8_lossy(&one.event.encode()).into_owned(),
         };
-        let body = serde_json::to_vec(&entry).map_err(|err| StoreError::Other(err.to_string()))?;
+        let body =
+            serde_json::to_vec(&entry).map_err(|err| DomainError::Corrupt(err.to_string()))?;
         staged.push(Write::put(
             Table::SeriesBatches,
             Item::new(&batch_id, series_row(index), body),
@@ -150,14 +150,14 @@ pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> Store
         if let Err(cleanup) = abandon(store, &batch_id).await {
             tracing::warn!(batch = %batch_id, error = %cleanup, "could not abandon a series batch");
         }
-        return Err(err);
+        return Err(err.into());
     }
     Ok(())
 }
 
 /// Marks `batch` aborted unless it committed; once aborted, drops its markers and staged
 /// rows. Returns whether it is aborted.
-async fn abandon(store: &dyn Store, batch: &str) -> StoreResult<bool> {
+async fn abandon(store: &dyn Store, batch: &str) -> DomainResult<bool> {
     let claimed = store
         .put(
             Table::SeriesBatches,
@@ -173,7 +173,7 @@ async fn abandon(store: &dyn Store, batch: &str) -> StoreResult<bool> {
                 return Ok(false);
             }
         }
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     }
     let rows = store
         .query_all(Query::partition(Table::SeriesBatches, batch, 1000))
@@ -194,13 +194,13 @@ async fn abandon(store: &dyn Store, batch: &str) -> StoreResult<bool> {
 }
 
 /// Whether `batch` has committed.
-async fn is_committed(store: &dyn Store, batch: &str) -> StoreResult<bool> {
+async fn is_committed(store: &dyn Store, batch: &str) -> DomainResult<bool> {
     let state = store.get(Table::SeriesBatches, batch, STATE_ROW).await?;
     Ok(state.as_deref() == Some(COMMITTED))
 }
 
 /// The staged points of series `index` of `batch`.
-async fn staged_points(store: &dyn Store, batch: &str, index: usize) -> StoreResult<Vec<Point>> {
+async fn staged_points(store: &dyn Store, batch: &str, index: usize) -> DomainResult<Vec<Point>> {
     let prefix = points_prefix(index);
     let end = format!("p.{index:05}/");
     let rows = store
@@ -208,7 +208,7 @@ async fn staged_points(store: &dyn Store, batch: &str, index: usize) -> StoreRes
         .await?;
     let mut points = Vec::new();
     for row in rows {
-        points.extend(codec::decode(0, &row.value).map_err(StoreError::Other)?);
+        points.extend(codec::decode(0, &row.value).map_err(DomainError::Corrupt)?);
     }
     Ok(points)
 }
@@ -220,7 +220,7 @@ pub async fn pending_points(
     markers: Vec<Item>,
     from: u64,
     to: u64,
-) -> StoreResult<Vec<Point>> {
+) -> DomainResult<Vec<Point>> {
     let mut overlay: Vec<Point> = Vec::new();
     // Markers are keyed by batch id, a UUIDv7: they come oldest first.
     for marker in markers {
@@ -245,7 +245,7 @@ pub async fn pending_points(
 
 /// Applies those of `batches` that committed, and abandons stale uncommitted ones; returns
 /// whether any was applied (so the series' rows changed).
-pub async fn settle(store: &dyn Store, batches: &[&String]) -> StoreResult<bool> {
+pub async fn settle(store: &dyn Store, batches: &[&String]) -> DomainResult<bool> {
     let mut applied = false;
     for batch in batches {
         if is_committed(store, batch).await? {
@@ -279,7 +279,7 @@ pub fn markers_query(series: &str) -> Query {
 }
 
 /// Applies committed `batch` (step 3); returns the points applied. Safe to run again.
-pub async fn apply(store: &dyn Store, batch: &str) -> StoreResult<u64> {
+pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
     if !is_committed(store, batch).await? {
         return Ok(0);
     }
@@ -295,9 +295,9 @@ pub async fn apply(store: &dyn Store, batch: &str) -> StoreResult<u64> {
             .row
             .strip_prefix("s.")
             .and_then(|index| index.parse().ok())
-            .ok_or_else(|| StoreError::Other(format!("staged row {:?}", entry.row)))?;
+            .ok_or_else(|| DomainError::Corrupt(format!("staged row {:?}", entry.row)))?;
         let staged: StagedSeries = serde_json::from_slice(&entry.value)
-            .map_err(|err| StoreError::Other(format!("staged series: {err}")))?;
+            .map_err(|err| DomainError::Corrupt(format!("staged series: {err}")))?;
         if store
             .get(Table::SeriesPending, &staged.series, batch)
             .await?
@@ -309,9 +309,9 @@ pub async fn apply(store: &dyn Store, batch: &str) -> StoreResult<u64> {
         write_rows(store, &staged.series, &points).await?;
         applied += points.len() as u64;
 
-        let author = SubjectId::parse(&staged.series).map_err(StoreError::Other)?;
+        let author = SubjectId::parse(&staged.series).map_err(DomainError::Corrupt)?;
         let event = Event::decode(&author, &staged.event_row_key, staged.event_body.as_bytes())
-            .map_err(StoreError::Other)?;
+            .map_err(DomainError::Corrupt)?;
         let drop_marker = Write::delete(Table::SeriesPending, &staged.series, batch);
         let mut writes = event_writes(&event, event.at);
         writes.push(drop_marker.clone());
@@ -319,7 +319,7 @@ pub async fn apply(store: &dyn Store, batch: &str) -> StoreResult<u64> {
             Ok(()) => {}
             // An earlier run posted the event already.
             Err(StoreError::ConditionFailed) => store.transact(vec![drop_marker]).await?,
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         }
     }
     let rows = store
@@ -346,7 +346,7 @@ pub async fn apply(store: &dyn Store, batch: &str) -> StoreResult<u64> {
 /// Merges `points` into `series`' rows in transactions of a few rows each, planning again
 /// when another writer changed a row first. Index rows go first, so no row is ever
 /// unreachable.
-pub async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> StoreResult<()> {
+pub async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> DomainResult<()> {
     for _ in 0..APPLY_ATTEMPTS {
         let mut planned = plan::plan(store, series, points).await?.writes;
         planned.sort_by_key(|write| write.table() != Table::SeriesIndex);
@@ -358,14 +358,14 @@ pub async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> St
                     conflict = true;
                     break;
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(err.into()),
             }
         }
         if !conflict {
             return Ok(());
         }
     }
-    Err(StoreError::Throttled(
+    Err(DomainError::Conflict(
         "series rows kept changing while a batch was applied".into(),
     ))
 }

@@ -14,7 +14,8 @@ use super::layout::{
     row_key,
 };
 use super::{Point, codec};
-use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
+use crate::store::{Condition, Item, Query, Store, Table, Write};
+use crate::timeline::{DomainError, DomainResult};
 
 /// The index partition listing every series.
 pub const NAMES_PARTITION: &str = "names";
@@ -71,7 +72,7 @@ struct Row {
 }
 
 /// Plans writing `points` (sorted by time, no time twice) into `series`.
-pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> StoreResult<Plan> {
+pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainResult<Plan> {
     let mut plan = Plan::default();
     let (Some(first), Some(last)) = (points.first(), points.last()) else {
         return Ok(plan);
@@ -119,8 +120,8 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> StoreRes
     let mut rows: BTreeMap<u64, Row> = BTreeMap::new();
     for item in answers.flatten() {
         let key = parse_ticks(&item.row)
-            .ok_or_else(|| StoreError::Other(format!("series row key {:?}", item.row)))?;
-        let stored = codec::decode(key, &item.value).map_err(StoreError::Other)?;
+            .ok_or_else(|| DomainError::Corrupt(format!("series row key {:?}", item.row)))?;
+        let stored = codec::decode(key, &item.value).map_err(DomainError::Corrupt)?;
         rows.insert(
             key,
             Row {
@@ -217,7 +218,7 @@ pub fn merge(old: &[Point], new: &[Point]) -> Vec<Point> {
 pub async fn read_all(
     store: &dyn Store,
     queries: Vec<Query>,
-) -> StoreResult<Vec<Vec<crate::store::Item>>> {
+) -> DomainResult<Vec<Vec<crate::store::Item>>> {
     let mut answers = store.query_many(queries.clone()).await?;
     for (query, answer) in queries.into_iter().zip(answers.iter_mut()) {
         let mut next = query;

@@ -5,7 +5,7 @@
 
 use super::scan::{END_OF_TIME, Scan};
 use super::{Point, Series, SeriesName};
-use crate::store::{Store, StoreResult};
+use crate::store::Store;
 use crate::timeline::{DomainError, DomainResult};
 
 /// Most rows (points, or aggregate rows) in one page, and the default.
@@ -150,7 +150,7 @@ struct Buckets {
 
 impl Buckets {
     /// The next non-empty bucket: its start and its value.
-    async fn next(&mut self, store: &dyn Store) -> StoreResult<Option<(u64, f64)>> {
+    async fn next(&mut self, store: &dyn Store) -> DomainResult<Option<(u64, f64)>> {
         let first = match self.pending.take() {
             Some(point) => point,
             None => match self.scan.next(store).await? {

@@ -11,7 +11,8 @@ use super::layout::{bucket_of, day_of, day_start, parse_day, partition, row_key}
 use super::plan::days_query;
 use super::{Point, codec, journal};
 use crate::keys::MAX_TICKS;
-use crate::store::{Query, Store, StoreError, StoreResult, Table};
+use crate::store::{Query, Store, Table};
+use crate::timeline::{DomainError, DomainResult};
 
 /// Rows read per query (at 1 Hz, 600 points each).
 const ROWS_PER_READ: usize = 24;
@@ -37,7 +38,7 @@ pub struct Scan {
 
 impl Scan {
     /// Opens a scan: the days index and the pending-batch markers in one round.
-    pub async fn open(store: &dyn Store, series: &str, from: u64, to: u64) -> StoreResult<Scan> {
+    pub async fn open(store: &dyn Store, series: &str, from: u64, to: u64) -> DomainResult<Scan> {
         let to = to.min(END_OF_TIME);
         let mut scan = Scan {
             series: series.to_owned(),
@@ -84,7 +85,7 @@ impl Scan {
     }
 
     /// Reads more stored points; `false` when there are none left.
-    async fn fill(&mut self, store: &dyn Store) -> StoreResult<bool> {
+    async fn fill(&mut self, store: &dyn Store) -> DomainResult<bool> {
         loop {
             if let Some((day, after)) = self.current.take() {
                 let start = bucket_of(self.from.max(day_start(day)));
@@ -100,8 +101,8 @@ impl Scan {
                 let last = rows.last().map(|row| row.row.clone());
                 for row in rows {
                     let key = super::layout::parse_ticks(&row.row)
-                        .ok_or_else(|| StoreError::Other(format!("series row {:?}", row.row)))?;
-                    let points = codec::decode(key, &row.value).map_err(StoreError::Other)?;
+                        .ok_or_else(|| DomainError::Corrupt(format!("series row {:?}", row.row)))?;
+                    let points = codec::decode(key, &row.value).map_err(DomainError::Corrupt)?;
                     self.stored.extend(
                         points
                             .into_iter()
@@ -131,7 +132,7 @@ impl Scan {
     }
 
     /// The next point, or `None` at the end of the range.
-    pub async fn next(&mut self, store: &dyn Store) -> StoreResult<Option<Point>> {
+    pub async fn next(&mut self, store: &dyn Store) -> DomainResult<Option<Point>> {
         if self.stored.is_empty() {
             self.fill(store).await?;
         }

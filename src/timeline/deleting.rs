@@ -9,10 +9,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{DomainError, DomainResult, SubjectId, Timelines};
-use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
 use super::fanout::removal_job;
+use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
 use super::removal;
+use super::{DomainError, DomainResult, SubjectId, Timelines};
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, StoreError, Table, Write};
 

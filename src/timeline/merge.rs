@@ -14,9 +14,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::{SubjectId, TimelineEntry};
 use super::merged_authors::{self, MergedSource};
 use super::removal;
+use super::{DomainError, DomainResult, SubjectId, TimelineEntry};
 use crate::store::{Direction, Item, Query, Store, StoreResult, Table};
 
 /// Where a source's rows come from, which decides how they decode.
@@ -261,7 +261,7 @@ impl Merged {
     }
 
     /// The next row, decoded; `None` when every source is exhausted.
-    pub async fn next(&mut self, store: &dyn Store) -> StoreResult<Option<TimelineEntry>> {
+    pub async fn next(&mut self, store: &dyn Store) -> DomainResult<Option<TimelineEntry>> {
         loop {
             // Sources that ran dry are read again together: merged authors whose events are
             // dense in the page tend to run dry at about the same row.
@@ -300,7 +300,7 @@ impl Merged {
                     TimelineEntry::decode_event(author.as_str(), item.row, &item.value)
                 }
             };
-            return entry.map(Some).map_err(crate::store::StoreError::Other);
+            return entry.map(Some).map_err(DomainError::Corrupt);
         }
     }
 

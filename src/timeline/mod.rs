@@ -79,6 +79,18 @@ impl From<JobError> for DomainError {
     }
 }
 
+impl From<DomainError> for JobError {
+    /// For job handlers: a domain failure keeps its meaning in the runner (a conflict is
+    /// retried, corrupt data is dead-lettered at once).
+    fn from(err: DomainError) -> Self {
+        match err {
+            DomainError::Store(store) => JobError::Store(store),
+            DomainError::Conflict(message) => JobError::Conflict(message),
+            other => JobError::Corrupt(other.to_string()),
+        }
+    }
+}
+
 impl DomainError {
     pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
         DomainError::InvalidInput {
@@ -145,7 +157,9 @@ pub async fn cursor_key(store: &dyn Store) -> Result<Vec<u8>, StoreError> {
             .get(Table::Meta, PARTITION, ROW)
             .await?
             .map(|key| key.to_vec())
-            .ok_or_else(|| StoreError::NotFound("the cursor key, deleted as it was created".into())),
+            .ok_or_else(|| {
+                StoreError::NotFound("the cursor key, deleted as it was created".into())
+            }),
         Err(err) => Err(err),
     }
 }

@@ -8,9 +8,9 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::deleting::EventIndex;
+use super::fanout::delivery_job;
 use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
-use super::fanout::delivery_job;
 use crate::keys::{Ticks, event_row_key};
 use crate::store::{Item, StoreError, Table, Write};
 

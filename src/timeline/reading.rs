@@ -4,12 +4,12 @@
 //! [`super::merge`]) and stops at the timeline cap.
 
 use super::merge::{Merged, Window};
+use super::trim;
 use super::{
     DomainError, DomainResult, Edge, Event, MAX_PAGE_SIZE, Page, SubjectId, TimelineEntry,
     Timelines,
 };
 use crate::cursor::InvalidCursor;
-use super::trim;
 use crate::store::{Item, Query, Table};
 
 impl Timelines {

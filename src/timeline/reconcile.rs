@@ -56,8 +56,13 @@ impl Handler for ReconcileHandler {
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let edge: EdgeJob = job.payload()?;
-        let touched =
-            reconcile(self.store.as_ref(), self.settings, &edge.follower, &edge.author).await?;
+        let touched = reconcile(
+            self.store.as_ref(),
+            self.settings,
+            &edge.follower,
+            &edge.author,
+        )
+        .await?;
         job.add_progress(touched);
         Ok(Outcome::done())
     }
@@ -142,8 +147,7 @@ async fn backfill(
         .map_err(|message| JobError::Corrupt(format!("edge author: {message}")))?;
     let mut writes = vec![merged_authors::stop_merging(follower, author)];
     for item in &newest {
-        let event =
-            Event::decode(&author_id, &item.row, &item.value).map_err(JobError::Corrupt)?;
+        let event = Event::decode(&author_id, &item.row, &item.value).map_err(JobError::Corrupt)?;
         writes.push(Write::put(
             Table::Timelines,
             Item::new(follower, &item.row, event.timeline_entry_body()),

@@ -174,7 +174,10 @@ async fn metrics_expose_fanout_http_and_queue_series(backend: Backend) {
         metric(&app, r#"fanline_jobs_work_completed_total{kind="fanout"}"#).await,
         1.0
     );
-    assert_eq!(metric(&app, r#"fanline_jobs_lag_seconds_count{kind="fanout"}"#).await, 1.0);
+    assert_eq!(
+        metric(&app, r#"fanline_jobs_lag_seconds_count{kind="fanout"}"#).await,
+        1.0
+    );
     assert_eq!(metric(&app, "fanline_jobs_queue_depth").await, 0.0);
     assert_eq!(metric(&app, "fanline_jobs_in_flight").await, 0.0);
     assert_eq!(
@@ -237,7 +240,12 @@ async fn throttling_every_third_write_still_delivers_exactly_once_and_counts_ret
         assert_eq!(items[0]["row_key"], posted.body["row_key"]);
     }
     assert!(
-        metric(&app, r#"fanline_jobs_retries_total{kind="fanout",reason="throttled"}"#).await >= 1.0,
+        metric(
+            &app,
+            r#"fanline_jobs_retries_total{kind="fanout",reason="throttled"}"#
+        )
+        .await
+            >= 1.0,
         "retries show in the metrics"
     );
 }
@@ -312,7 +320,12 @@ async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(ba
             .is_some_and(|error| error.contains("injected failure")),
         "{failed}"
     );
-    wait_for_metric(&app, r#"fanline_jobs_dead_lettered_total{kind="fanout"}"#, 1.0).await;
+    wait_for_metric(
+        &app,
+        r#"fanline_jobs_dead_lettered_total{kind="fanout"}"#,
+        1.0,
+    )
+    .await;
     assert!(app.timeline("reader").await.is_empty());
 
     app.faults.clear();
@@ -427,12 +440,8 @@ impl FanoutRun {
             merge_threshold: usize::MAX,
             ..FanoutSettings::default()
         };
-        let handlers = fanline::timeline::job_handlers(
-            &self.store,
-            fanout,
-            FanoutMetrics::default(),
-            &wake,
-        );
+        let handlers =
+            fanline::timeline::job_handlers(&self.store, fanout, FanoutMetrics::default(), &wake);
         let tasks: Vec<_> = (0..workers)
             .map(|_| {
                 let worker = Worker::new(

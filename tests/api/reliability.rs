@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fanline::config::{Config, StoreKind};
-use fanline::timeline::fanout::status::FanoutState;
 use fanline::keys::Ticks;
 use fanline::store::{Item, Query, Store, StoreExt, Table, Write};
 use fanline::timeline::Edge;
+use fanline::timeline::fanout::status::FanoutState;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -197,7 +197,11 @@ enum Step {
     /// The author is merged at read time: only the author's own entry was written.
     Merged,
     /// A root job enqueued all its parts and handed over to them.
-    Split { parts: u32, followers: u64, last: Vec<Write> },
+    Split {
+        parts: u32,
+        followers: u64,
+        last: Vec<Write>,
+    },
     /// Shutdown came first; the job keeps its checkpoint.
     Stopped,
 }
@@ -286,7 +290,8 @@ impl FanoutHandler {
     }
 
     fn author_id(author: &str) -> JobResult<SubjectId> {
-        SubjectId::parse(author).map_err(|message| JobError::Corrupt(format!("job author: {message}")))
+        SubjectId::parse(author)
+            .map_err(|message| JobError::Corrupt(format!("job author: {message}")))
     }
 
     /// Runs a job as far as it goes: its action on every follower in its range, or splitting
@@ -423,8 +428,7 @@ impl FanoutHandler {
             };
             // The author's own entry goes with the first page of the event (of its first part
             // when split), so it costs no request of its own.
-            let with_author =
-                state.cursor.is_none() && job.part().is_none_or(|index| index == 0);
+            let with_author = state.cursor.is_none() && job.part().is_none_or(|index| index == 0);
             let went_on = self
                 .apply_page(job, state, &followers, entry_opt.as_ref(), with_author)
                 .await?;
@@ -588,8 +592,8 @@ impl FanoutHandler {
                 .await?;
             let author_id = Self::author_id(author)?;
             for item in &events {
-                let event = Event::decode(&author_id, &item.row, &item.value)
-                    .map_err(JobError::Corrupt)?;
+                let event =
+                    Event::decode(&author_id, &item.row, &item.value).map_err(JobError::Corrupt)?;
                 writes.push(Write::put(
                     Table::Timelines,
                     Item::new(owner, &item.row, event.timeline_entry_body()),
@@ -632,12 +636,8 @@ impl FanoutHandler {
                 _ => {
                     self.store
                         .query(
-                            Query::partition(
-                                Table::SubjectFollowers,
-                                &state.author,
-                                part_size + 1,
-                            )
-                            .range(split.next.clone(), None),
+                            Query::partition(Table::SubjectFollowers, &state.author, part_size + 1)
+                                .range(split.next.clone(), None),
                         )
                         .await?
                 }
@@ -837,7 +837,11 @@ mod tests {
         let mut all = Vec::new();
         for shard in 0..8 {
             let items = store
-                .query_all(Query::partition(Table::Jobs, format!("shard-{shard:02}"), 100))
+                .query_all(Query::partition(
+                    Table::Jobs,
+                    format!("shard-{shard:02}"),
+                    100,
+                ))
                 .await
                 .expect("jobs");
             all.extend(
@@ -1049,7 +1053,10 @@ mod tests {
         let fanout_kind = crate::jobs::KindLabel {
             kind: "fanout".into(),
         };
-        assert_eq!(metrics.jobs.dead_lettered.get_or_create(&fanout_kind).get(), 1);
+        assert_eq!(
+            metrics.jobs.dead_lettered.get_or_create(&fanout_kind).get(),
+            1
+        );
         let failed = status_of(&fixture).await;
         assert_eq!(failed.state, FanoutState::Failed);
         assert_eq!(failed.attempts, 3);
