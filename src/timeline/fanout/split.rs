@@ -1,0 +1,74 @@
+//! Splitting a big event's fan-out into part jobs, so several workers deliver it at once.
+
+use super::{FanoutHandler, FanoutJob, FollowerRange, Step, save};
+use crate::jobs::{Claimed, JobResult};
+use tracing::debug;
+
+use crate::store::{Item, Query, Table};
+
+impl FanoutHandler {
+    /// Splits a big event into part jobs of `split_above` followers each, bounded by follower
+    /// row keys (the first part also writes the author's own entry). Each part is enqueued in
+    /// one transaction with the root job's progress, so a crash never loses or doubles a part;
+    /// the last part goes with the root job's end. `first` holds the first `split_above + 1`
+    /// followers if the caller has read them.
+    pub(super) async fn split(
+        &self,
+        job: &mut Claimed,
+        state: &mut FanoutJob,
+        mut first: Option<Vec<Item>>,
+    ) -> JobResult<Step> {
+        let part_size = self.settings.split_above.max(1);
+        loop {
+            if job.stopping() {
+                return Ok(Step::Stopped);
+            }
+            let mut split = state.split.clone().unwrap_or_default();
+            let followers = match first.take() {
+                Some(followers) if split.parts == 0 => followers,
+                _ => {
+                    self.store
+                        .query(
+                            Query::partition(Table::SubjectFollowers, &state.author, part_size + 1)
+                                .range(split.next.clone(), None),
+                        )
+                        .await?
+                }
+            };
+            let mut part_writes = Vec::new();
+            if let Some(first) = followers.first() {
+                let end = followers.get(part_size).map(|item| item.row.clone());
+                let part = FanoutJob {
+                    action: state.action.clone(),
+                    author: state.author.clone(),
+                    row_key: state.row_key.clone(),
+                    range: Some(FollowerRange {
+                        start: first.row.clone(),
+                        end: end.clone(),
+                    }),
+                    split: None,
+                    cursor: None,
+                };
+                part_writes.push(job.part_write(split.parts, &part));
+                split.parts += 1;
+                split.followers += followers.len().min(part_size) as u64;
+                split.next = end;
+            }
+            if split.next.is_some() {
+                state.split = Some(split);
+                save(job, state, part_writes).await?;
+                self.wake.notify_one();
+                continue;
+            }
+            // The last part: the root job hands over to its parts.
+            debug!(row_key = %state.row_key, parts = split.parts, followers = split.followers, "fan-out split");
+            state.split = Some(split.clone());
+            job.set_payload(state);
+            return Ok(Step::Split {
+                parts: split.parts,
+                followers: split.followers,
+                last: part_writes,
+            });
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! The fan-out handler driven step by step by a real worker, with faults injected.
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::status::{self, FanoutState};
+use super::*;
+use crate::cursor::CursorCodec;
+use crate::jobs::{Handlers, JobMetrics, Processed, RetryLabels, RunnerSettings, Worker};
+use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+use crate::store::{EmbeddedStore, StoreExt};
+use crate::timeline::{Edge, NewEvent, Settings, Timelines};
+
+/// A fan-out job as stored, read the way a test looks at it.
+#[derive(Debug, Deserialize)]
+struct StoredJob {
+    payload: FanoutJob,
+    #[serde(default)]
+    part: Option<u32>,
+    #[serde(default)]
+    progress: u64,
+    #[serde(default)]
+    attempts: u32,
+    #[serde(default)]
+    failures: u32,
+    #[serde(default)]
+    lease_owner: Option<String>,
+    #[serde(default)]
+    hidden_until_ms: Option<i64>,
+}
+
+const FOLLOWERS: usize = 2500;
+const PAGE: usize = 1000;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: EmbeddedStore,
+    followers: Vec<String>,
+    row_key: String,
+    event_id: Uuid,
+}
+
+/// An author with 2,500 followers and one posted (queued, undelivered) event.
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+    let followers: Vec<String> = (0..FOLLOWERS).map(|i| format!("f{i:05}")).collect();
+    let since = Edge::encode_since(Ticks::now());
+    let edges = followers
+        .iter()
+        .map(|follower| {
+            Write::put(
+                Table::SubjectFollowers,
+                Item::new("author", follower, since.clone()),
+            )
+        })
+        .collect();
+    store.batch_write(edges).await.expect("edges");
+    let timelines = Timelines::new(
+        Arc::new(store.clone()),
+        CursorCodec::new(b"test"),
+        Settings {
+            max_payload_bytes: 1024,
+            ..crate::config::Config::defaults().timeline_settings()
+        },
+        Arc::new(Notify::new()),
+    );
+    let author = SubjectId::parse("author").expect("id");
+    let posted = timelines
+        .post_event(
+            &author,
+            NewEvent {
+                client_id: None,
+                kind: None,
+                payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
+                at: None,
+            },
+        )
+        .await
+        .expect("post");
+    let crate::timeline::Posted::Created(event) = posted else {
+        panic!("not created")
+    };
+    Fixture {
+        _dir: dir,
+        store,
+        followers,
+        row_key: event.row_key,
+        event_id: event.event_id,
+    }
+}
+
+/// Runner and fan-out settings of a test.
+#[derive(Clone)]
+struct TestSettings {
+    runner: RunnerSettings,
+    fanout: FanoutSettings,
+}
+
+fn settings(lease: Duration) -> TestSettings {
+    TestSettings {
+        runner: RunnerSettings {
+            lease,
+            poll_interval: Duration::from_millis(10),
+            max_attempts: 3,
+            retry_base: Duration::from_millis(1),
+            status_retention: Duration::from_secs(60),
+        },
+        fanout: FanoutSettings {
+            page_size: PAGE,
+            split_above: 5000,
+            ..FanoutSettings::default()
+        },
+    }
+}
+
+/// The counters a test worker shares with the test.
+struct Counters {
+    fanout: FanoutMetrics,
+    jobs: JobMetrics,
+}
+
+fn worker(
+    store: Arc<dyn Store>,
+    settings: TestSettings,
+    shutdown: CancellationToken,
+) -> (Worker, Counters) {
+    let fanout = FanoutMetrics::default();
+    let jobs = JobMetrics::default();
+    let wake = Arc::new(Notify::new());
+    let handlers = Handlers::default().with(Arc::new(FanoutHandler::new(
+        store.clone(),
+        settings.fanout,
+        fanout.clone(),
+        wake.clone(),
+    )));
+    let worker = Worker::new(
+        store,
+        handlers,
+        settings.runner,
+        wake,
+        jobs.clone(),
+        shutdown,
+    );
+    (worker, Counters { fanout, jobs })
+}
+
+fn faulty(fixture: &Fixture) -> Arc<FaultyStore> {
+    Arc::new(FaultyStore::new(Arc::new(fixture.store.clone())))
+}
+
+async fn jobs(store: &EmbeddedStore) -> Vec<StoredJob> {
+    let mut all = Vec::new();
+    for shard in 0..8 {
+        let items = store
+            .query_all(Query::partition(
+                Table::Jobs,
+                format!("shard-{shard:02}"),
+                100,
+            ))
+            .await
+            .expect("jobs");
+        all.extend(
+            items
+                .iter()
+                .map(|item| serde_json::from_slice(&item.value).expect("job")),
+        );
+    }
+    all
+}
+
+/// Steps the worker until it finds a job, for jobs hidden by a short delay or lease.
+async fn step_until_job(worker: &mut Worker) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while worker.try_process_one().await.expect("step") == Processed::Idle {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no job became available"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Every follower and the author hold exactly one entry, the event's.
+async fn assert_delivered_once(fixture: &Fixture) {
+    for owner in fixture
+        .followers
+        .iter()
+        .map(String::as_str)
+        .chain(["author"])
+    {
+        let entries = fixture
+            .store
+            .query(Query::partition(Table::Timelines, owner, 10))
+            .await
+            .expect("timeline");
+        assert_eq!(entries.len(), 1, "entries of {owner}");
+        assert_eq!(entries[0].row, fixture.row_key);
+    }
+}
+
+async fn status_of(fixture: &Fixture) -> status::FanoutStatus {
+    status::lookup(&fixture.store, "author", fixture.event_id)
+        .await
+        .expect("lookup")
+        .expect("a status")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_is_delivered_page_by_page_then_deleted() {
+    let fixture = fixture().await;
+    assert_eq!(status_of(&fixture).await.state, FanoutState::Pending);
+    // Counts batch writes: the third must happen, a fourth must not.
+    let counted = faulty(&fixture);
+    let batches = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for n in 1..=4 {
+        let batches = batches.clone();
+        counted.on_nth(n, Calls::op(Op::BatchWrite), move || {
+            batches.store(n, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+    let (mut worker, metrics) = worker(
+        counted,
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    assert_eq!(
+        worker.try_process_one().await.expect("step"),
+        Processed::Job
+    );
+    assert_delivered_once(&fixture).await;
+    // Three pages (1000 + 1000 + 500) from the one read of the followers, the author's
+    // entry in the first.
+    assert_eq!(batches.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(metrics.fanout.deliveries.get(), FOLLOWERS as u64 + 1);
+    assert!(
+        jobs(&fixture.store).await.is_empty(),
+        "the finished job is deleted"
+    );
+    let done = status_of(&fixture).await;
+    assert_eq!(done.state, FanoutState::Done);
+    assert_eq!(done.followers_total, Some(FOLLOWERS as u64));
+    assert_eq!(done.delivered, FOLLOWERS as u64 + 1);
+    assert_eq!(done.attempts, 1);
+    assert!(done.lag_ms().is_some());
+    assert_eq!(
+        worker.try_process_one().await.expect("step"),
+        Processed::Idle
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_job_resumes_from_its_checkpoint_after_the_lease_expires() {
+    let fixture = fixture().await;
+    let crashing = faulty(&fixture);
+    crashing.fail_nth(2, Calls::op(Op::BatchWrite), Fault::Hang);
+    let (mut doomed, _) = worker(
+        crashing.clone(),
+        settings(Duration::from_millis(300)),
+        CancellationToken::new(),
+    );
+    // The first page is written and checkpointed; the worker "dies" inside the second.
+    tokio::select! {
+        result = doomed.try_process_one() => panic!("the worker should hang, got {result:?}"),
+        () = crashing.hung.notified() => {}
+    }
+    drop(doomed);
+    let pending = jobs(&fixture.store).await;
+    assert_eq!(pending.len(), 1);
+    assert_eq!(
+        pending[0].payload.cursor.as_deref(),
+        Some(fixture.followers[PAGE - 1].as_str())
+    );
+    assert_eq!(pending[0].progress, PAGE as u64 + 1);
+    assert!(
+        pending[0].lease_owner.is_some(),
+        "the dead worker still holds the lease"
+    );
+    assert_eq!(status_of(&fixture).await.state, FanoutState::Running);
+
+    let (mut survivor, metrics) = worker(
+        Arc::new(fixture.store.clone()),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    assert_eq!(
+        survivor.try_process_one().await.expect("step"),
+        Processed::Idle,
+        "leased job is hidden"
+    );
+    step_until_job(&mut survivor).await;
+    // Only the followers after the checkpoint were delivered again.
+    assert_eq!(metrics.fanout.deliveries.get(), (FOLLOWERS - PAGE) as u64);
+    assert_delivered_once(&fixture).await;
+    assert!(jobs(&fixture.store).await.is_empty());
+    let done = status_of(&fixture).await;
+    assert_eq!(done.state, FanoutState::Done);
+    assert_eq!(done.attempts, 2);
+    assert_eq!(done.delivered, FOLLOWERS as u64 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_page_releases_the_job_for_a_delayed_retry_from_its_checkpoint() {
+    let fixture = fixture().await;
+    let failing = faulty(&fixture);
+    failing.fail_nth(2, Calls::op(Op::BatchWrite), Fault::Unavailable);
+    let mut slow_retry = settings(Duration::from_secs(30));
+    slow_retry.runner.retry_base = Duration::from_millis(200);
+    let (mut worker, metrics) = worker(failing.clone(), slow_retry, CancellationToken::new());
+    assert_eq!(
+        worker.try_process_one().await.expect("step"),
+        Processed::Job
+    );
+    let pending = jobs(&fixture.store).await;
+    assert_eq!(pending.len(), 1, "the job is kept, not dropped");
+    assert_eq!(
+        pending[0].payload.cursor.as_deref(),
+        Some(fixture.followers[PAGE - 1].as_str())
+    );
+    assert_eq!(pending[0].lease_owner, None, "the lease is given back");
+    assert!(
+        pending[0]
+            .hidden_until_ms
+            .is_some_and(|until| until > crate::jobs::now_ms()),
+        "the retry waits for a backoff delay"
+    );
+    assert_eq!(pending[0].attempts, 1);
+    assert_eq!(pending[0].failures, 1);
+    let waiting = status_of(&fixture).await;
+    assert_eq!(waiting.state, FanoutState::Pending);
+    assert!(
+        waiting
+            .last_error
+            .as_deref()
+            .is_some_and(|error| error.contains("injected outage"))
+    );
+    let unavailable = RetryLabels {
+        kind: "fanout".into(),
+        reason: "unavailable".into(),
+    };
+    assert_eq!(metrics.jobs.retries.get_or_create(&unavailable).get(), 1);
+
+    // The same worker retries once the delay has passed (the third batch write succeeds).
+    step_until_job(&mut worker).await;
+    assert_delivered_once(&fixture).await;
+    assert!(jobs(&fixture.store).await.is_empty());
+    // First page (1000 + the author), then the remaining 1500 on the retry.
+    assert_eq!(metrics.fanout.deliveries.get(), FOLLOWERS as u64 + 1);
+    assert_eq!(status_of(&fixture).await.state, FanoutState::Done);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_failing_every_time_is_dead_lettered_then_requeued_by_an_admin() {
+    let fixture = fixture().await;
+    let broken = faulty(&fixture);
+    broken.fail_always(
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Permanent,
+    );
+    let (mut worker, metrics) = worker(
+        broken.clone(),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    for _ in 0..3 {
+        step_until_job(&mut worker).await;
+    }
+    assert!(jobs(&fixture.store).await.is_empty(), "it left the queue");
+    let fanout_kind = crate::jobs::KindLabel {
+        kind: "fanout".into(),
+    };
+    assert_eq!(
+        metrics.jobs.dead_lettered.get_or_create(&fanout_kind).get(),
+        1
+    );
+    let failed = status_of(&fixture).await;
+    assert_eq!(failed.state, FanoutState::Failed);
+    assert_eq!(failed.attempts, 3);
+    assert!(
+        failed
+            .last_error
+            .as_deref()
+            .is_some_and(|error| error.contains("injected failure"))
+    );
+    let letters = fixture
+        .store
+        .query(Query::partition(Table::DeadLetters, "author", 10))
+        .await
+        .expect("dead letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        worker.try_process_one().await.expect("step"),
+        Processed::Idle,
+        "a dead letter is not retried on its own"
+    );
+
+    broken.clear();
+    let event_prefix = fixture.event_id.as_hyphenated().to_string();
+    let requeued = crate::jobs::requeue(&fixture.store, "author", &event_prefix)
+        .await
+        .expect("requeue");
+    assert_eq!(requeued, 1);
+    assert_eq!(status_of(&fixture).await.state, FanoutState::Pending);
+    step_until_job(&mut worker).await;
+    assert_delivered_once(&fixture).await;
+    let done = status_of(&fixture).await;
+    assert_eq!(done.state, FanoutState::Done);
+    assert_eq!(done.attempts, 4);
+    assert_eq!(
+        crate::jobs::requeue(&fixture.store, "author", &event_prefix)
+            .await
+            .expect("requeue"),
+        0,
+        "nothing is left to re-queue"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_the_job_with_its_checkpoint() {
+    let fixture = fixture().await;
+    let shutdown = CancellationToken::new();
+    let stopping = faulty(&fixture);
+    // The claim is the first put to the queue, the first checkpoint the second.
+    let signal = shutdown.clone();
+    stopping.on_nth(2, Calls::on(Op::Put, Table::Jobs), move || signal.cancel());
+    let (mut worker_a, _) = worker(
+        stopping,
+        settings(Duration::from_secs(30)),
+        shutdown.clone(),
+    );
+    assert_eq!(
+        worker_a.try_process_one().await.expect("step"),
+        Processed::Job
+    );
+    assert!(shutdown.is_cancelled());
+    let pending = jobs(&fixture.store).await;
+    assert_eq!(pending.len(), 1);
+    assert_eq!(
+        pending[0].payload.cursor.as_deref(),
+        Some(fixture.followers[PAGE - 1].as_str())
+    );
+    assert_eq!(pending[0].lease_owner, None, "the lease is released");
+    assert_eq!(pending[0].hidden_until_ms, None, "and visible at once");
+
+    // A restarted worker picks it up at once, without waiting for a lease to expire.
+    let (mut worker_b, metrics) = worker(
+        Arc::new(fixture.store.clone()),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    assert_eq!(
+        worker_b.try_process_one().await.expect("step"),
+        Processed::Job
+    );
+    assert_eq!(metrics.fanout.deliveries.get(), (FOLLOWERS - PAGE) as u64);
+    assert_delivered_once(&fixture).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_event_is_split_into_follower_ranges_delivered_by_several_workers() {
+    let fixture = fixture().await;
+    let mut split = settings(Duration::from_secs(30));
+    split.fanout.split_above = 1000;
+    split.fanout.page_size = 300;
+    let (sink, mut done) = mpsc::unbounded_channel();
+    let (mut splitter, _) = worker(
+        Arc::new(fixture.store.clone()),
+        split.clone(),
+        CancellationToken::new(),
+    );
+    step_until_job(&mut splitter).await;
+    // The root job made three parts: [0, 1000), [1000, 2000), [2000, end).
+    let parts = jobs(&fixture.store).await;
+    assert_eq!(parts.len(), 3);
+    let mut indexed: Vec<_> = parts
+        .iter()
+        .map(|job| {
+            let range = job.payload.range.clone().expect("a part job");
+            (job.part.expect("a part index"), range)
+        })
+        .collect();
+    indexed.sort_by_key(|(index, _)| *index);
+    let bounds: Vec<FollowerRange> = indexed.into_iter().map(|(_, range)| range).collect();
+    assert_eq!(bounds[0].start, fixture.followers[0]);
+    assert_eq!(
+        bounds[0].end.as_deref(),
+        Some(fixture.followers[1000].as_str())
+    );
+    assert_eq!(bounds[2].start, fixture.followers[2000]);
+    assert_eq!(bounds[2].end, None);
+    let running = status_of(&fixture).await;
+    assert_eq!(running.state, FanoutState::Running);
+    assert_eq!(running.followers_total, Some(FOLLOWERS as u64));
+
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|_| {
+            worker(
+                Arc::new(fixture.store.clone()),
+                split.clone(),
+                CancellationToken::new(),
+            )
+            .0
+            .report_done_to(sink.clone())
+        })
+        .collect();
+    // Each worker takes one part; they run at once.
+    let steps = workers.iter_mut().map(|worker| worker.try_process_one());
+    for processed in futures::future::join_all(steps).await {
+        assert_eq!(processed.expect("step"), Processed::Job);
+    }
+    // The workers hold the other senders.
+    drop(workers);
+    drop(sink);
+    let mut reports = Vec::new();
+    while let Some(report) = done.recv().await {
+        reports.push(report);
+    }
+    let distinct: std::collections::HashSet<&str> = reports
+        .iter()
+        .map(|report| report.worker.as_str())
+        .collect();
+    assert_eq!(distinct.len(), 3, "three workers delivered");
+    assert_eq!(reports.iter().filter(|report| report.work_done).count(), 1);
+    assert_delivered_once(&fixture).await;
+    let finished = status_of(&fixture).await;
+    assert_eq!(finished.state, FanoutState::Done);
+    assert_eq!(finished.delivered, FOLLOWERS as u64 + 1);
+    assert!(jobs(&fixture.store).await.is_empty());
+}
