@@ -120,10 +120,7 @@ pub fn resolve_admin_token(config: &Config) -> anyhow::Result<String> {
     if let Some(token) = read_admin_token(config)? {
         return Ok(token);
     }
-    anyhow::ensure!(
-        config.store == StoreKind::Embedded,
-        "set FANLINE_ADMIN_TOKEN: processes sharing DynamoDB tables must share one admin token"
-    );
+    check_admin_token(config)?;
     let path = config.data_dir.join(ADMIN_TOKEN_FILE);
     let token = crate::auth::new_secret();
     write_private(&path, &token)
@@ -133,12 +130,27 @@ pub fn resolve_admin_token(config: &Config) -> anyhow::Result<String> {
     Ok(token)
 }
 
+/// Fails, naming the setting, when the admin token is too short, or missing where no data
+/// directory can keep one (DynamoDB). Cheap and local: `serve` calls it before it opens the
+/// store, so a missing setting is reported before anything is contacted.
+pub fn check_admin_token(config: &Config) -> anyhow::Result<()> {
+    if read_admin_token(config)?.is_none() {
+        anyhow::ensure!(
+            config.store == StoreKind::Embedded,
+            "FANLINE_ADMIN_TOKEN (or --admin-token) is not set; on DynamoDB every process \
+             sharing the tables needs the same admin token, of at least \
+             {MIN_ADMIN_TOKEN_CHARS} characters"
+        );
+    }
+    Ok(())
+}
+
 /// The admin token if there is one already: configured, or in the data directory.
 pub fn read_admin_token(config: &Config) -> anyhow::Result<Option<String>> {
     if let Some(token) = &config.admin_token {
         anyhow::ensure!(
             token.trim().len() >= MIN_ADMIN_TOKEN_CHARS,
-            "FANLINE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
+            "FANLINE_ADMIN_TOKEN (or --admin-token) must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
         );
         return Ok(Some(token.trim().to_owned()));
     }
@@ -221,6 +233,7 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Application> {
+        check_admin_token(&config)?;
         let opened = open_store(&config).await?;
         Application::build_with_store(config, opened).await
     }

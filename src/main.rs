@@ -1,9 +1,10 @@
 //! The `fanline` command: parse the command line, set up logging, run.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
+use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use fanline::app::{self, Application};
 use fanline::bench::{self, BenchArgs};
 use fanline::config::Config;
@@ -38,16 +39,86 @@ enum Command {
     Import(ImportArgs),
 }
 
+/// How the process ends: 0, 1 for a failure, 2 for a command line or setting it cannot use.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    init_logging();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage_error(&err),
+    };
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line, the whole chain of causes: no backtrace, nothing to scroll.
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, coloured only when it is a terminal (and `NO_COLOR` is not set), so a
+/// log file or a pipe gets plain text.
+fn init_logging() {
+    let stderr = std::io::stderr();
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn")),
         )
+        .with_ansi(stderr.is_terminal() && !no_color)
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+}
+
+/// Help and version go out as clap writes them; any other command-line or setting error
+/// (a flag, or the `FANLINE_*` variable behind it) is one line and exit status 2.
+fn usage_error(err: &clap::Error) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        err.exit();
+    }
+    let rendered = err.render().to_string();
+    let first_line = rendered.lines().next().unwrap_or("error: bad command line");
+    // clap names the flag; a setting may have come from its environment variable instead.
+    let setting_opt = match err.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => setting_of(arg),
+        _ => None,
+    };
+    match setting_opt {
+        Some((flag, env)) => eprintln!("{first_line} (set by --{flag} or {env})"),
+        None => eprintln!("{first_line}"),
+    }
+    ExitCode::from(2)
+}
+
+/// The long flag and the environment variable of an argument as clap prints it
+/// (`--workers <WORKERS>` gives `workers` and `FANLINE_WORKERS`).
+fn setting_of(printed_arg: &str) -> Option<(String, String)> {
+    let long = printed_arg
+        .split_whitespace()
+        .next()?
+        .strip_prefix("--")?
+        .to_owned();
+    let command = Cli::command();
+    let env = command
+        .get_subcommands()
+        .flat_map(|subcommand| subcommand.get_arguments())
+        .find(|arg| arg.get_long() == Some(long.as_str()))?
+        .get_env()?
+        .to_string_lossy()
+        .into_owned();
+    Some((long, env))
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Serve(config) => {
             let application = Application::build(config).await?;
             let address = application

@@ -18,4 +18,5 @@ mod posting;
 mod reliability;
 mod restart;
 mod series;
+mod startup;
 mod timeline;
