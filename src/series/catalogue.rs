@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 
-use super::plan::NAMES_PARTITION;
+use super::layout::NAMES_PARTITION;
 use super::{MAX_TAG_BYTES, MAX_TAGS, Series, SeriesName};
 use crate::store::{Condition, Item, Query, StoreError, Table, Write};
 use crate::timeline::{DomainError, DomainResult, check_printable};

@@ -7,8 +7,9 @@
 //! delete comes after them.
 
 use super::catalogue::{meta_partition, tag_partition};
+use super::layout::NAMES_PARTITION;
 use super::layout::{bucket_of, day_start, parse_day, parse_ticks, partition, row_key};
-use super::plan::{NAMES_PARTITION, days_partition, days_query};
+use super::plan::{days_partition, days_query};
 use super::reading::Range;
 use super::{Series, SeriesName, codec, journal};
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt, Table, Write};
@@ -21,7 +22,9 @@ const MAX_ATTEMPTS: u32 = 8;
 
 /// Applies the committed batches still pending on `series`.
 async fn settle_pending(store: &dyn Store, series: &str) -> DomainResult<()> {
-    let markers = store.query_all(journal::markers_query(series)).await?;
+    let markers = store
+        .query_all(super::layout::markers_query(series))
+        .await?;
     let batches: Vec<&String> = markers.iter().map(|marker| &marker.row).collect();
     journal::settle(store, &batches).await?;
     Ok(())

@@ -25,8 +25,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::SeriesName;
 use super::plan::{self, merge};
-use super::writing::Prepared;
 use super::{Point, codec};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{
@@ -63,6 +63,14 @@ fn series_row(index: usize) -> String {
 
 fn points_prefix(index: usize) -> String {
     format!("p.{index:05}.")
+}
+
+/// One series of a write, ready to go: its points in time order, no time twice, and the
+/// event that announces them.
+pub struct Prepared {
+    pub series: SeriesName,
+    pub points: Vec<Point>,
+    pub event: Event,
 }
 
 /// The job kind.
@@ -273,11 +281,6 @@ fn is_stale(batch: &str) -> bool {
     now_ms.saturating_sub(created_ms) > ABANDON_AFTER_MS
 }
 
-/// The query of a series' markers (few: one per batch in flight).
-pub fn markers_query(series: &str) -> Query {
-    Query::partition(Table::SeriesPending, series, 100)
-}
-
 /// Applies committed `batch` (step 3); returns the points applied. Safe to run again.
 pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
     if !is_committed(store, batch).await? {
@@ -375,6 +378,7 @@ mod tests {
     use uuid::{NoContext, Timestamp};
 
     use super::*;
+    use crate::series::layout::markers_query;
     use crate::store::EmbeddedStore;
 
     /// Stages one series of a batch (its row, points and marker) without committing it.

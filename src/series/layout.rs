@@ -16,6 +16,15 @@
 //! under the 4 MB request limit.
 
 /// Ticks per second (100 ns each).
+/// The index partition listing every series.
+pub const NAMES_PARTITION: &str = "names";
+
+/// The query of a series' markers of committed, not yet applied batches (few: one per
+/// batch in flight).
+pub fn markers_query(series: &str) -> crate::store::Query {
+    crate::store::Query::partition(crate::store::Table::SeriesPending, series, 100)
+}
+
 pub const TICKS_PER_SECOND: u64 = 10_000_000;
 /// The span of one row's bucket: 10 minutes.
 pub const ROW_SPAN: u64 = 600 * TICKS_PER_SECOND;

@@ -17,9 +17,6 @@ use super::{Point, codec};
 use crate::store::{Condition, Item, Query, Store, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
-/// The index partition listing every series.
-pub const NAMES_PARTITION: &str = "names";
-
 /// The index partition listing the days a series has points on.
 pub fn days_partition(series: &str) -> String {
     format!("days/{series}")
@@ -97,7 +94,7 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainRe
         last_day,
         (last_day - first_day + 1) as usize,
     )];
-    queries.push(super::journal::markers_query(series));
+    queries.push(super::layout::markers_query(series));
     queries.extend(runs.iter().map(|(start, end)| {
         Query::partition(Table::SeriesPoints, partition(series, day_of(*start)), 1000)
             .range(Some(row_key(*start)), Some(row_key(*end)))

@@ -56,7 +56,7 @@ impl Scan {
         let mut answers = store
             .query_many(vec![
                 scan.days_query(day_of(from)),
-                journal::markers_query(series),
+                super::layout::markers_query(series),
             ])
             .await?
             .into_iter();

@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, journal, plan};
+use super::journal::{self, Prepared};
+use super::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, plan};
 use crate::keys::{MAX_TICKS, Ticks, event_row_key};
 use crate::store::{MAX_TRANSACTION_WRITES, StoreError, Write};
 use crate::timeline::posting::event_writes;
@@ -38,14 +39,6 @@ struct Readings<'a> {
     last_value: f64,
     min: f64,
     max: f64,
-}
-
-/// One series of a write, ready to go: its points in time order, no time twice, and the
-/// event that announces them.
-pub struct Prepared {
-    pub series: SeriesName,
-    pub points: Vec<Point>,
-    pub event: Event,
 }
 
 /// Checks and normalises a write: series merged, points sorted, the last value of a time
