@@ -78,6 +78,12 @@ impl Ticks {
             .unwrap_or(OffsetDateTime::UNIX_EPOCH)
     }
 
+    /// The time `millis` milliseconds after the Unix epoch, clamped to the range.
+    pub fn from_unix_millis(millis: i64) -> Ticks {
+        let since_year_one = i128::from(millis) + i128::from(UNIX_EPOCH_SECONDS) * 1000;
+        Ticks::clamped(u64::try_from(since_year_one.max(0) * 10_000).unwrap_or(u64::MAX))
+    }
+
     /// Milliseconds since the Unix epoch (negative before 1970).
     pub fn unix_millis(self) -> i64 {
         (self.0 / 10_000) as i64 - UNIX_EPOCH_SECONDS * 1000
@@ -126,6 +132,14 @@ pub fn parse_event_row_key(row_key: &str) -> Option<(Ticks, Uuid)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unix_millis_round_trip() {
+        for millis in [0, 1, 1_763_726_400_123, -62_135_596_800_000] {
+            assert_eq!(Ticks::from_unix_millis(millis).unix_millis(), millis);
+        }
+        assert_eq!(Ticks::from_unix_millis(i64::MIN), Ticks::MIN);
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -148,7 +148,7 @@ impl Timelines {
     }
 }
 
-pub(super) fn check_limit(limit: usize) -> DomainResult<()> {
+pub(in crate::timeline) fn check_limit(limit: usize) -> DomainResult<()> {
     if !(1..=MAX_PAGE_SIZE).contains(&limit) {
         return Err(DomainError::invalid(
             "invalid_limit",

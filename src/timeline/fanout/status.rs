@@ -4,11 +4,12 @@
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{MERGED_LABEL, delivery_key, removal_key};
-use crate::jobs::{self, JobKey, WorkState, WorkStatus};
+use super::{MERGED_LABEL, REMOVAL_SUFFIX, delivery_key, removal_key};
+use crate::jobs::{self, DeadLetterView, JobKey, WorkState, WorkStatus};
 use crate::keys::Ticks;
 use crate::store::Store;
-use crate::timeline::{DomainError, DomainResult, SubjectId, Timelines};
+use crate::timeline::reading::check_limit;
+use crate::timeline::{DomainError, DomainResult, Page, SubjectId, Timelines};
 
 /// Where a fan-out stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -130,6 +131,81 @@ impl Timelines {
         }
         self.wake_workers.notify_one();
         Ok(current)
+    }
+}
+
+/// A fan-out job that failed too often, as an admin lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FanoutDeadLetter {
+    pub event_id: Uuid,
+    pub operation: Operation,
+    /// Which part of a split fan-out it was.
+    pub part: Option<u32>,
+    pub attempts: u32,
+    /// Entries it wrote (or removed) before it failed.
+    pub delivered: u64,
+    pub error: String,
+    pub dead_at: Ticks,
+}
+
+impl FanoutDeadLetter {
+    fn from_view(view: DeadLetterView) -> DomainResult<Self> {
+        // Job ids are `{event id}`, then `.r` for a removal, then `.pNNNNN` for a part.
+        let event_id = view
+            .id
+            .get(..36)
+            .and_then(|id| Uuid::try_parse(id).ok())
+            .ok_or_else(|| DomainError::Corrupt(format!("dead letter id {:?}", view.id)))?;
+        let operation = if view.id[36..].starts_with(REMOVAL_SUFFIX) {
+            Operation::Removal
+        } else {
+            Operation::Delivery
+        };
+        Ok(FanoutDeadLetter {
+            event_id,
+            operation,
+            part: view.part,
+            attempts: view.attempts,
+            delivered: view.progress,
+            error: view.error,
+            dead_at: Ticks::from_unix_millis(view.dead_at_ms),
+        })
+    }
+}
+
+impl Timelines {
+    /// The dead-lettered fan-out jobs of `author`'s events, in event order (oldest first).
+    pub async fn fanout_dead_letters(
+        &self,
+        author: &SubjectId,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> DomainResult<Page<FanoutDeadLetter>> {
+        check_limit(limit)?;
+        let scope = format!("dead-letters/{author}");
+        let after = cursor
+            .map(|cursor| self.cursors.decode(&scope, cursor))
+            .transpose()?;
+        let mut letters =
+            jobs::dead_letters(self.store.as_ref(), author.as_str(), after, limit + 1).await?;
+        let more = letters.len() > limit;
+        letters.truncate(limit);
+        let next_cursor = more
+            .then(|| {
+                letters
+                    .last()
+                    .map(|last| self.cursors.encode(&scope, &last.id))
+            })
+            .flatten();
+        let items = letters
+            .into_iter()
+            .map(FanoutDeadLetter::from_view)
+            .collect::<DomainResult<_>>()?;
+        Ok(Page {
+            items,
+            next_cursor,
+            truncated: false,
+        })
     }
 }
 
