@@ -309,7 +309,7 @@ async fn a_timeline_page_stops_at_the_cap_and_says_it_was_truncated(backend: Bac
     }
 }
 
-/// The same posts and follows on an app that merges `celebrity` at read time and on one that
+/// The same posts and follows on an app that merges `big-author` at read time and on one that
 /// pushes everything; returns each app's pages of `reader`'s timeline (texts, cursor given).
 async fn timeline_pages(backend: Backend, threshold: u32) -> Vec<(Vec<String>, bool, bool)> {
     let app = app(backend, |config| {
@@ -319,7 +319,7 @@ async fn timeline_pages(backend: Backend, threshold: u32) -> Vec<(Vec<String>, b
     })
     .await;
     for fan in ["fan-1", "fan-2", "fan-3"] {
-        follow(&app, fan, "celebrity").await;
+        follow(&app, fan, "big-author").await;
     }
     follow(&app, "reader", "friend").await;
     app.wait_for_idle().await;
@@ -329,8 +329,8 @@ async fn timeline_pages(backend: Backend, threshold: u32) -> Vec<(Vec<String>, b
         async move {
             post_at(
                 api,
-                "celebrity",
-                &format!("celebrity-{step}"),
+                "big-author",
+                &format!("big-author-{step}"),
                 step * 10 + 5,
             )
             .await;
@@ -348,7 +348,7 @@ async fn timeline_pages(backend: Backend, threshold: u32) -> Vec<(Vec<String>, b
     }
     app.wait_for_idle().await;
     // Following a merged author: the backfill is a merge from its 2nd newest event.
-    follow(&app, "reader", "celebrity").await;
+    follow(&app, "reader", "big-author").await;
     app.wait_for_idle().await;
     for step in 4..8 {
         post_both(step).await;
@@ -384,11 +384,11 @@ async fn timeline_pages(backend: Backend, threshold: u32) -> Vec<(Vec<String>, b
         }
     }
     if threshold < 3 {
-        // The celebrity's later posts really were merged, not pushed.
+        // The big author's later posts really were merged, not pushed.
         let stored = stored_rows(&app, Table::Timelines, "fan-1").await;
         assert!(stored.len() < 8, "fan-1 holds {} pushed rows", stored.len());
         let merged = stored_rows(&app, Table::MergedFollowing, "reader").await;
-        assert_eq!(merged, ["celebrity", "star"]);
+        assert_eq!(merged, ["big-author", "star"]);
     }
     pages
 }

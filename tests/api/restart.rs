@@ -25,7 +25,7 @@ pub(crate) fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Co
         .env("FANLINE_WORKERS", workers.to_string())
         .env("FANLINE_POLL_MS", "50")
         // The crash tests push to tens of thousands of followers.
-        .env("FANLINE_CELEBRITY_THRESHOLD", "100000")
+        .env("FANLINE_MERGE_THRESHOLD", "100000")
         // Short leases, so a killed process's jobs are taken over in seconds.
         .env("FANLINE_LEASE_MS", "1000")
         .env("FANLINE_TABLE_PREFIX", &config.table_prefix)
