@@ -233,6 +233,7 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Application> {
+        crate::config::warn_of_renamed_settings();
         check_admin_token(&config)?;
         let opened = open_store(&config).await?;
         Application::build_with_store(config, opened).await
@@ -292,6 +293,7 @@ impl Application {
 /// `--metrics-listen`, it also serves `/metrics` and `/healthz` there, since its fan-out
 /// counters live in this process.
 pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    crate::config::warn_of_renamed_settings();
     let OpenStore { store, stats } = open_store(config).await?;
     store.ping().await.context("the store does not answer")?;
     let wake = Arc::new(Notify::new());

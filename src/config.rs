@@ -125,6 +125,23 @@ pub struct Config {
     pub rate_limit: u32,
 }
 
+/// Settings renamed since an earlier release: (old variable, new variable). An old name left
+/// in an environment would otherwise be ignored without a word.
+const RENAMED: &[(&str, &str)] = &[("FANLINE_CELEBRITY_THRESHOLD", "FANLINE_MERGE_THRESHOLD")];
+
+/// Warns once for each renamed setting still set in the environment.
+pub fn warn_of_renamed_settings() {
+    for (old, new) in RENAMED {
+        if std::env::var_os(old).is_some() {
+            tracing::warn!(
+                setting = old,
+                instead = new,
+                "a renamed setting is set and ignored: use its new name"
+            );
+        }
+    }
+}
+
 impl Config {
     /// The defaults, without reading flags or the environment (for tests and tools).
     pub fn defaults() -> Config {
