@@ -28,7 +28,7 @@ use tracing::warn;
 use crate::app::open_store;
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
-use crate::http::ErrorBody;
+use crate::http::{BatchSeries, ErrorBody, PointBody, WriteBatchRequest, WrittenResponse};
 use crate::keys::Ticks;
 use crate::series::{
     MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, NewPoints, Point, Series, SeriesName,
@@ -722,30 +722,6 @@ enum Failure {
     Fatal(anyhow::Error),
 }
 
-#[derive(Serialize)]
-struct BatchBody<'a> {
-    series: Vec<BatchSeries<'a>>,
-}
-
-#[derive(Serialize)]
-struct BatchSeries<'a> {
-    name: &'a str,
-    points: Vec<PointBody>,
-}
-
-/// A point as the series API takes it (the bench posts these too).
-#[derive(Serialize)]
-pub(crate) struct PointBody {
-    pub(crate) at: String,
-    pub(crate) value: f64,
-}
-
-/// The series API's answer to a write.
-#[derive(Deserialize)]
-pub(crate) struct WrittenBody {
-    pub(crate) written: usize,
-}
-
 impl Sink {
     async fn open(args: &ImportArgs) -> anyhow::Result<Sink> {
         if let Some(server) = &args.server {
@@ -849,12 +825,12 @@ async fn write_chunk(series: &Series, chunk: &Chunk) -> Result<usize, Failure> {
 
 /// The chunk as the JSON body of `POST /v1/series:batch`.
 fn batch_body(chunk: &Chunk) -> anyhow::Result<bytes::Bytes> {
-    let body = BatchBody {
+    let body = WriteBatchRequest {
         series: chunk
             .batch
             .iter()
             .map(|one| BatchSeries {
-                name: one.series.as_str(),
+                name: one.series.as_str().to_owned(),
                 points: one
                     .points
                     .iter()
@@ -890,7 +866,7 @@ async fn post_chunk(
         Failure::Retryable(anyhow::Error::new(err).context("failed to read the server's answer"))
     })?;
     if status.is_success() {
-        return serde_json::from_str::<WrittenBody>(&text)
+        return serde_json::from_str::<WrittenResponse>(&text)
             .map(|written| written.written)
             .map_err(|err| {
                 Failure::Fatal(anyhow::Error::new(err).context(format!(

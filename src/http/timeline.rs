@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::extract::{Path, Query};
 use super::openapi::Name;
+use super::page::{PageResponse, Truncated};
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
 
@@ -21,7 +22,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-struct TimelineItemResponse {
+pub(crate) struct TimelineItemResponse {
     event_id: Uuid,
     author: String,
     kind: String,
@@ -59,16 +60,10 @@ struct TimelineParams {
     after: Option<String>,
 }
 
-/// `{"items":[...],"next_cursor":string|null,"truncated":bool}`. A page that reaches the
-/// timeline cap has `next_cursor: null` and `truncated: true`. A catch-up page always has a
-/// `next_cursor`, to read on from next time.
-#[derive(Debug, Serialize, ToSchema)]
-struct TimelinePageResponse {
-    items: Vec<TimelineItemResponse>,
-    next_cursor: Option<String>,
-    /// The page stops at the timeline cap (`FANLINE_MAX_TIMELINE_LEN`), not at the end.
-    truncated: bool,
-}
+/// A timeline page: `{"items":[...],"next_cursor":string|null,"truncated":bool}`. A page
+/// that reaches the timeline cap has `next_cursor: null` and `truncated: true`. A catch-up
+/// page always has a `next_cursor`, to read on from next time.
+type TimelinePageResponse = PageResponse<TimelineItemResponse, Truncated>;
 
 /// The subject's timeline: the events of those it follows, newest first; or with `after`,
 /// what arrived since a catch-up cursor, oldest first.
@@ -77,7 +72,7 @@ struct TimelinePageResponse {
     path = "/v1/subjects/{subject}/timeline",
     tag = "timeline",
     params(("subject" = Name, Path, description = "The reader"), TimelineParams),
-    responses((status = OK, description = "A page of the timeline", body = TimelinePageResponse))
+    responses((status = OK, description = "A page of the timeline", body = PageResponse<TimelineItemResponse, Truncated>))
 )]
 async fn read_timeline(
     State(state): State<AppState>,
@@ -98,7 +93,7 @@ async fn read_timeline(
             TimelinePageResponse {
                 items: caught_up.items.into_iter().map(Into::into).collect(),
                 next_cursor: Some(caught_up.next_cursor),
-                truncated: false,
+                extra: Truncated { truncated: false },
             }
         }
         (None, cursor) => {
@@ -109,7 +104,9 @@ async fn read_timeline(
             TimelinePageResponse {
                 items: page.items.into_iter().map(Into::into).collect(),
                 next_cursor: page.next_cursor,
-                truncated: page.truncated,
+                extra: Truncated {
+                    truncated: page.truncated,
+                },
             }
         }
     };

@@ -152,7 +152,7 @@ async fn an_import_the_server_refuses_stops_and_says_why(backend: Backend) {
     assert_eq!(sidecar["points_done"], 0, "{sidecar}");
     assert_eq!(sidecar["done"], false, "{sidecar}");
     assert_eq!(
-        app.get("/v1/series").await.body["series"],
+        app.get("/v1/series").await.body["items"],
         serde_json::json!([])
     );
 }

@@ -7,6 +7,7 @@ mod helpers;
 
 mod auth;
 mod conformance;
+mod envelope;
 mod errors;
 mod fanout;
 mod following;
