@@ -1,6 +1,7 @@
 //! `GET /v1/subjects/{subject}/timeline`: newest first, 250 a page, at most
-//! `max_timeline_len` deep; or, with `after`, a catch-up read: everything newer than a
-//! catch-up cursor, oldest first.
+//! `max_timeline_len` deep; or, with `after`, a catch-up read: everything newer than what a
+//! client holds (a catch-up cursor, a time, an entry's row key or a page cursor), oldest
+//! first.
 
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
@@ -56,7 +57,18 @@ struct TimelineParams {
     limit: Option<usize>,
     /// A page cursor (newest-first paging).
     cursor: Option<String>,
-    /// A catch-up cursor, or an RFC 3339 time: entries newer than it, oldest first.
+    /// Read the entries newer than a point, oldest first (a catch-up read), instead of
+    /// paging newest first. The point is what a client holds, any of:
+    ///
+    /// - a catch-up cursor (the `next_cursor` of an earlier read with `after`): what arrived
+    ///   since that read;
+    /// - an RFC 3339 time: the entries after it;
+    /// - the `row_key` of an entry of this timeline: the entries after it, not it;
+    /// - a `next_cursor` of a page of this timeline: the entries newer than the newest entry
+    ///   of the first page of that walk, that is, everything the walk has not seen.
+    ///
+    /// A catch-up page always has a `next_cursor`, a catch-up cursor to read on from. A
+    /// cursor of another timeline, or anything else, is a 400 `invalid_cursor`.
     after: Option<String>,
 }
 
@@ -66,7 +78,7 @@ struct TimelineParams {
 type TimelinePageResponse = PageResponse<TimelineItemResponse, Truncated>;
 
 /// The subject's timeline: the events of those it follows, newest first; or with `after`,
-/// what arrived since a catch-up cursor, oldest first.
+/// the entries newer than what the client holds, oldest first.
 #[utoipa::path(
     get,
     path = "/v1/subjects/{subject}/timeline",

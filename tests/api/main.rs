@@ -5,6 +5,7 @@ mod dynamo_local;
 #[macro_use]
 mod helpers;
 
+mod after;
 mod auth;
 mod conformance;
 mod envelope;
