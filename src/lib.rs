@@ -11,17 +11,15 @@
 //! - [`metrics`]: Prometheus metrics of fan-out, HTTP and store traffic
 //! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
 //! - [`auth`]: admin, subject and device tokens: who a request acts as
-//! - [`bench`]: the `fanline bench` benchmark
-//! - [`import`]: `fanline import`: resumable bulk load of a CSV file of points, in atomic chunks
+//! - [`cli`]: the `fanline import` and `fanline bench` commands, clients of the above
 
 pub mod app;
 pub mod auth;
-pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod cursor;
 pub mod fanout;
 pub mod http;
-pub mod import;
 pub mod keys;
 pub mod metrics;
 pub mod series;

@@ -5,9 +5,9 @@ use std::io::Write as _;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fanline::app::{self, Application};
-use fanline::bench::{self, BenchArgs};
+use fanline::cli::bench::{self, BenchArgs};
+use fanline::cli::import::{self, ImportArgs};
 use fanline::config::Config;
-use fanline::import::{self, ImportArgs};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 

@@ -124,7 +124,7 @@ async fn an_import_the_server_refuses_stops_and_says_why(backend: Backend) {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("points.csv");
     std::fs::write(&file, "dev-1/air,2026-05-01T00:00:00Z,1.5\n").expect("csv");
-    let args = fanline::import::ImportArgs {
+    let args = fanline::cli::import::ImportArgs {
         file: file.clone(),
         server: Some(app.address.clone()),
         chunk_points: 1_000,
@@ -135,7 +135,7 @@ async fn an_import_the_server_refuses_stops_and_says_why(backend: Backend) {
             ..fanline::config::Config::defaults()
         },
     };
-    let err = fanline::import::run(args)
+    let err = fanline::cli::import::run(args)
         .await
         .expect_err("the server refuses the chunk");
     let message = format!("{err:#}");
@@ -145,7 +145,7 @@ async fn an_import_the_server_refuses_stops_and_says_why(backend: Backend) {
     );
     // The sidecar written before the first chunk still says nothing was imported.
     let sidecar: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fanline::import::sidecar_path(&file)).expect("sidecar"),
+        &std::fs::read(fanline::cli::import::sidecar_path(&file)).expect("sidecar"),
     )
     .expect("sidecar JSON");
     assert_eq!(sidecar["offset"], 0, "{sidecar}");

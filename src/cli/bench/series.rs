@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{BenchStore, millis, percentile};
 use crate::app::{Application, OpenStore};
+use crate::cli::import::{DEFAULT_CHUNK_POINTS, ImportArgs};
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
 use crate::http::{PageResponse, PointBody, PointResponse, WritePointsRequest, WrittenResponse};
-use crate::import::{DEFAULT_CHUNK_POINTS, ImportArgs};
 use crate::keys::Ticks;
 use crate::series::layout::{TICKS_PER_SECOND, day_of, day_start};
 use crate::series::reading::MAX_SERIES_PAGE;
@@ -530,7 +530,7 @@ async fn import_rate(
         },
     };
     let began = Instant::now();
-    let summary = crate::import::run(import).await?;
+    let summary = crate::cli::import::run(import).await?;
     let committed = began.elapsed();
     anyhow::ensure!(
         summary.written as u64 == points,
