@@ -9,9 +9,9 @@
 //! continues from there. A kill between a write and its sidecar update only means that chunk
 //! is written again, and points are upserts by (series, time), so nothing is duplicated.
 //!
-//! Each file does one job: [`parse`] reads CSV lines, [`chunk`] groups them into writes,
-//! [`sidecar`] keeps the progress, [`store_writer`] and [`client`] write a chunk into the store
-//! or to a server, and [`report`] shows progress; this module runs them.
+//! Each file does one job: `parse` reads CSV lines, `chunk` groups them into writes, `sidecar`
+//! keeps the progress, `store_writer` and `client` write a chunk into the store or to a
+//! server, and `report` shows progress; this module runs them.
 
 mod chunk;
 mod client;
