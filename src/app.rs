@@ -104,7 +104,11 @@ async fn app_state(
     Ok(AppState {
         timelines: Arc::new(timelines),
         series: Arc::new(series),
-        tokens: Arc::new(Tokens::new(store.clone(), admin_token)),
+        tokens: Arc::new(Tokens::new(
+            store.clone(),
+            CursorCodec::new(&key),
+            admin_token,
+        )),
         rate_limits: Arc::new(RateLimits::new(config.rate_limit)),
         public_events: config.public_events,
         metrics,

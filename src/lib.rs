@@ -3,28 +3,26 @@
 //! - [`config`]: every setting, as flags and `FANLINE_*` environment variables
 //! - [`keys`]: .NET ticks and reverse-tick event row keys
 //! - [`cursor`]: opaque, HMAC-authenticated page cursors
-//! - [`store`]: the table-store trait, its fjall and DynamoDB backends, the conformance suite
+//! - [`store`]: the table-store trait, its limits, and its fjall and DynamoDB backends
 //! - [`series`]: sensor series: points by time range, aggregates, tags, batch writes
 //! - [`timeline`]: posting, following, reading, and their job handlers (fan-out, reconcile)
 //! - [`jobs`]: the generic job runner: queue shards, leases, checkpoints, retries, dead letters,
 //!   status records; handlers live with their domain
 //! - [`http`]: axum routers, extractors and the JSON error type
-//! - [`metrics`]: Prometheus metrics of fan-out, HTTP and store traffic
+//! - [`metrics`]: Prometheus metrics of jobs, fan-out, HTTP and store traffic
 //! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
 //! - [`auth`]: admin, subject and device tokens: who a request acts as
-//! - [`bench`]: the `fanline bench` benchmark
-//! - [`import`]: `fanline import`: resumable bulk load of a CSV file of points, in atomic chunks
+//! - [`cli`]: the `fanline import` and `fanline bench` commands, clients of the above
 
 pub mod app;
-pub mod auth;
-pub mod bench;
+mod auth;
+pub mod cli;
 pub mod config;
 pub mod cursor;
-pub mod http;
-pub mod import;
+mod http;
 pub mod jobs;
 pub mod keys;
-pub mod metrics;
+mod metrics;
 pub mod series;
 pub mod store;
 pub mod timeline;

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{CommandFactory as _, Parser, Subcommand};
 use fanline::app::{self, Application};
-use fanline::bench::{self, BenchArgs};
+use fanline::cli::bench::{self, BenchArgs};
+use fanline::cli::import::{self, ImportArgs};
 use fanline::config::Config;
-use fanline::import::{self, ImportArgs};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 

@@ -22,11 +22,14 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq as _;
 use uuid::Uuid;
 
+use crate::cursor::{CursorCodec, InvalidCursor};
 use crate::keys::Ticks;
-use crate::store::{Item, Query, Store, StoreResult, Table, Write};
+use crate::store::{Item, Query, Store, StoreError, StoreResult, Table, Write};
 
 /// How long a token lookup is trusted before the store is asked again.
 pub const CACHE_TTL: Duration = Duration::from_millis(500);
+/// Most tokens in one listing page, and the default.
+pub const MAX_TOKEN_PAGE: usize = 1000;
 const TOKEN_ROW: &str = "token";
 const PREFIX: &str = "fl_";
 
@@ -79,6 +82,24 @@ pub struct TokenInfo {
     pub created_at: String,
 }
 
+/// A page of tokens.
+#[derive(Clone, Debug)]
+pub struct TokenList {
+    pub items: Vec<TokenInfo>,
+    pub next_cursor: Option<String>,
+}
+
+/// Why a token listing failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenListError {
+    #[error("limit must be 1 to {MAX_TOKEN_PAGE}")]
+    InvalidLimit,
+    #[error(transparent)]
+    InvalidCursor(#[from] InvalidCursor),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// A freshly issued token: the secret is shown this once.
 #[derive(Clone, Debug)]
 pub struct Issued {
@@ -125,14 +146,16 @@ type Cached = (Option<([u8; 32], Grant)>, Instant);
 /// The token service: one per process.
 pub struct Tokens {
     store: Arc<dyn Store>,
+    cursors: CursorCodec,
     admin_hash: [u8; 32],
     cache: quick_cache::sync::Cache<String, Cached>,
 }
 
 impl Tokens {
-    pub fn new(store: Arc<dyn Store>, admin_token: &str) -> Tokens {
+    pub fn new(store: Arc<dyn Store>, cursors: CursorCodec, admin_token: &str) -> Tokens {
         Tokens {
             store,
+            cursors,
             admin_hash: sha256(admin_token.as_bytes()),
             cache: quick_cache::sync::Cache::new(100_000),
         }
@@ -209,17 +232,34 @@ impl Tokens {
         Ok(true)
     }
 
-    /// The tokens issued for `owner` (a subject or a series), without their secrets.
-    pub async fn list(&self, owner: &str) -> StoreResult<Vec<TokenInfo>> {
-        let rows = self
+    /// A page of the tokens issued for `owner` (a subject or a series), without their
+    /// secrets, in token-id order (which is issue order): at most `limit`, after the token
+    /// `cursor` names.
+    pub async fn list(
+        &self,
+        owner: &str,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<TokenList, TokenListError> {
+        if !(1..=MAX_TOKEN_PAGE).contains(&limit) {
+            return Err(TokenListError::InvalidLimit);
+        }
+        let partition = owner_partition(owner);
+        let scope = format!("tokens/{partition}");
+        let after = cursor
+            .map(|cursor| self.cursors.decode(&scope, cursor))
+            .transpose()?;
+        let mut rows = self
             .store
-            .query(Query::partition(
-                Table::Tokens,
-                owner_partition(owner),
-                1000,
-            ))
+            .query(Query::partition(Table::Tokens, &partition, limit + 1).after(after))
             .await?;
-        Ok(rows
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next_cursor = rows
+            .last()
+            .filter(|_| more)
+            .map(|last| self.cursors.encode(&scope, &last.row));
+        let items = rows
             .into_iter()
             .filter_map(|row| {
                 let stored: StoredToken = serde_json::from_slice(&row.value).ok()?;
@@ -229,7 +269,8 @@ impl Tokens {
                     created_at: Ticks::clamped(stored.created_at).to_string(),
                 })
             })
-            .collect())
+            .collect();
+        Ok(TokenList { items, next_cursor })
     }
 }
 

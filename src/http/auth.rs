@@ -17,7 +17,8 @@ use super::AppState;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
 use super::openapi::Name;
-use crate::auth::{Grant, Principal, TokenInfo};
+use super::page::PageResponse;
+use crate::auth::{Grant, MAX_TOKEN_PAGE, Principal, TokenInfo, TokenListError};
 use crate::series::SeriesName;
 use crate::timeline::SubjectId;
 
@@ -211,11 +212,11 @@ async fn revoke_token(
 struct ListParams {
     /// The subject, or series, whose tokens to list.
     subject: String,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct TokensResponse {
-    tokens: Vec<ListedToken>,
+    /// Tokens a page: 1 to 1,000; 1,000 when absent.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<usize>,
+    /// The `next_cursor` of the page before.
+    cursor: Option<String>,
 }
 
 /// A token as listed: never its secret.
@@ -254,22 +255,42 @@ impl From<TokenInfo> for ListedToken {
     }
 }
 
-/// Lists the tokens issued for a subject or a series, without their secrets.
+impl From<TokenListError> for ApiError {
+    fn from(err: TokenListError) -> Self {
+        match err {
+            TokenListError::InvalidLimit => ApiError::bad_request("invalid_limit", err.to_string()),
+            TokenListError::InvalidCursor(invalid) => {
+                ApiError::bad_request("invalid_cursor", invalid.to_string())
+            }
+            TokenListError::Store(store) => store.into(),
+        }
+    }
+}
+
+/// Lists the tokens issued for a subject or a series, without their secrets, oldest first.
 #[utoipa::path(
     get,
     path = "/v1/admin/tokens",
     tag = "admin",
     params(ListParams),
-    responses((status = OK, description = "The tokens", body = TokensResponse))
+    responses((status = OK, description = "A page of tokens", body = PageResponse<ListedToken>))
 )]
 async fn list_tokens(
     State(state): State<AppState>,
     Query(params): Query<ListParams>,
-) -> Result<axum::Json<TokensResponse>, ApiError> {
-    let tokens = state.tokens.list(&params.subject).await?;
-    Ok(axum::Json(TokensResponse {
-        tokens: tokens.into_iter().map(ListedToken::from).collect(),
-    }))
+) -> Result<axum::Json<PageResponse<ListedToken>>, ApiError> {
+    let page = state
+        .tokens
+        .list(
+            &params.subject,
+            params.limit.unwrap_or(MAX_TOKEN_PAGE),
+            params.cursor.as_deref(),
+        )
+        .await?;
+    Ok(axum::Json(PageResponse::new(
+        page.items.into_iter().map(ListedToken::from).collect(),
+        page.next_cursor,
+    )))
 }
 
 #[cfg(test)]

@@ -26,6 +26,12 @@ use tracing::Level;
 use utoipa_axum::router::OpenApiRouter;
 
 pub use error::{ApiError, ErrorBody};
+// The wire types that the command-line clients (`fanline import --server`, `fanline bench`)
+// send and read back: the server's own, so client and server cannot disagree.
+pub(crate) use page::PageResponse;
+pub(crate) use series::{
+    BatchSeries, PointBody, PointResponse, WriteBatchRequest, WritePointsRequest, WrittenResponse,
+};
 
 use crate::auth::Tokens;
 use crate::metrics::Metrics;

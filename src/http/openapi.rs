@@ -23,6 +23,7 @@ use utoipa::{OpenApi, ToSchema};
 
 use super::AppState;
 use super::error::ErrorBody;
+use super::page::NoExtra;
 
 /// The name of the security scheme in the document.
 const BEARER: &str = "bearer";
@@ -54,7 +55,8 @@ pub struct Name(String);
     ),
     paths(get_document),
     security(("bearer" = [])),
-    components(schemas(ErrorBody)),
+    // `NoExtra` is the default of a generic parameter, which the routes do not register.
+    components(schemas(ErrorBody, NoExtra)),
     tags(
         (name = "events", description = "Subjects' event logs, their fan-out and deletes"),
         (name = "following", description = "Follow edges"),

@@ -1,4 +1,9 @@
-//! Paging parameters and the page envelope shared by every listing.
+//! The one envelope of every listing, and the paging parameters most listings share.
+//!
+//! Every listing answers `{"items":[...],"next_cursor":string|null}`, plus the fields of its
+//! own that it needs ([`Truncated`] for timelines, [`Names`] for aligned reads), flattened
+//! into the same object. All of them are [`PageResponse`], so the envelope cannot drift
+//! between routes; the import client and the bench read answers with the same type.
 
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -22,19 +27,87 @@ impl PageParams {
     }
 }
 
-/// `{"items":[...],"next_cursor":string|null}`.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PageResponse<T> {
+/// `{"items":[...],"next_cursor":string|null}`, and the fields of `extra`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PageResponse<T, X = NoExtra> {
     pub items: Vec<T>,
     /// The cursor of the next page; null on the last one.
+    #[schema(required = true)]
     pub next_cursor: Option<String>,
+    /// Fields of this listing's own, beside `items` and `next_cursor`.
+    #[serde(flatten)]
+    pub extra: X,
+}
+
+/// No fields beyond `items` and `next_cursor`.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct NoExtra {}
+
+/// A timeline page's own field.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Truncated {
+    /// The page stops at the timeline cap (`FANLINE_MAX_TIMELINE_LEN`), not at the end of
+    /// the timeline: `next_cursor` is null although older entries once existed.
+    pub truncated: bool,
+}
+
+/// An aligned read's own field.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Names {
+    /// The series read, in the order of every row's `values`.
+    #[schema(value_type = Vec<super::openapi::Name>)]
+    pub names: Vec<String>,
 }
 
 impl<T> PageResponse<T> {
-    pub fn from_page<D>(page: Page<D>, convert: impl Fn(D) -> T) -> Self {
+    /// A page of `items` with nothing beyond the envelope.
+    pub fn new(items: Vec<T>, next_cursor: Option<String>) -> Self {
         PageResponse {
-            items: page.items.into_iter().map(convert).collect(),
-            next_cursor: page.next_cursor,
+            items,
+            next_cursor,
+            extra: NoExtra {},
         }
+    }
+
+    /// A domain page, each item converted by `convert`.
+    pub fn from_page<D>(page: Page<D>, convert: impl Fn(D) -> T) -> Self {
+        PageResponse::new(
+            page.items.into_iter().map(convert).collect(),
+            page.next_cursor,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_envelope_has_items_and_next_cursor_and_only_its_own_extra_fields() {
+        let keys = |value: serde_json::Value| -> Vec<String> {
+            let mut keys: Vec<String> = value
+                .as_object()
+                .expect("an object")
+                .keys()
+                .cloned()
+                .collect();
+            keys.sort();
+            keys
+        };
+        let plain = serde_json::to_value(PageResponse::new(vec![1], None)).expect("json");
+        assert_eq!(keys(plain), ["items", "next_cursor"]);
+        let timeline = PageResponse {
+            items: vec![1],
+            next_cursor: Some("c".into()),
+            extra: Truncated { truncated: true },
+        };
+        assert_eq!(
+            keys(serde_json::to_value(timeline).expect("json")),
+            ["items", "next_cursor", "truncated"]
+        );
+        let read: PageResponse<u8, Names> =
+            serde_json::from_str(r#"{"items":[],"next_cursor":null,"names":["a"]}"#)
+                .expect("a page reads back");
+        assert_eq!(read.extra.names, ["a"]);
     }
 }

@@ -13,6 +13,7 @@ use super::AppState;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Json, Path, Query};
 use super::openapi::Name;
+use super::page::{Names, PageResponse};
 use crate::keys::Ticks;
 use crate::series::catalogue::DEFAULT_LIST_PAGE;
 use crate::series::reading::{DEFAULT_SERIES_PAGE, Range};
@@ -82,43 +83,44 @@ fn aggregate_param(text: Option<&str>) -> Result<Aggregate, ApiError> {
     }
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
+/// A point as a write takes it; `fanline import --server` and the bench send these too.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PointBody {
+pub(crate) struct PointBody {
     /// RFC 3339, 100 ns precision.
     #[schema(format = DateTime)]
-    at: String,
+    pub(crate) at: String,
     /// A finite number.
-    value: f64,
+    pub(crate) value: f64,
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WritePointsRequest {
+pub(crate) struct WritePointsRequest {
     /// At most 10,000.
-    points: Vec<PointBody>,
+    pub(crate) points: Vec<PointBody>,
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BatchSeries {
+pub(crate) struct BatchSeries {
     #[schema(value_type = Name)]
-    name: String,
+    pub(crate) name: String,
     /// At most 10,000.
-    points: Vec<PointBody>,
+    pub(crate) points: Vec<PointBody>,
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WriteBatchRequest {
+pub(crate) struct WriteBatchRequest {
     /// At most 200,000 points in all.
-    series: Vec<BatchSeries>,
+    pub(crate) series: Vec<BatchSeries>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-struct WrittenResponse {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct WrittenResponse {
     /// Points written (a point at a time already held replaces it).
-    written: usize,
+    pub(crate) written: usize,
 }
 
 /// Parses the points of one series; `where_` names it in errors.
@@ -224,19 +226,13 @@ struct ReadParams {
     agg: Option<String>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-struct PointResponse {
+/// A point, or with `step`, the aggregate of one bucket.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct PointResponse {
     /// RFC 3339; with `step`, the start of the bucket.
     #[schema(format = DateTime)]
-    at: String,
-    value: f64,
-}
-
-/// `{"points":[{"at","value"}],"next_cursor"}`: raw points, or one row per step bucket.
-#[derive(Debug, Serialize, ToSchema)]
-struct PointsResponse {
-    points: Vec<PointResponse>,
-    next_cursor: Option<String>,
+    pub(crate) at: String,
+    pub(crate) value: f64,
 }
 
 fn point_response(at: u64, value: f64) -> PointResponse {
@@ -252,13 +248,13 @@ fn point_response(at: u64, value: f64) -> PointResponse {
     path = "/v1/series/{series}/points",
     tag = "series",
     params(("series" = Name, Path, description = "The series name"), ReadParams),
-    responses((status = OK, description = "A page of points", body = PointsResponse))
+    responses((status = OK, description = "A page of points, or of buckets", body = PageResponse<PointResponse>))
 )]
 async fn read_points(
     State(state): State<AppState>,
     Path(series): Path<String>,
     Query(params): Query<ReadParams>,
-) -> Result<axum::Json<PointsResponse>, ApiError> {
+) -> Result<axum::Json<PageResponse<PointResponse>>, ApiError> {
     let series = series_name(&series)?;
     let range = range(params.from.as_deref(), params.to.as_deref())?;
     let limit = params.limit.unwrap_or(DEFAULT_SERIES_PAGE);
@@ -272,14 +268,13 @@ async fn read_points(
                 ));
             }
             let page = state.series.points(&series, range, limit, cursor).await?;
-            PointsResponse {
-                points: page
-                    .points
+            PageResponse::new(
+                page.items
                     .into_iter()
                     .map(|point| point_response(point.at, point.value))
                     .collect(),
-                next_cursor: page.next_cursor,
-            }
+                page.next_cursor,
+            )
         }
         Some(step) => {
             let step = step_param(step)?;
@@ -288,14 +283,13 @@ async fn read_points(
                 .series
                 .aggregate(&series, range, step, aggregate, limit, cursor)
                 .await?;
-            PointsResponse {
-                points: page
-                    .rows
+            PageResponse::new(
+                page.items
                     .into_iter()
                     .map(|(at, value)| point_response(at, value))
                     .collect(),
-                next_cursor: page.next_cursor,
-            }
+                page.next_cursor,
+            )
         }
     };
     Ok(axum::Json(response))
@@ -324,22 +318,14 @@ struct AlignedParams {
     cursor: Option<String>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-struct AlignedRow {
+/// One bucket of an aligned read.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct AlignedRow {
     /// RFC 3339, the start of the bucket.
     #[schema(format = DateTime)]
-    at: String,
+    pub(crate) at: String,
     /// One per name, in order; null where that series has no points in the bucket.
-    values: Vec<Option<f64>>,
-}
-
-/// `{"names":[...],"rows":[{"at","values":[...]}],"next_cursor"}`: `values` in the order
-/// of `names`, null where a series has no points in the bucket.
-#[derive(Debug, Serialize, ToSchema)]
-struct AlignedResponse {
-    names: Vec<String>,
-    rows: Vec<AlignedRow>,
-    next_cursor: Option<String>,
+    pub(crate) values: Vec<Option<f64>>,
 }
 
 /// Several series bucketed on one time grid, a row per bucket.
@@ -348,12 +334,12 @@ struct AlignedResponse {
     path = "/v1/series:aligned",
     tag = "series",
     params(AlignedParams),
-    responses((status = OK, description = "A page of rows", body = AlignedResponse))
+    responses((status = OK, description = "A page of rows, `values` in the order of `names`", body = PageResponse<AlignedRow, Names>))
 )]
 async fn read_aligned(
     State(state): State<AppState>,
     Query(params): Query<AlignedParams>,
-) -> Result<axum::Json<AlignedResponse>, ApiError> {
+) -> Result<axum::Json<PageResponse<AlignedRow, Names>>, ApiError> {
     let names = params
         .names
         .split(',')
@@ -374,10 +360,9 @@ async fn read_aligned(
             params.cursor.as_deref(),
         )
         .await?;
-    Ok(axum::Json(AlignedResponse {
-        names: names.iter().map(|name| name.as_str().to_owned()).collect(),
-        rows: page
-            .rows
+    Ok(axum::Json(PageResponse {
+        items: page
+            .items
             .into_iter()
             .map(|(at, values)| AlignedRow {
                 at: Ticks::clamped(at).to_string(),
@@ -385,6 +370,9 @@ async fn read_aligned(
             })
             .collect(),
         next_cursor: page.next_cursor,
+        extra: Names {
+            names: names.iter().map(|name| name.as_str().to_owned()).collect(),
+        },
     }))
 }
 
@@ -515,24 +503,18 @@ struct ListParams {
     cursor: Option<String>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-struct ListResponse {
-    series: Vec<String>,
-    next_cursor: Option<String>,
-}
-
 /// The names of the series, in name order.
 #[utoipa::path(
     get,
     path = "/v1/series",
     tag = "series",
     params(ListParams),
-    responses((status = OK, description = "A page of names", body = ListResponse))
+    responses((status = OK, description = "A page of names", body = PageResponse<Name>))
 )]
 async fn list_series(
     State(state): State<AppState>,
     Query(params): Query<ListParams>,
-) -> Result<axum::Json<ListResponse>, ApiError> {
+) -> Result<axum::Json<PageResponse<String>>, ApiError> {
     let list = state
         .series
         .list(
@@ -542,8 +524,5 @@ async fn list_series(
             params.cursor.as_deref(),
         )
         .await?;
-    Ok(axum::Json(ListResponse {
-        series: list.series,
-        next_cursor: list.next_cursor,
-    }))
+    Ok(axum::Json(PageResponse::new(list.items, list.next_cursor)))
 }

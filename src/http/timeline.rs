@@ -1,6 +1,7 @@
 //! `GET /v1/subjects/{subject}/timeline`: newest first, 250 a page, at most
-//! `max_timeline_len` deep; or, with `after`, a catch-up read: everything newer than a
-//! catch-up cursor, oldest first.
+//! `max_timeline_len` deep; or, with `after`, a catch-up read: everything newer than what a
+//! client holds (a catch-up cursor, a time, an entry's row key or a page cursor), oldest
+//! first.
 
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::extract::{Path, Query};
 use super::openapi::Name;
+use super::page::{PageResponse, Truncated};
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
 
@@ -21,7 +23,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-struct TimelineItemResponse {
+pub(crate) struct TimelineItemResponse {
     event_id: Uuid,
     author: String,
     kind: String,
@@ -55,29 +57,34 @@ struct TimelineParams {
     limit: Option<usize>,
     /// A page cursor (newest-first paging).
     cursor: Option<String>,
-    /// A catch-up cursor, or an RFC 3339 time: entries newer than it, oldest first.
+    /// Read the entries newer than a point, oldest first (a catch-up read), instead of
+    /// paging newest first. The point is what a client holds, any of:
+    ///
+    /// - a catch-up cursor (the `next_cursor` of an earlier read with `after`): what arrived
+    ///   since that read;
+    /// - an RFC 3339 time: the entries after it;
+    /// - the `row_key` of an entry of this timeline: the entries after it, not it;
+    /// - a `next_cursor` of a page of this timeline: the entries newer than the newest entry
+    ///   of the first page of that walk, that is, everything the walk has not seen.
+    ///
+    /// A catch-up page always has a `next_cursor`, a catch-up cursor to read on from. A
+    /// cursor of another timeline, or anything else, is a 400 `invalid_cursor`.
     after: Option<String>,
 }
 
-/// `{"items":[...],"next_cursor":string|null,"truncated":bool}`. A page that reaches the
-/// timeline cap has `next_cursor: null` and `truncated: true`. A catch-up page always has a
-/// `next_cursor`, to read on from next time.
-#[derive(Debug, Serialize, ToSchema)]
-struct TimelinePageResponse {
-    items: Vec<TimelineItemResponse>,
-    next_cursor: Option<String>,
-    /// The page stops at the timeline cap (`FANLINE_MAX_TIMELINE_LEN`), not at the end.
-    truncated: bool,
-}
+/// A timeline page: `{"items":[...],"next_cursor":string|null,"truncated":bool}`. A page
+/// that reaches the timeline cap has `next_cursor: null` and `truncated: true`. A catch-up
+/// page always has a `next_cursor`, to read on from next time.
+type TimelinePageResponse = PageResponse<TimelineItemResponse, Truncated>;
 
 /// The subject's timeline: the events of those it follows, newest first; or with `after`,
-/// what arrived since a catch-up cursor, oldest first.
+/// the entries newer than what the client holds, oldest first.
 #[utoipa::path(
     get,
     path = "/v1/subjects/{subject}/timeline",
     tag = "timeline",
     params(("subject" = Name, Path, description = "The reader"), TimelineParams),
-    responses((status = OK, description = "A page of the timeline", body = TimelinePageResponse))
+    responses((status = OK, description = "A page of the timeline", body = PageResponse<TimelineItemResponse, Truncated>))
 )]
 async fn read_timeline(
     State(state): State<AppState>,
@@ -98,7 +105,7 @@ async fn read_timeline(
             TimelinePageResponse {
                 items: caught_up.items.into_iter().map(Into::into).collect(),
                 next_cursor: Some(caught_up.next_cursor),
-                truncated: false,
+                extra: Truncated { truncated: false },
             }
         }
         (None, cursor) => {
@@ -109,7 +116,9 @@ async fn read_timeline(
             TimelinePageResponse {
                 items: page.items.into_iter().map(Into::into).collect(),
                 next_cursor: page.next_cursor,
-                truncated: page.truncated,
+                extra: Truncated {
+                    truncated: page.truncated,
+                },
             }
         }
     };

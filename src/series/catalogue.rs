@@ -30,7 +30,7 @@ pub fn tag_partition(tag: &str) -> String {
 /// A page of series names.
 #[derive(Debug)]
 pub struct SeriesList {
-    pub series: Vec<String>,
+    pub items: Vec<String>,
     pub next_cursor: Option<String>,
 }
 
@@ -167,7 +167,7 @@ impl Series {
             None
         };
         Ok(SeriesList {
-            series,
+            items: series,
             next_cursor,
         })
     }

@@ -79,21 +79,21 @@ impl Range {
 /// A page of raw points.
 #[derive(Debug)]
 pub struct PointsPage {
-    pub points: Vec<Point>,
+    pub items: Vec<Point>,
     pub next_cursor: Option<String>,
 }
 
 /// A page of step aggregates: `(bucket start, value)`.
 #[derive(Debug)]
 pub struct AggregatePage {
-    pub rows: Vec<(u64, f64)>,
+    pub items: Vec<(u64, f64)>,
     pub next_cursor: Option<String>,
 }
 
 /// A page of aligned rows: a bucket start and one value (or none) per series.
 #[derive(Debug)]
 pub struct AlignedPage {
-    pub rows: Vec<(u64, Vec<Option<f64>>)>,
+    pub items: Vec<(u64, Vec<Option<f64>>)>,
     pub next_cursor: Option<String>,
 }
 
@@ -211,14 +211,14 @@ impl Series {
         while let Some(point) = scan.next(store).await? {
             if points.len() == limit {
                 return Ok(PointsPage {
-                    points,
+                    items: points,
                     next_cursor: Some(self.cursors.encode(&scope, &point.at.to_string())),
                 });
             }
             points.push(point);
         }
         Ok(PointsPage {
-            points,
+            items: points,
             next_cursor: None,
         })
     }
@@ -253,14 +253,14 @@ impl Series {
         while let Some(row) = buckets.next(store).await? {
             if rows.len() == limit {
                 return Ok(AggregatePage {
-                    rows,
+                    items: rows,
                     next_cursor: Some(self.cursors.encode(&scope, &row.0.to_string())),
                 });
             }
             rows.push(row);
         }
         Ok(AggregatePage {
-            rows,
+            items: rows,
             next_cursor: None,
         })
     }
@@ -315,13 +315,13 @@ impl Series {
         loop {
             let Some(at) = heads.iter().flatten().map(|(at, _)| *at).min() else {
                 return Ok(AlignedPage {
-                    rows,
+                    items: rows,
                     next_cursor: None,
                 });
             };
             if rows.len() == limit {
                 return Ok(AlignedPage {
-                    rows,
+                    items: rows,
                     next_cursor: Some(self.cursors.encode(&scope, &at.to_string())),
                 });
             }

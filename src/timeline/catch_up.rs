@@ -10,14 +10,22 @@
 //! than the window after the newest entry the reader had seen. If more than [`MAX_SEEN`]
 //! entries lie in the window, the floor rises to keep the cursor short; the window then
 //! shrinks to those entries.
+//!
+//! A read can also start at what a client holds rather than at a catch-up cursor: an RFC 3339
+//! time, the `row_key` of an entry, or a `next_cursor` of a page of the timeline (which
+//! remembers the newest entry of its walk's first page). A start at an entry is exact even
+//! among entries of the same time: the floor then carries that entry's id, and entries at the
+//! floor's time whose row keys sort before it (newer, in timeline order) are still above it.
 
 use std::time::Duration;
 
+use uuid::Uuid;
+
 use super::merge::{Merged, Window};
 use super::reading::check_limit;
-use super::{DomainResult, SubjectId, TimelineEntry, Timelines};
+use super::{DomainError, DomainResult, SubjectId, TimelineEntry, Timelines};
 use crate::cursor::InvalidCursor;
-use crate::keys::{MAX_TICKS, Ticks};
+use crate::keys::{MAX_TICKS, Ticks, event_row_key, parse_event_row_key};
 use crate::store::Direction;
 
 /// Entries a cursor remembers above its floor.
@@ -26,7 +34,10 @@ pub const MAX_SEEN: usize = 240;
 /// ticks (429 s).
 pub const MAX_WINDOW: Duration = Duration::from_secs(300);
 
+/// A cursor whose floor is a time.
 const VERSION: u8 = 1;
+/// A cursor whose floor is an entry (a time and an event id).
+const VERSION_AT_ENTRY: u8 = 2;
 
 /// Entries newer than a cursor, oldest first, and the cursor to read on from.
 #[derive(Debug)]
@@ -39,8 +50,11 @@ pub struct CatchUp {
 /// What a catch-up cursor holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Position {
-    /// Entries at or below this time (ticks) are never returned again.
+    /// Entries at or below this time (ticks) are never returned again; but see `floor_id`.
     floor: u64,
+    /// With an id, the floor is the entry of that id at `floor`: entries at `floor` whose ids
+    /// sort before it (and so whose row keys sort before its row key) lie above the floor.
+    floor_id: Option<Uuid>,
     /// The newest `at` returned so far.
     newest: u64,
     /// Entries returned above the floor: their `at` and the last 6 bytes of their event id
@@ -59,16 +73,43 @@ impl Position {
     fn starting_at(time: Ticks) -> Position {
         Position {
             floor: time.get(),
+            floor_id: None,
             newest: time.get(),
             seen: Vec::new(),
         }
     }
 
+    /// Just above the entry of `row_key`: what is newer than it in timeline order.
+    fn starting_after_entry(row_key: &str) -> Option<Position> {
+        let (at, event_id) = parse_event_row_key(row_key)?;
+        Some(Position {
+            floor_id: Some(event_id),
+            ..Position::starting_at(at)
+        })
+    }
+
+    /// The exclusive upper bound, in row keys, of the entries above the floor: row keys sort
+    /// newest first, so everything newer than the floor sorts below it.
+    fn bound(&self) -> String {
+        let floor = Ticks::clamped(self.floor);
+        match self.floor_id {
+            Some(event_id) => event_row_key(floor, event_id),
+            None => format!("{:019}", MAX_TICKS - floor.get()),
+        }
+    }
+
     fn encode(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(19 + self.seen.len() * 10);
-        bytes.push(VERSION);
+        let mut bytes = Vec::with_capacity(35 + self.seen.len() * 10);
+        bytes.push(if self.floor_id.is_some() {
+            VERSION_AT_ENTRY
+        } else {
+            VERSION
+        });
         bytes.extend_from_slice(&self.floor.to_be_bytes());
         bytes.extend_from_slice(&self.newest.to_be_bytes());
+        if let Some(event_id) = self.floor_id {
+            bytes.extend_from_slice(event_id.as_bytes());
+        }
         for (at, id) in &self.seen {
             // Every seen entry lies less than MAX_WINDOW above the floor.
             let height = u32::try_from(at.saturating_sub(self.floor)).unwrap_or(u32::MAX);
@@ -80,7 +121,12 @@ impl Position {
 
     fn decode(bytes: &[u8]) -> Result<Position, InvalidCursor> {
         let (&version, rest) = bytes.split_first().ok_or(InvalidCursor)?;
-        if version != VERSION || rest.len() < 16 || (rest.len() - 16) % 10 != 0 {
+        let head = match version {
+            VERSION => 16,
+            VERSION_AT_ENTRY => 32,
+            _ => return Err(InvalidCursor),
+        };
+        if rest.len() < head || (rest.len() - head) % 10 != 0 {
             return Err(InvalidCursor);
         }
         let word = |slice: &[u8]| -> u64 {
@@ -93,7 +139,11 @@ impl Position {
         if floor > MAX_TICKS || newest > MAX_TICKS {
             return Err(InvalidCursor);
         }
-        let seen = rest[16..]
+        let floor_id = (version == VERSION_AT_ENTRY)
+            .then(|| Uuid::from_slice(&rest[16..32]))
+            .transpose()
+            .map_err(|_| InvalidCursor)?;
+        let seen = rest[head..]
             .chunks_exact(10)
             .map(|chunk| {
                 let mut height = [0u8; 4];
@@ -105,6 +155,7 @@ impl Position {
             .collect();
         Ok(Position {
             floor,
+            floor_id,
             newest,
             seen,
         })
@@ -117,14 +168,22 @@ impl Position {
             self.seen.push((entry.at.get(), short_id(entry)));
         }
         let window_ticks = u64::try_from(window.as_nanos() / 100).unwrap_or(u64::MAX);
-        self.floor = self.floor.max(self.newest.saturating_sub(window_ticks));
-        let floor = self.floor;
-        self.seen.retain(|(at, _)| *at > floor);
+        // Entries returned at the floor's own time are above a floor that is an entry, so
+        // they are remembered until the floor rises past them.
+        let raised = self.newest.saturating_sub(window_ticks);
+        if raised > self.floor {
+            self.floor = raised;
+            self.floor_id = None;
+        }
+        let (floor, at_entry) = (self.floor, self.floor_id.is_some());
+        self.seen
+            .retain(|(at, _)| *at > floor || (at_entry && *at == floor));
         if self.seen.len() > MAX_SEEN {
             self.seen.sort_unstable();
             let drop = self.seen.len() - MAX_SEEN;
             // Everything at or below the newest dropped entry is below the new floor.
             self.floor = self.seen[drop - 1].0;
+            self.floor_id = None;
             let floor = self.floor;
             self.seen.retain(|(at, _)| *at > floor);
         }
@@ -132,8 +191,12 @@ impl Position {
 }
 
 impl Timelines {
-    /// The entries of `owner`'s timeline newer than `after`, oldest first. `after` is a
-    /// catch-up cursor, or an RFC 3339 time to start from.
+    /// The entries of `owner`'s timeline newer than `after`, oldest first. `after` is any of:
+    /// - a catch-up cursor (the `next_cursor` of a read like this one): what is new since;
+    /// - an RFC 3339 time: the entries after it;
+    /// - the `row_key` of an entry: the entries after it in timeline order, not it;
+    /// - a `next_cursor` of a page of this timeline: the entries after the newest entry of
+    ///   the first page of that walk, which is everything the walk has not seen.
     pub async fn catch_up(
         &self,
         owner: &SubjectId,
@@ -142,15 +205,12 @@ impl Timelines {
     ) -> DomainResult<CatchUp> {
         check_limit(limit)?;
         let scope = format!("catch-up/{owner}");
-        let mut position = match Ticks::parse_rfc3339(after) {
-            Ok(time) => Position::starting_at(time),
-            Err(_) => Position::decode(&self.cursors.decode_bytes(&scope, after)?)?,
-        };
+        let mut position = self.position_after(&scope, owner, after)?;
         let store = self.store.as_ref();
-        // Row keys of entries strictly newer than the floor sort below this bound; a reverse
-        // read from it goes oldest first.
+        // Row keys of entries newer than the floor sort below this bound; a reverse read
+        // from it goes oldest first.
         let window = Window {
-            end: Some(format!("{:019}", MAX_TICKS - position.floor)),
+            end: Some(position.bound()),
             direction: Direction::Reverse,
             ..Window::default()
         };
@@ -171,6 +231,33 @@ impl Timelines {
         let next_cursor = self.cursors.encode_bytes(&scope, &position.encode());
         Ok(CatchUp { items, next_cursor })
     }
+
+    /// Where a catch-up read from `after` starts; see [`Timelines::catch_up`].
+    fn position_after(
+        &self,
+        scope: &str,
+        owner: &SubjectId,
+        after: &str,
+    ) -> DomainResult<Position> {
+        if let Ok(time) = Ticks::parse_rfc3339(after) {
+            return Ok(Position::starting_at(time));
+        }
+        if let Some(position) = Position::starting_after_entry(after) {
+            return Ok(position);
+        }
+        if let Ok(bytes) = self.cursors.decode_bytes(scope, after) {
+            return Ok(Position::decode(&bytes)?);
+        }
+        if let Some(newest_row) = self.newest_row_of_walk(owner, after) {
+            return Position::starting_after_entry(&newest_row)
+                .ok_or(DomainError::InvalidCursor(InvalidCursor));
+        }
+        Err(DomainError::invalid(
+            "invalid_cursor",
+            "after must be a cursor issued by this timeline (a catch-up cursor or a page's \
+             next_cursor), the row_key of an entry, or an RFC 3339 time",
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -182,12 +269,13 @@ mod tests {
         #[test]
         fn positions_round_trip(
             floor in 0..=MAX_TICKS / 2,
-            heights in proptest::collection::vec((1..3_000_000_000u64, any::<[u8; 6]>()), 0..MAX_SEEN),
+            floor_id in proptest::option::of(any::<u128>().prop_map(Uuid::from_u128)),
+            heights in proptest::collection::vec((0..3_000_000_000u64, any::<[u8; 6]>()), 0..MAX_SEEN),
         ) {
             let seen: Vec<(u64, [u8; 6])> =
                 heights.into_iter().map(|(height, id)| (floor + height, id)).collect();
             let newest = seen.iter().map(|(at, _)| *at).max().unwrap_or(floor);
-            let position = Position { floor, newest, seen };
+            let position = Position { floor, floor_id, newest, seen };
             prop_assert_eq!(Position::decode(&position.encode()), Ok(position));
         }
 
@@ -195,6 +283,55 @@ mod tests {
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Position::decode(&bytes);
         }
+    }
+
+    #[test]
+    fn a_floor_at_an_entry_bounds_exactly_the_entries_newer_in_timeline_order() {
+        let at = Ticks::new(5_000_000_000).expect("ticks");
+        let id = Uuid::from_u128(0x8000);
+        let position =
+            Position::starting_after_entry(&event_row_key(at, id)).expect("an entry's row key");
+        let bound = position.bound();
+        let later = Ticks::new(at.get() + 1).expect("ticks");
+        let earlier = Ticks::new(at.get() - 1).expect("ticks");
+        assert!(event_row_key(later, Uuid::from_u128(u128::MAX)) < bound);
+        assert!(event_row_key(at, Uuid::from_u128(0x7fff)) < bound);
+        assert_eq!(
+            event_row_key(at, id),
+            bound,
+            "the entry itself is not above"
+        );
+        assert!(event_row_key(at, Uuid::from_u128(0x8001)) > bound);
+        assert!(event_row_key(earlier, Uuid::nil()) > bound);
+        assert!(Position::starting_after_entry("not a row key").is_none());
+        // A time floor takes every entry of its time as below.
+        let time_bound = Position::starting_at(at).bound();
+        assert!(event_row_key(at, Uuid::nil()) > time_bound);
+        assert!(event_row_key(later, Uuid::max()) < time_bound);
+    }
+
+    #[test]
+    fn entries_at_an_entry_floor_are_remembered_until_the_floor_rises() {
+        let at = Ticks::new(100 * 10_000_000).expect("ticks");
+        let mut position =
+            Position::starting_after_entry(&event_row_key(at, Uuid::from_u128(9))).expect("key");
+        let entry = |ticks: Ticks, byte: u8| TimelineEntry {
+            event_id: uuid::Uuid::from_bytes([byte; 16]),
+            author: "a".into(),
+            kind: "k".into(),
+            payload: serde_json::value::RawValue::from_string("1".into()).expect("json"),
+            at: ticks,
+            row_key: String::new(),
+        };
+        position.advance(&[entry(at, 1)], Duration::from_secs(60));
+        assert_eq!(position.seen, vec![(at.get(), [1; 6])]);
+        assert_eq!(position.floor_id, Some(Uuid::from_u128(9)));
+        let decoded = Position::decode(&position.encode()).expect("decodes");
+        assert_eq!(decoded, position);
+        let much_later = Ticks::new(at.get() + 70 * 10_000_000).expect("ticks");
+        position.advance(&[entry(much_later, 2)], Duration::from_secs(60));
+        assert_eq!(position.floor_id, None, "the floor rose past the entry");
+        assert_eq!(position.seen, vec![(much_later.get(), [2; 6])]);
     }
 
     #[test]

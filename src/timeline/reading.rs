@@ -16,7 +16,9 @@ impl Timelines {
     /// A subject's timeline, newest first, at most `max_timeline_len` entries deep.
     ///
     /// The cursor holds the last row key served and how many entries came before it, so the
-    /// page that reaches the cap can say so (`truncated`) instead of offering a next page.
+    /// page that reaches the cap can say so (`truncated`) instead of offering a next page;
+    /// and the newest row key of the walk's first page, so a catch-up read can start above
+    /// everything the walk has seen (see [`Timelines::catch_up`]).
     pub async fn timeline(
         &self,
         owner: &SubjectId,
@@ -24,10 +26,13 @@ impl Timelines {
         cursor: Option<&str>,
     ) -> DomainResult<Page<TimelineEntry>> {
         check_limit(limit)?;
-        let scope = format!("timelines/{owner}");
-        let (position, after) = match cursor {
-            Some(cursor) => decode_position(&self.cursors.decode(&scope, cursor)?)?,
-            None => (0, None),
+        let scope = page_scope(owner);
+        let (position, after, newest_opt) = match cursor {
+            Some(cursor) => {
+                let walk = PageCursor::decode(&self.cursors.decode(&scope, cursor)?)?;
+                (walk.served, Some(walk.last_row), walk.newest_row)
+            }
+            None => (0, None, None),
         };
         let cap = self.settings.max_timeline_len;
         let want = limit.min(cap.saturating_sub(position));
@@ -57,11 +62,16 @@ impl Timelines {
                 }
             });
         }
+        let newest_row = newest_opt.or_else(|| items.first().map(|first| first.row_key.clone()));
         let next_cursor = match items.last() {
-            Some(last) if more && !truncated => Some(
-                self.cursors
-                    .encode(&scope, &format!("{reached}:{}", last.row_key)),
-            ),
+            Some(last) if more && !truncated => {
+                let walk = PageCursor {
+                    served: reached,
+                    last_row: last.row_key.clone(),
+                    newest_row,
+                };
+                Some(self.cursors.encode(&scope, &walk.encode()))
+            }
             _ => None,
         };
         Ok(Page {
@@ -158,9 +168,89 @@ pub(in crate::timeline) fn check_limit(limit: usize) -> DomainResult<()> {
     Ok(())
 }
 
-/// `"{position}:{row key}"`, as a timeline cursor holds it.
-fn decode_position(body: &str) -> Result<(usize, Option<String>), InvalidCursor> {
-    let (position, row) = body.split_once(':').ok_or(InvalidCursor)?;
-    let position = position.parse().map_err(|_| InvalidCursor)?;
-    Ok((position, Some(row.to_owned())))
+/// The scope of `owner`'s timeline page cursors.
+fn page_scope(owner: &SubjectId) -> String {
+    format!("timelines/{owner}")
+}
+
+/// What a timeline page cursor holds: `"{served}:{last row key}:{newest row key}"` (row keys
+/// hold no `:`). Cursors issued before the newest row key was added hold only the first two;
+/// they still page.
+#[derive(Debug, PartialEq, Eq)]
+struct PageCursor {
+    /// Entries the walk has served so far.
+    served: usize,
+    /// The row key of the last entry served: the next page starts after it.
+    last_row: String,
+    /// The row key of the first entry of the walk's first page: the newest it has seen.
+    newest_row: Option<String>,
+}
+
+impl PageCursor {
+    fn encode(&self) -> String {
+        match &self.newest_row {
+            Some(newest) => format!("{}:{}:{newest}", self.served, self.last_row),
+            None => format!("{}:{}", self.served, self.last_row),
+        }
+    }
+
+    fn decode(body: &str) -> Result<PageCursor, InvalidCursor> {
+        let mut parts = body.split(':');
+        let served = parts
+            .next()
+            .and_then(|served| served.parse().ok())
+            .ok_or(InvalidCursor)?;
+        let last_row = parts.next().ok_or(InvalidCursor)?.to_owned();
+        let newest_row = parts.next().map(str::to_owned);
+        if parts.next().is_some() {
+            return Err(InvalidCursor);
+        }
+        Ok(PageCursor {
+            served,
+            last_row,
+            newest_row,
+        })
+    }
+}
+
+impl Timelines {
+    /// The newest row key seen by the page walk that `cursor` (a `next_cursor` of `owner`'s
+    /// timeline) continues; `None` if `cursor` is not one, or predates the newest row key.
+    pub(super) fn newest_row_of_walk(&self, owner: &SubjectId, cursor: &str) -> Option<String> {
+        let body = self.cursors.decode(&page_scope(owner), cursor).ok()?;
+        PageCursor::decode(&body).ok()?.newest_row
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn page_cursors_round_trip(
+            served in 0..10_000usize,
+            last in "[0-9]{19}_[0-9a-f-]{36}",
+            newest in proptest::option::of("[0-9]{19}_[0-9a-f-]{36}"),
+        ) {
+            let cursor = PageCursor { served, last_row: last, newest_row: newest };
+            prop_assert_eq!(PageCursor::decode(&cursor.encode()), Ok(cursor));
+        }
+    }
+
+    #[test]
+    fn a_cursor_from_before_the_newest_row_key_still_pages() {
+        assert_eq!(
+            PageCursor::decode("250:0001_x"),
+            Ok(PageCursor {
+                served: 250,
+                last_row: "0001_x".into(),
+                newest_row: None,
+            })
+        );
+        assert_eq!(PageCursor::decode("x:0001_x"), Err(InvalidCursor));
+        assert_eq!(PageCursor::decode("1:a:b:c"), Err(InvalidCursor));
+        assert_eq!(PageCursor::decode("1"), Err(InvalidCursor));
+    }
 }

@@ -342,8 +342,8 @@ async fn every_route_admits_exactly_the_callers_it_should(backend: Backend) {
     let listed = app.get("/v1/admin/tokens?subject=alice").await;
     let text = listed.body.to_string();
     assert!(!text.contains(&own) && !text.contains("fl_"), "{text}");
-    assert_eq!(listed.body["tokens"].as_array().expect("tokens").len(), 1);
-    assert_eq!(listed.body["tokens"][0]["kind"], "subject");
+    assert_eq!(listed.body["items"].as_array().expect("items").len(), 1);
+    assert_eq!(listed.body["items"][0]["kind"], "subject");
 
     // Malformed credentials are a 401 too.
     for header in [

@@ -13,6 +13,7 @@ use crate::series::read_all;
 on_both_backends!(
     an_import_killed_mid_way_resumes_without_duplicating_points,
     an_import_the_server_refuses_stops_and_says_why,
+    an_import_through_a_server_lands_every_point_once,
 );
 
 const SERIES: [&str; 3] = ["dev-1/air", "dev,2/soil", "dev-3/moisture"];
@@ -124,7 +125,7 @@ async fn an_import_the_server_refuses_stops_and_says_why(backend: Backend) {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("points.csv");
     std::fs::write(&file, "dev-1/air,2026-05-01T00:00:00Z,1.5\n").expect("csv");
-    let args = fanline::import::ImportArgs {
+    let args = fanline::cli::import::ImportArgs {
         file: file.clone(),
         server: Some(app.address.clone()),
         chunk_points: 1_000,
@@ -135,7 +136,7 @@ async fn an_import_the_server_refuses_stops_and_says_why(backend: Backend) {
             ..fanline::config::Config::defaults()
         },
     };
-    let err = fanline::import::run(args)
+    let err = fanline::cli::import::run(args)
         .await
         .expect_err("the server refuses the chunk");
     let message = format!("{err:#}");
@@ -145,14 +146,51 @@ async fn an_import_the_server_refuses_stops_and_says_why(backend: Backend) {
     );
     // The sidecar written before the first chunk still says nothing was imported.
     let sidecar: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fanline::import::sidecar_path(&file)).expect("sidecar"),
+        &std::fs::read(fanline::cli::import::sidecar_path(&file)).expect("sidecar"),
     )
     .expect("sidecar JSON");
     assert_eq!(sidecar["offset"], 0, "{sidecar}");
     assert_eq!(sidecar["points_done"], 0, "{sidecar}");
     assert_eq!(sidecar["done"], false, "{sidecar}");
     assert_eq!(
-        app.get("/v1/series").await.body["series"],
+        app.get("/v1/series").await.body["items"],
         serde_json::json!([])
     );
+}
+
+/// Through a running server (`--server`), in chunks of 500 points: every point lands, the
+/// sidecar says the file is done, and a second run writes nothing.
+async fn an_import_through_a_server_lands_every_point_once(backend: Backend) {
+    let app = crate::helpers::spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("readings.csv");
+    std::fs::write(&file, csv()).expect("write csv");
+    let args = fanline::cli::import::ImportArgs {
+        file: file.clone(),
+        server: Some(app.address.clone()),
+        chunk_points: 500,
+        restart: false,
+        pause_after_chunks: None,
+        config: fanline::config::Config {
+            admin_token: Some(crate::helpers::TEST_ADMIN_TOKEN.into()),
+            ..fanline::config::Config::defaults()
+        },
+    };
+    let summary = fanline::cli::import::run(args.clone())
+        .await
+        .expect("the import succeeds");
+    let total = POINTS_PER_SERIES * SERIES.len() as u64;
+    assert_eq!(summary.points, total);
+    assert_eq!(summary.written, total);
+    assert_eq!(summary.chunks, total.div_ceil(500));
+    for (index, series) in SERIES.iter().enumerate() {
+        let points = read_all(&app, series, "").await;
+        assert_eq!(points.len() as u64, POINTS_PER_SERIES, "{series}");
+        assert_eq!(points[7].1, 7.0 + index as f64 / 10.0, "{series}");
+    }
+    let again = fanline::cli::import::run(args)
+        .await
+        .expect("a second run succeeds");
+    assert!(again.already_imported, "{again:?}");
+    assert_eq!(again.points, 0);
 }

@@ -5,8 +5,10 @@ mod dynamo_local;
 #[macro_use]
 mod helpers;
 
+mod after;
 mod auth;
 mod conformance;
+mod envelope;
 mod errors;
 mod fanout;
 mod following;

@@ -75,6 +75,43 @@ async fn the_document_describes_every_route_and_its_security(backend: Backend) {
     }
     let expected: BTreeSet<String> = OPERATIONS.iter().map(|op| op.to_string()).collect();
     assert_eq!(described, expected);
+    let mut dangling = Vec::new();
+    check_references(&doc, &doc, &mut dangling);
+    assert!(dangling.is_empty(), "references to nothing: {dangling:?}");
+
+    // Every listing answers the one envelope: items and next_cursor (always present).
+    let listings = [
+        "/v1/admin/tokens",
+        "/v1/series",
+        "/v1/series/{series}/points",
+        "/v1/series:aligned",
+        "/v1/subjects/{subject}/events",
+        "/v1/subjects/{subject}/followers",
+        "/v1/subjects/{subject}/following",
+        "/v1/subjects/{subject}/timeline",
+    ];
+    for listing in listings {
+        let schema = &doc["paths"][listing]["get"]["responses"]["200"]["content"]["application/json"]
+            ["schema"]["$ref"];
+        let name = schema
+            .as_str()
+            .and_then(|reference| reference.strip_prefix("#/components/schemas/"))
+            .unwrap_or_else(|| panic!("{listing} answers a named schema: {schema}"));
+        assert!(name.starts_with("PageResponse_"), "{listing}: {name}");
+        let envelope = doc["components"]["schemas"][name]["allOf"]
+            .as_array()
+            .and_then(|parts| {
+                parts
+                    .iter()
+                    .find(|part| part["properties"]["items"].is_object())
+            })
+            .unwrap_or_else(|| panic!("{listing}: {name} holds items"));
+        assert_eq!(
+            envelope["required"],
+            serde_json::json!(["items", "next_cursor"]),
+            "{listing}"
+        );
+    }
 
     assert_eq!(
         doc["components"]["securitySchemes"]["bearer"],
@@ -118,6 +155,31 @@ async fn the_document_describes_every_route_and_its_security(backend: Backend) {
         doc["paths"]["/v1/subjects/{subject}/events"]["get"]["security"],
         serde_json::json!([{"bearer": []}, {}])
     );
+}
+
+/// Collects every `$ref` under `value` that does not point into `doc`.
+fn check_references(doc: &Value, value: &Value, dangling: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(reference)) = map.get("$ref") {
+                let target = reference
+                    .strip_prefix('#')
+                    .and_then(|pointer| doc.pointer(pointer));
+                if target.is_none() {
+                    dangling.push(reference.clone());
+                }
+            }
+            for child in map.values() {
+                check_references(doc, child, dangling);
+            }
+        }
+        Value::Array(items) => {
+            for child in items {
+                check_references(doc, child, dangling);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The schemathesis that `scripts/test` installs, or the one `FANLINE_SCHEMATHESIS` names.

@@ -75,7 +75,7 @@ pub(crate) async fn read_all(api: &Api, series: &str, query: &str) -> Vec<(Strin
         }
         let reply = api.get(&path).await;
         assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-        for point in reply.body["points"].as_array().expect("points") {
+        for point in reply.body["items"].as_array().expect("items") {
             all.push((
                 point["at"].as_str().expect("at").to_owned(),
                 point["value"].as_f64().expect("value"),
@@ -134,7 +134,7 @@ async fn a_range_includes_from_and_excludes_to_and_pages_through_cursors(backend
     assert_eq!(paged[0].0, text(start));
     assert_eq!(paged[9].1, 9.0);
     let first = app.get(&format!("{}?limit=3", points_path("s"))).await;
-    assert_eq!(first.body["points"].as_array().expect("points").len(), 3);
+    assert_eq!(first.body["items"].as_array().expect("items").len(), 3);
     assert!(first.body["next_cursor"].is_string());
 
     // A cursor belongs to its query.
@@ -260,7 +260,7 @@ async fn a_batch_that_fails_validation_halfway_writes_nothing(backend: Backend) 
     assert!(read_all(&app, "good", "").await.is_empty());
     assert!(read_all(&app, "bad", "").await.is_empty());
     let listed = app.get("/v1/series").await;
-    assert_eq!(listed.body["series"], json!([]));
+    assert_eq!(listed.body["items"], json!([]));
 
     // The same batch, fixed, lands whole.
     let body = json!({"series": [
@@ -327,7 +327,7 @@ async fn a_write_past_one_transaction_is_visible_whole_or_not_at_all(backend: Ba
     let stepped = app
         .get(&format!("{}?step=1d&agg=count", points_path("b")))
         .await;
-    assert_eq!(stepped.body["points"][0]["value"], 80.0, "{stepped:?}");
+    assert_eq!(stepped.body["items"][0]["value"], 80.0, "{stepped:?}");
 
     // Once the job runs, the points are in the rows and the staging is gone.
     app.faults.clear();
@@ -475,9 +475,9 @@ async fn aligned_series_share_rows_with_null_for_missing_values(backend: Backend
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert_eq!(reply.body["names"], json!(["a", "b", "nothing"]));
-    let rows: Vec<(String, Value)> = reply.body["rows"]
+    let rows: Vec<(String, Value)> = reply.body["items"]
         .as_array()
-        .expect("rows")
+        .expect("items")
         .iter()
         .map(|row| {
             (
@@ -500,14 +500,14 @@ async fn aligned_series_share_rows_with_null_for_missing_values(backend: Backend
     let first = app
         .get("/v1/series:aligned?names=a,b&step=60s&agg=sum&limit=2")
         .await;
-    assert_eq!(first.body["rows"].as_array().expect("rows").len(), 2);
+    assert_eq!(first.body["items"].as_array().expect("items").len(), 2);
     let cursor = first.body["next_cursor"].as_str().expect("cursor");
     let rest = app
         .get(&format!(
             "/v1/series:aligned?names=a,b&step=60s&agg=sum&limit=2&cursor={cursor}"
         ))
         .await;
-    assert_eq!(rest.body["rows"][0]["at"], minute(2), "{rest:?}");
+    assert_eq!(rest.body["items"][0]["at"], minute(2), "{rest:?}");
     assert!(rest.body["next_cursor"].is_null());
     let missing_step = app.get("/v1/series:aligned?names=a,b").await;
     assert_eq!(missing_step.status, StatusCode::BAD_REQUEST);
@@ -526,7 +526,7 @@ async fn put_tags(api: &Api, series: &str, tags: Value) -> Reply {
 async fn list(api: &Api, query: &str) -> Vec<String> {
     let reply = api.get(&format!("/v1/series?{query}")).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-    serde_json::from_value(reply.body["series"].clone()).expect("names")
+    serde_json::from_value(reply.body["items"].clone()).expect("names")
 }
 
 async fn tags_are_replaced_as_a_set_and_list_series_by_tag(backend: Backend) {
@@ -571,12 +571,12 @@ async fn tags_are_replaced_as_a_set_and_list_series_by_tag(backend: Backend) {
 
     // Paged by two.
     let first = app.get("/v1/series?limit=2").await;
-    assert_eq!(first.body["series"], json!(["dev-1/air", "dev-1/soil"]));
+    assert_eq!(first.body["items"], json!(["dev-1/air", "dev-1/soil"]));
     let cursor = first.body["next_cursor"].as_str().expect("cursor");
     let second = app
         .get(&format!("/v1/series?limit=2&cursor={cursor}"))
         .await;
-    assert_eq!(second.body["series"], json!(["dev-2/air", "dev-3/air"]));
+    assert_eq!(second.body["items"], json!(["dev-2/air", "dev-3/air"]));
     assert!(second.body["next_cursor"].is_null());
 
     // Replacing the set drops the old tags from the index.

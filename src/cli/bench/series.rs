@@ -11,15 +11,15 @@ use anyhow::Context;
 use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{BenchStore, millis, percentile};
 use crate::app::{Application, OpenStore};
+use crate::cli::import::{DEFAULT_CHUNK_POINTS, ImportArgs};
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
-use crate::import::{DEFAULT_CHUNK_POINTS, ImportArgs, PointBody, WrittenBody};
+use crate::http::{PageResponse, PointBody, PointResponse, WritePointsRequest, WrittenResponse};
 use crate::keys::Ticks;
 use crate::series::layout::{TICKS_PER_SECOND, day_of, day_start};
 use crate::series::reading::MAX_SERIES_PAGE;
@@ -183,23 +183,6 @@ impl BenchServer {
     }
 }
 
-#[derive(Serialize)]
-struct WriteBody {
-    points: Vec<PointBody>,
-}
-
-#[derive(Deserialize)]
-struct PointsBody {
-    points: Vec<ReadPoint>,
-    next_cursor: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ReadPoint {
-    at: String,
-    value: f64,
-}
-
 /// One prepared write request: the series it goes to and its JSON body.
 struct PreparedWrite {
     url: String,
@@ -231,7 +214,7 @@ async fn http_ingest(
                 value: sensor_value(second, &mut noise),
             })
             .collect();
-        let body = serde_json::to_vec(&WriteBody { points })?;
+        let body = serde_json::to_vec(&WritePointsRequest { points })?;
         per_client[series % clients].push(PreparedWrite {
             url: server.points_url(&http_series_name(series)),
             body,
@@ -260,7 +243,7 @@ async fn http_ingest(
                     "write answered {status}: {}",
                     response.text().await.unwrap_or_default()
                 );
-                let written: WrittenBody = response.json().await?;
+                let written: WrittenResponse = response.json().await?;
                 latencies.push(began.elapsed());
                 anyhow::ensure!(
                     written.written == write.points,
@@ -330,7 +313,7 @@ async fn one_day_reads(
             }
             let page = read_page(&server.client, &url, &query).await?;
             pages += 1;
-            points.extend(page.points);
+            points.extend(page.items);
             cursor_opt = page.next_cursor;
             if cursor_opt.is_none() {
                 break;
@@ -363,7 +346,7 @@ async fn one_day_reads(
             page.next_cursor.is_none(),
             "a one-day step read took more than one page"
         );
-        check_day(&page.points, STEP_ROWS, &from)?;
+        check_day(&page.items, STEP_ROWS, &from)?;
     }
     println!(
         "one-day read over HTTP, step={STEP} agg=avg ({STEP_ROWS} rows, 1 page): p50 {:.1} ms, p99 {:.1} ms ({} samples)",
@@ -378,7 +361,7 @@ async fn read_page(
     client: &reqwest::Client,
     url: &str,
     query: &[(&str, &str)],
-) -> anyhow::Result<PointsBody> {
+) -> anyhow::Result<PageResponse<PointResponse>> {
     let response = client
         .get(url)
         .query(query)
@@ -395,7 +378,7 @@ async fn read_page(
 }
 
 /// Checks a day read back: every row there, starting at the day, with plausible values.
-fn check_day(points: &[ReadPoint], expected: usize, day: &str) -> anyhow::Result<()> {
+fn check_day(points: &[PointResponse], expected: usize, day: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         points.len() == expected,
         "read {} rows of a day, expected {expected}",
@@ -547,7 +530,7 @@ async fn import_rate(
         },
     };
     let began = Instant::now();
-    let summary = crate::import::run(import).await?;
+    let summary = crate::cli::import::run(import).await?;
     let committed = began.elapsed();
     anyhow::ensure!(
         summary.written as u64 == points,
