@@ -1,6 +1,7 @@
 //! `GET /v1/subjects/{subject}/events/{event_id}/fanout`, `DELETE
 //! /v1/subjects/{subject}/events/{event_id}` (whose progress is a status too) and the admin
-//! re-queue, `POST /v1/admin/fanout/{subject}/{event_id}/requeue`.
+//! re-queue, `POST /v1/admin/fanout/{subject}/{event_id}/requeue`, with the list of what is
+//! dead-lettered, `GET /v1/admin/fanout/{subject}/dead-letters`.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -10,17 +11,18 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::Path;
+use super::extract::{Path, Query};
 use super::openapi::Name;
+use super::page::{PageParams, PageResponse};
 use super::{AppState, subject};
-use crate::timeline::fanout::status::Operation;
-use crate::timeline::fanout::status::{FanoutState, FanoutStatus};
+use crate::timeline::fanout::status::{FanoutDeadLetter, FanoutState, FanoutStatus, Operation};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default()
         .routes(routes!(delete_event))
         .routes(routes!(get_fanout_status))
         .routes(routes!(requeue_fanout))
+        .routes(routes!(list_dead_letters))
 }
 
 /// The event a route names. Both are checked by the domain, with their own error codes.
@@ -120,6 +122,66 @@ async fn requeue_fanout(
         .requeue_fanout(&author, &event.event_id)
         .await?;
     Ok((StatusCode::ACCEPTED, axum::Json(status.into())))
+}
+
+/// A fan-out job that failed too often.
+#[derive(Debug, Serialize, ToSchema)]
+struct DeadLetterResponse {
+    /// The event whose fan-out it was.
+    #[schema(value_type = uuid::Uuid)]
+    event_id: String,
+    operation: Operation,
+    /// Which part of a split fan-out it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    part: Option<u32>,
+    attempts: u32,
+    /// Entries it wrote (or removed) before it failed; kept when it is re-queued.
+    delivered: u64,
+    /// Its last error.
+    error: String,
+    #[schema(format = DateTime)]
+    dead_at: String,
+}
+
+impl From<FanoutDeadLetter> for DeadLetterResponse {
+    fn from(letter: FanoutDeadLetter) -> Self {
+        DeadLetterResponse {
+            event_id: letter.event_id.as_hyphenated().to_string(),
+            operation: letter.operation,
+            part: letter.part,
+            attempts: letter.attempts,
+            delivered: letter.delivered,
+            error: letter.error,
+            dead_at: letter.dead_at.to_string(),
+        }
+    }
+}
+
+/// The subject's dead-lettered fan-out jobs, in event order (oldest first): what to look at
+/// before re-queueing.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/fanout/{subject}/dead-letters",
+    tag = "admin",
+    params(("subject" = Name, Path), PageParams),
+    responses(
+        (status = OK, description = "A page of dead letters", body = PageResponse<DeadLetterResponse>),
+    )
+)]
+async fn list_dead_letters(
+    State(state): State<AppState>,
+    Path(author): Path<String>,
+    Query(params): Query<PageParams>,
+) -> Result<axum::Json<PageResponse<DeadLetterResponse>>, ApiError> {
+    let author = subject(&author)?;
+    let page = state
+        .timelines
+        .fanout_dead_letters(&author, params.limit(), params.cursor.as_deref())
+        .await?;
+    Ok(axum::Json(PageResponse::from_page(
+        page,
+        DeadLetterResponse::from,
+    )))
 }
 
 /// Deletes an event everywhere. It is gone from its author's log and from every timeline

@@ -327,6 +327,21 @@ async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(ba
     )
     .await;
     assert!(app.timeline("reader").await.is_empty());
+    // An admin sees what failed, and why, before re-queueing it.
+    let letters = app.get("/v1/admin/fanout/writer/dead-letters").await;
+    assert_eq!(letters.status, StatusCode::OK, "{letters:?}");
+    let items = letters.body["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1, "{letters:?}");
+    assert_eq!(items[0]["event_id"], id.as_str());
+    assert_eq!(items[0]["operation"], "delivery");
+    assert_eq!(items[0]["attempts"], 2);
+    assert!(
+        items[0]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("injected failure")),
+        "{letters:?}"
+    );
+    assert_eq!(letters.body["next_cursor"], Value::Null);
 
     app.faults.clear();
     let requeue_path = format!("/v1/admin/fanout/writer/{id}/requeue");
@@ -338,6 +353,8 @@ async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(ba
     assert_eq!(app.wait_for_timeline("reader", 1).await.len(), 1);
     let again = app.send(app.client.post(app.url(&requeue_path))).await;
     assert_eq!(again.status, StatusCode::CONFLICT, "{again:?}");
+    let none_left = app.get("/v1/admin/fanout/writer/dead-letters").await;
+    assert_eq!(none_left.body["items"], serde_json::json!([]), "{none_left:?}");
 }
 
 /// Followers of the split test: 50,000 on the embedded store; DynamoDB Local writes about

@@ -17,10 +17,11 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 26] = [
+const OPERATIONS: [&str; 27] = [
     "GET /healthz",
     "GET /metrics",
     "GET /openapi.json",
+    "GET /v1/admin/fanout/{subject}/dead-letters",
     "POST /v1/admin/fanout/{subject}/{event_id}/requeue",
     "POST /v1/admin/series/{series}/tokens",
     "POST /v1/admin/subjects/{subject}/tokens",
@@ -81,6 +82,7 @@ async fn the_document_describes_every_route_and_its_security(backend: Backend) {
 
     // Every listing answers the one envelope: items and next_cursor (always present).
     let listings = [
+        "/v1/admin/fanout/{subject}/dead-letters",
         "/v1/admin/tokens",
         "/v1/series",
         "/v1/series/{series}/points",
