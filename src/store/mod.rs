@@ -6,16 +6,24 @@
 //! [`MAX_TRANSACTION_WRITES`] writes, conditions are "absent" or "equals", and a query reads
 //! one partition.
 //!
+//! Every backend enforces DynamoDB's limits the same way, before it sends or stores anything
+//! (`validate.rs`): keys of at most [`MAX_PARTITION_KEY_BYTES`] and [`MAX_ROW_KEY_BYTES`],
+//! items of at most [`MAX_ITEM_BYTES`] (keys, value and attribute names), transactions of at
+//! most [`MAX_TRANSACTION_WRITES`] writes and [`MAX_TRANSACTION_BYTES`]. Breaking one is
+//! [`StoreError::InvalidInput`], with the limit and the size in the message.
+//!
 //! Item bodies are opaque bytes: the domain owns their encoding, and a backend only stores
 //! them (DynamoDB keeps them in one binary attribute, `Data`).
 
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
-pub mod dynamo;
-pub mod embedded;
+mod dynamo;
+mod embedded;
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
-pub mod stats;
+mod stats;
+mod validate;
 
-use std::collections::HashSet;
 use std::fmt;
 
 use async_trait::async_trait;
@@ -24,13 +32,11 @@ use bytes::Bytes;
 pub use dynamo::{DynamoConfig, DynamoStore};
 pub use embedded::EmbeddedStore;
 pub use stats::{RetryReason, StoreStats, StoreStatsSnapshot};
-
-/// DynamoDB's `TransactWriteItems` limit; the embedded store enforces the same.
-pub const MAX_TRANSACTION_WRITES: usize = 100;
-
-/// DynamoDB's limits on key sizes in bytes (partition key 2048, sort key 1024).
-pub const MAX_PARTITION_KEY_BYTES: usize = 2048;
-pub const MAX_ROW_KEY_BYTES: usize = 1024;
+pub(crate) use validate::write_bytes;
+pub use validate::{
+    MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_ROW_KEY_BYTES, MAX_TRANSACTION_BYTES,
+    MAX_TRANSACTION_WRITES,
+};
 
 /// Every table fanline uses. Physical names carry a configurable prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -327,7 +333,8 @@ pub trait Store: Send + Sync + 'static {
     /// Reads one item's value.
     async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>>;
 
-    /// Writes one item; `ConditionFailed` if `condition` does not hold.
+    /// Writes one item of at most [`MAX_ITEM_BYTES`]; `ConditionFailed` if `condition` does
+    /// not hold.
     async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()>;
 
     /// Deletes one item (absent is fine unless `condition` says otherwise).
@@ -339,12 +346,14 @@ pub trait Store: Send + Sync + 'static {
         condition: Condition,
     ) -> StoreResult<()>;
 
-    /// Applies up to [`MAX_TRANSACTION_WRITES`] writes, across tables and partitions, all or
-    /// none. Two writes to one item are `InvalidInput`.
+    /// Applies up to [`MAX_TRANSACTION_WRITES`] writes of at most [`MAX_TRANSACTION_BYTES`] in
+    /// all, across tables and partitions, all or none. Two writes to one item are
+    /// `InvalidInput`.
     async fn transact(&self, writes: Vec<Write>) -> StoreResult<()>;
 
-    /// Applies unconditional writes of any number, not atomically; on error some may have
-    /// been applied. If one key appears twice, the later write wins.
+    /// Applies unconditional writes of any number and total size (each item within
+    /// [`MAX_ITEM_BYTES`]), not atomically; on error some may have been applied. If one key
+    /// appears twice, the later write wins.
     async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()>;
 
     /// Reads up to `query.limit` items of one partition. Returns fewer only when the range
@@ -358,63 +367,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks that the store answers (for `/healthz`).
     async fn ping(&self) -> StoreResult<()>;
-}
-
-/// Checks shared by all backends, so they reject the same input the same way.
-pub(crate) mod validate {
-    use super::*;
-
-    pub fn key(partition: &str, row: &str) -> StoreResult<()> {
-        if partition.is_empty() || row.is_empty() {
-            return Err(StoreError::InvalidInput("keys must not be empty".into()));
-        }
-        if partition.len() > MAX_PARTITION_KEY_BYTES || row.len() > MAX_ROW_KEY_BYTES {
-            return Err(StoreError::InvalidInput("key too long".into()));
-        }
-        Ok(())
-    }
-
-    pub fn transaction(writes: &[Write]) -> StoreResult<()> {
-        if writes.is_empty() || writes.len() > MAX_TRANSACTION_WRITES {
-            return Err(StoreError::InvalidInput(format!(
-                "a transaction holds 1 to {MAX_TRANSACTION_WRITES} writes, got {}",
-                writes.len()
-            )));
-        }
-        let mut seen = HashSet::with_capacity(writes.len());
-        for write in writes {
-            let (partition, row) = write.key();
-            key(partition, row)?;
-            if !seen.insert((write.table(), partition, row)) {
-                return Err(StoreError::InvalidInput(
-                    "a transaction writes one item at most once".into(),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    pub fn batch(writes: &[Write]) -> StoreResult<()> {
-        for write in writes {
-            let (partition, row) = write.key();
-            key(partition, row)?;
-            if *write.condition() != Condition::None {
-                return Err(StoreError::InvalidInput(
-                    "batch writes are unconditional".into(),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    pub fn query(query: &super::Query) -> StoreResult<()> {
-        if query.partition.is_empty() {
-            return Err(StoreError::InvalidInput(
-                "partition key must not be empty".into(),
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Conveniences over [`Store`], for every implementation.
