@@ -401,14 +401,32 @@ pub async fn a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_ref
     store: &dyn Store,
 ) {
     let p = partition("tx-bytes");
-    // Ten items of the largest size and a delete; a last put brings the total to the limit.
+    store
+        .put(
+            Table::SeriesBatches,
+            Item::new(&p, "swap", "old"),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+    // Ten items of the largest size (one created if absent), a delete, a compare-and-swap
+    // delete (conditions count too); a last put brings the total to the limit.
     let mut writes: Vec<Write> = (0..10)
         .map(|i| {
             let row = format!("full{i}");
             Write::put(Table::SeriesBatches, item_of_size(&p, &row, MAX_ITEM_BYTES))
         })
         .collect();
+    if let Some(Write::Put { condition, .. }) = writes.last_mut() {
+        *condition = Condition::Absent;
+    }
     writes.push(Write::delete(Table::SeriesBatches, &p, "gone"));
+    writes.push(Write::Delete {
+        table: Table::SeriesBatches,
+        partition: p.clone(),
+        row: "swap".into(),
+        condition: Condition::Equals("old".into()),
+    });
     let used: usize = writes.iter().map(write_bytes).sum();
     let with_last = |last_bytes: usize| {
         let mut all = writes.clone();
@@ -429,6 +447,13 @@ pub async fn a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_ref
         store.get(Table::SeriesBatches, &p, "full0").await.unwrap(),
         None
     );
+    assert!(
+        store
+            .get(Table::SeriesBatches, &p, "swap")
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     let at_limit = with_last(MAX_TRANSACTION_BYTES - used);
     assert_eq!(
@@ -436,6 +461,10 @@ pub async fn a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_ref
         MAX_TRANSACTION_BYTES
     );
     store.transact(at_limit.clone()).await.unwrap();
+    assert_eq!(
+        store.get(Table::SeriesBatches, &p, "swap").await.unwrap(),
+        None
+    );
     for write in &at_limit {
         if let Write::Put { item, .. } = write {
             let stored = store

@@ -18,8 +18,8 @@ pub const MAX_ROW_KEY_BYTES: usize = 1024;
 /// DynamoDB's item size limit, 400 KB, counted as [`item_bytes`] counts.
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 
-/// DynamoDB's limit on the aggregate size of the items of one `TransactWriteItems`, 4 MB,
-/// counted as [`write_bytes`] counts.
+/// DynamoDB's limit on the size of one `TransactWriteItems`, 4 MB, counted as
+/// [`write_bytes`] counts (exactly as DynamoDB Local 3.3 does).
 pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 
 /// What an item's key attribute names take: `PartitionKey` and `RowKey`, as the DynamoDB
@@ -29,19 +29,34 @@ pub const KEY_NAME_BYTES: usize = "PartitionKey".len() + "RowKey".len();
 /// What an item's attribute names take in all: the key names and `Data`, the value's name.
 pub const ITEM_NAME_BYTES: usize = KEY_NAME_BYTES + "Data".len();
 
+/// What a [`Condition::Absent`] adds to a transaction's size: its condition expression,
+/// `attribute_not_exists(PartitionKey)` on DynamoDB.
+pub const ABSENT_CONDITION_BYTES: usize = "attribute_not_exists(PartitionKey)".len();
+
+/// What a [`Condition::Equals`] adds to a transaction's size besides the value it compares
+/// with: its condition expression `#d = :v` and the attribute name `#d` stands for, `Data`.
+pub const EQUALS_CONDITION_BYTES: usize = "#d = :v".len() + "Data".len();
+
 /// An item's size as DynamoDB counts it: its attribute names and values, that is the UTF-8
 /// bytes of both keys, the value's raw bytes, and [`ITEM_NAME_BYTES`].
 pub fn item_bytes(item: &Item) -> usize {
     ITEM_NAME_BYTES + item.partition.len() + item.row.len() + item.value.len()
 }
 
-/// What one write adds to a transaction's size: the item a put writes, or the key a delete
-/// names. Conditions are not counted (DynamoDB counts items).
+/// What one write adds to a transaction's size, as DynamoDB Local counts a
+/// `TransactWriteItems` payload: the item a put writes or the key a delete names, and its
+/// condition (expression, attribute names and values).
 pub fn write_bytes(write: &Write) -> usize {
-    match write {
+    let target = match write {
         Write::Put { item, .. } => item_bytes(item),
         Write::Delete { partition, row, .. } => KEY_NAME_BYTES + partition.len() + row.len(),
-    }
+    };
+    let condition = match write.condition() {
+        Condition::None => 0,
+        Condition::Absent => ABSENT_CONDITION_BYTES,
+        Condition::Equals(value) => EQUALS_CONDITION_BYTES + value.len(),
+    };
+    target + condition
 }
 
 /// Keys: not empty, within DynamoDB's key sizes.
@@ -102,8 +117,8 @@ pub fn transaction(writes: &[Write]) -> StoreResult<()> {
     }
     if total > MAX_TRANSACTION_BYTES {
         return Err(StoreError::InvalidInput(format!(
-            "transaction too large: {total} bytes in {} writes, the limit is \
-             {MAX_TRANSACTION_BYTES}",
+            "transaction too large: {total} bytes in {} writes (items, keys and \
+             conditions), the limit is {MAX_TRANSACTION_BYTES}",
             writes.len()
         )));
     }
@@ -164,7 +179,7 @@ mod tests {
     use crate::store::Table;
 
     #[test]
-    fn an_item_counts_its_keys_its_value_and_its_attribute_names() {
+    fn sizes_count_keys_values_attribute_names_and_conditions() {
         let item = Item::new("pp", "r", vec![0u8; 10]);
         assert_eq!(ITEM_NAME_BYTES, 22);
         assert_eq!(item_bytes(&item), 22 + 2 + 1 + 10);
@@ -172,6 +187,16 @@ mod tests {
             write_bytes(&Write::delete(Table::Events, "pp", "r")),
             18 + 2 + 1
         );
+        assert_eq!(
+            write_bytes(&Write::put_if_absent(Table::Events, item.clone())),
+            35 + 34
+        );
+        let swap = Write::Put {
+            table: Table::Events,
+            item,
+            condition: Condition::Equals(vec![0u8; 5].into()),
+        };
+        assert_eq!(write_bytes(&swap), 35 + 11 + 5);
     }
 
     #[test]

@@ -8,16 +8,25 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use bytes::Bytes;
 
-use crate::store::validate::{ITEM_NAME_BYTES, KEY_NAME_BYTES};
+use crate::store::validate::{
+    ABSENT_CONDITION_BYTES, EQUALS_CONDITION_BYTES, ITEM_NAME_BYTES, KEY_NAME_BYTES,
+};
 use crate::store::{Condition, Item, StoreError, StoreResult};
 
 pub(super) const PARTITION_KEY: &str = "PartitionKey";
 pub(super) const ROW_KEY: &str = "RowKey";
 pub(super) const DATA: &str = "Data";
 
-// The store's size limits count these names: they must be the names stored.
+/// The hash key exists on every item, so this holds exactly when there is no item.
+const ABSENT_EXPRESSION: &str = "attribute_not_exists(PartitionKey)";
+/// `Data` is a reserved word, hence the name placeholder `#d`.
+const EQUALS_EXPRESSION: &str = "#d = :v";
+
+// The store's size limits count these names and expressions: they must be the ones sent.
 const _: () = assert!(PARTITION_KEY.len() + ROW_KEY.len() == KEY_NAME_BYTES);
 const _: () = assert!(PARTITION_KEY.len() + ROW_KEY.len() + DATA.len() == ITEM_NAME_BYTES);
+const _: () = assert!(ABSENT_EXPRESSION.len() == ABSENT_CONDITION_BYTES);
+const _: () = assert!(EQUALS_EXPRESSION.len() + DATA.len() == EQUALS_CONDITION_BYTES);
 
 pub(super) fn key_attributes(partition: &str, row: &str) -> HashMap<String, AttributeValue> {
     HashMap::from([
@@ -73,18 +82,29 @@ impl ConditionExpression {
                 names: None,
                 values: None,
             },
-            // The hash key exists on every item, so this holds exactly when there is no item.
             Condition::Absent => ConditionExpression {
-                expression: Some(format!("attribute_not_exists({PARTITION_KEY})")),
+                expression: Some(ABSENT_EXPRESSION.into()),
                 names: None,
                 values: None,
             },
-            // `Data` is a reserved word, hence the name placeholder.
             Condition::Equals(value) => ConditionExpression {
-                expression: Some("#d = :v".into()),
+                expression: Some(EQUALS_EXPRESSION.into()),
                 names: Some(HashMap::from([("#d".into(), DATA.into())])),
                 values: Some(HashMap::from([(":v".into(), blob(value))])),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_absent_condition_names_the_hash_key() {
+        assert_eq!(
+            ABSENT_EXPRESSION,
+            format!("attribute_not_exists({PARTITION_KEY})")
+        );
     }
 }
