@@ -58,7 +58,7 @@ struct WriteRequest {
 
 impl EmbeddedStore {
     /// Opens (or creates) the store in `path`. Blocking: call it off the executor.
-    pub fn open(path: &Path) -> StoreResult<Self> {
+    fn open(path: &Path) -> StoreResult<Self> {
         let db = Database::builder(path)
             .manual_journal_persist(true)
             .open()
@@ -96,7 +96,7 @@ impl EmbeddedStore {
     }
 
     /// Bytes a table takes on disk once its memtable is flushed (for the benchmark).
-    pub async fn flushed_disk_space(&self, table: Table) -> StoreResult<u64> {
+    pub(crate) async fn flushed_disk_space(&self, table: Table) -> StoreResult<u64> {
         let keyspace = self.inner.keyspaces.of(table)?.clone();
         blocking(move || {
             keyspace

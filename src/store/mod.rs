@@ -91,7 +91,7 @@ pub enum Table {
 }
 
 impl Table {
-    pub const ALL: [Table; 18] = [
+    pub(crate) const ALL: [Table; 18] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -113,7 +113,7 @@ impl Table {
     ];
 
     /// The logical table name, as in DESIGN.md; backends prepend their prefix.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Table::Events => "events",
             Table::Timelines => "timelines",
@@ -220,20 +220,20 @@ impl Write {
         }
     }
 
-    pub fn table(&self) -> Table {
+    pub(crate) fn table(&self) -> Table {
         match self {
             Write::Put { table, .. } | Write::Delete { table, .. } => *table,
         }
     }
 
-    pub fn key(&self) -> (&str, &str) {
+    pub(crate) fn key(&self) -> (&str, &str) {
         match self {
             Write::Put { item, .. } => (&item.partition, &item.row),
             Write::Delete { partition, row, .. } => (partition, row),
         }
     }
 
-    pub fn condition(&self) -> &Condition {
+    pub(crate) fn condition(&self) -> &Condition {
         match self {
             Write::Put { condition, .. } | Write::Delete { condition, .. } => condition,
         }

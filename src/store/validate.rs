@@ -24,29 +24,29 @@ pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 
 /// What an item's key attribute names take: `PartitionKey` and `RowKey`, as the DynamoDB
 /// backend stores them (DynamoDB counts attribute names in an item's size).
-pub const KEY_NAME_BYTES: usize = "PartitionKey".len() + "RowKey".len();
+pub(super) const KEY_NAME_BYTES: usize = "PartitionKey".len() + "RowKey".len();
 
 /// What an item's attribute names take in all: the key names and `Data`, the value's name.
-pub const ITEM_NAME_BYTES: usize = KEY_NAME_BYTES + "Data".len();
+pub(super) const ITEM_NAME_BYTES: usize = KEY_NAME_BYTES + "Data".len();
 
 /// What a [`Condition::Absent`] adds to a transaction's size: its condition expression,
 /// `attribute_not_exists(PartitionKey)` on DynamoDB.
-pub const ABSENT_CONDITION_BYTES: usize = "attribute_not_exists(PartitionKey)".len();
+pub(super) const ABSENT_CONDITION_BYTES: usize = "attribute_not_exists(PartitionKey)".len();
 
 /// What a [`Condition::Equals`] adds to a transaction's size besides the value it compares
 /// with: its condition expression `#d = :v` and the attribute name `#d` stands for, `Data`.
-pub const EQUALS_CONDITION_BYTES: usize = "#d = :v".len() + "Data".len();
+pub(super) const EQUALS_CONDITION_BYTES: usize = "#d = :v".len() + "Data".len();
 
 /// An item's size as DynamoDB counts it: its attribute names and values, that is the UTF-8
 /// bytes of both keys, the value's raw bytes, and [`ITEM_NAME_BYTES`].
-pub fn item_bytes(item: &Item) -> usize {
+pub(super) fn item_bytes(item: &Item) -> usize {
     ITEM_NAME_BYTES + item.partition.len() + item.row.len() + item.value.len()
 }
 
 /// What one write adds to a transaction's size, as DynamoDB Local counts a
 /// `TransactWriteItems` payload: the item a put writes or the key a delete names, and its
 /// condition (expression, attribute names and values).
-pub fn write_bytes(write: &Write) -> usize {
+pub(crate) fn write_bytes(write: &Write) -> usize {
     let target = match write {
         Write::Put { item, .. } => item_bytes(item),
         Write::Delete { partition, row, .. } => KEY_NAME_BYTES + partition.len() + row.len(),
@@ -60,7 +60,7 @@ pub fn write_bytes(write: &Write) -> usize {
 }
 
 /// Keys: not empty, within DynamoDB's key sizes.
-pub fn key(partition: &str, row: &str) -> StoreResult<()> {
+pub(super) fn key(partition: &str, row: &str) -> StoreResult<()> {
     if partition.is_empty() || row.is_empty() {
         return Err(StoreError::InvalidInput("keys must not be empty".into()));
     }
@@ -74,7 +74,7 @@ pub fn key(partition: &str, row: &str) -> StoreResult<()> {
 }
 
 /// One item to put: its keys, and its size within [`MAX_ITEM_BYTES`].
-pub fn item(item: &Item) -> StoreResult<()> {
+pub(super) fn item(item: &Item) -> StoreResult<()> {
     key(&item.partition, &item.row)?;
     let size = item_bytes(item);
     if size > MAX_ITEM_BYTES {
@@ -87,7 +87,7 @@ pub fn item(item: &Item) -> StoreResult<()> {
 }
 
 /// One write of a transaction or a batch: its keys, and the item it puts.
-pub fn write(write: &Write) -> StoreResult<()> {
+pub(super) fn write(write: &Write) -> StoreResult<()> {
     match write {
         Write::Put { item: put, .. } => item(put),
         Write::Delete { partition, row, .. } => key(partition, row),
@@ -96,7 +96,7 @@ pub fn write(write: &Write) -> StoreResult<()> {
 
 /// 1 to [`MAX_TRANSACTION_WRITES`] writes, each valid, one item at most once, and together
 /// within [`MAX_TRANSACTION_BYTES`].
-pub fn transaction(writes: &[Write]) -> StoreResult<()> {
+pub(super) fn transaction(writes: &[Write]) -> StoreResult<()> {
     if writes.is_empty() || writes.len() > MAX_TRANSACTION_WRITES {
         return Err(StoreError::InvalidInput(format!(
             "a transaction holds 1 to {MAX_TRANSACTION_WRITES} writes, got {}",
@@ -126,7 +126,7 @@ pub fn transaction(writes: &[Write]) -> StoreResult<()> {
 }
 
 /// Unconditional writes, each valid; any number of them, of any total size.
-pub fn batch(writes: &[Write]) -> StoreResult<()> {
+pub(super) fn batch(writes: &[Write]) -> StoreResult<()> {
     for one in writes {
         write(one)?;
         if *one.condition() != Condition::None {
@@ -139,7 +139,7 @@ pub fn batch(writes: &[Write]) -> StoreResult<()> {
 }
 
 /// A query's partition key, and its row bounds (which name row keys), within the key sizes.
-pub fn query(query: &Query) -> StoreResult<()> {
+pub(super) fn query(query: &Query) -> StoreResult<()> {
     if query.partition.is_empty() {
         return Err(StoreError::InvalidInput(
             "partition key must not be empty".into(),

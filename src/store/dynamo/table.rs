@@ -79,7 +79,7 @@ impl DynamoStore {
 
     /// Deletes every table of this prefix (for benchmarks and tools that made their own);
     /// tables that do not exist are skipped.
-    pub async fn delete_tables(&self) -> StoreResult<()> {
+    pub(crate) async fn delete_tables(&self) -> StoreResult<()> {
         for table in Table::ALL {
             let request = self
                 .client
