@@ -11,11 +11,10 @@
 use bytes::Bytes;
 use uuid::Uuid;
 
-use super::validate::{item_bytes, write_bytes};
 use super::{
     Condition, Item, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_ROW_KEY_BYTES,
     MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table,
-    Write,
+    Write, item_bytes, write_bytes,
 };
 
 /// Expands to one `#[tokio::test]` per conformance case. `$fixture` is an expression of a

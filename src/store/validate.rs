@@ -1,63 +1,15 @@
-//! The store's limits and the checks every backend runs first, so that all of them refuse the
-//! same input with the same [`StoreError::InvalidInput`] message.
-//!
-//! The limits are DynamoDB's, the stricter backend: data that fits on the embedded store fits
-//! on DynamoDB too, and a move between them never meets an item that one of them refuses.
+//! The checks every backend runs first, so that all of them refuse the same input with the
+//! same [`StoreError::InvalidInput`] message: keys, item sizes, transaction sizes, conditions
+//! in batches. The limits themselves, and how sizes are counted, are part of the store's
+//! contract (`mod.rs`).
 
 use std::collections::HashSet;
 
-use super::{Condition, Item, Query, StoreError, StoreResult, Write};
-
-/// DynamoDB's `TransactWriteItems` limit on the writes of one transaction.
-pub const MAX_TRANSACTION_WRITES: usize = 100;
-
-/// DynamoDB's limits on key sizes in bytes (partition key 2048, sort key 1024).
-pub const MAX_PARTITION_KEY_BYTES: usize = 2048;
-pub const MAX_ROW_KEY_BYTES: usize = 1024;
-
-/// DynamoDB's item size limit, 400 KB, counted as [`item_bytes`] counts.
-pub const MAX_ITEM_BYTES: usize = 400 * 1024;
-
-/// DynamoDB's limit on the size of one `TransactWriteItems`, 4 MB, counted as
-/// [`write_bytes`] counts (exactly as DynamoDB Local 3.3 does).
-pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
-
-/// What an item's key attribute names take: `PartitionKey` and `RowKey`, as the DynamoDB
-/// backend stores them (DynamoDB counts attribute names in an item's size).
-pub(super) const KEY_NAME_BYTES: usize = "PartitionKey".len() + "RowKey".len();
-
-/// What an item's attribute names take in all: the key names and `Data`, the value's name.
-pub(super) const ITEM_NAME_BYTES: usize = KEY_NAME_BYTES + "Data".len();
-
-/// What a [`Condition::Absent`] adds to a transaction's size: its condition expression,
-/// `attribute_not_exists(PartitionKey)` on DynamoDB.
-pub(super) const ABSENT_CONDITION_BYTES: usize = "attribute_not_exists(PartitionKey)".len();
-
-/// What a [`Condition::Equals`] adds to a transaction's size besides the value it compares
-/// with: its condition expression `#d = :v` and the attribute name `#d` stands for, `Data`.
-pub(super) const EQUALS_CONDITION_BYTES: usize = "#d = :v".len() + "Data".len();
-
-/// An item's size as DynamoDB counts it: its attribute names and values, that is the UTF-8
-/// bytes of both keys, the value's raw bytes, and [`ITEM_NAME_BYTES`].
-pub(super) fn item_bytes(item: &Item) -> usize {
-    ITEM_NAME_BYTES + item.partition.len() + item.row.len() + item.value.len()
-}
-
-/// What one write adds to a transaction's size, as DynamoDB Local counts a
-/// `TransactWriteItems` payload: the item a put writes or the key a delete names, and its
-/// condition (expression, attribute names and values).
-pub(crate) fn write_bytes(write: &Write) -> usize {
-    let target = match write {
-        Write::Put { item, .. } => item_bytes(item),
-        Write::Delete { partition, row, .. } => KEY_NAME_BYTES + partition.len() + row.len(),
-    };
-    let condition = match write.condition() {
-        Condition::None => 0,
-        Condition::Absent => ABSENT_CONDITION_BYTES,
-        Condition::Equals(value) => EQUALS_CONDITION_BYTES + value.len(),
-    };
-    target + condition
-}
+use super::{
+    Condition, Item, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_ROW_KEY_BYTES,
+    MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, StoreError, StoreResult, Write,
+    item_bytes, write_bytes,
+};
 
 /// Keys: not empty, within DynamoDB's key sizes.
 pub(super) fn key(partition: &str, row: &str) -> StoreResult<()> {
@@ -176,7 +128,7 @@ fn row_key_too_long(row: &str) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Table;
+    use crate::store::{ITEM_NAME_BYTES, Table};
 
     #[test]
     fn sizes_count_keys_values_attribute_names_and_conditions() {

@@ -8,10 +8,10 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use bytes::Bytes;
 
-use crate::store::validate::{
-    ABSENT_CONDITION_BYTES, EQUALS_CONDITION_BYTES, ITEM_NAME_BYTES, KEY_NAME_BYTES,
+use crate::store::{
+    ABSENT_CONDITION_BYTES, Condition, EQUALS_CONDITION_BYTES, ITEM_NAME_BYTES, Item,
+    KEY_NAME_BYTES, StoreError, StoreResult,
 };
-use crate::store::{Condition, Item, StoreError, StoreResult};
 
 pub(super) const PARTITION_KEY: &str = "PartitionKey";
 pub(super) const ROW_KEY: &str = "RowKey";

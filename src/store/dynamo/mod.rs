@@ -17,7 +17,7 @@
 
 mod attribute;
 mod batch;
-mod client;
+pub(super) mod client;
 mod error;
 mod item;
 mod query;
@@ -30,8 +30,6 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::ConsumedCapacity;
 use bytes::Bytes;
-
-pub use client::DynamoConfig;
 
 use super::{Condition, Item, Query, Store, StoreResult, StoreStats, Table, Write, validate};
 
