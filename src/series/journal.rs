@@ -35,7 +35,8 @@ use crate::store::{
 use crate::timeline::posting::event_writes;
 use crate::timeline::{DomainError, DomainResult, Event, SubjectId};
 
-/// Points per staged row (under 74 KB each).
+/// Points per staged row: under 74 KB each, far within the store's
+/// [`MAX_ITEM_BYTES`](crate::store::MAX_ITEM_BYTES).
 const STAGED_POINTS_PER_ROW: usize = 4096;
 /// Row writes per apply transaction.
 const APPLY_WRITES_PER_TRANSACTION: usize = 50;

@@ -11,9 +11,12 @@
 //! Why these sizes: at 1 Hz a bucket is 600 points, about 7 KB encoded (12 bytes a point), so
 //! a one-day read is 144 rows of one partition and an append rewrites 7 KB (8 DynamoDB WCU).
 //! The split bound keeps every row under 1,024 × 18 bytes (the worst-case encoding) = 18 KB,
-//! far under DynamoDB's 400 KB item limit, and small enough that a transaction of 100
-//! compare-and-swap row writes (the new value plus the old one in its condition) stays
-//! under the 4 MB request limit.
+//! far under the store's 400 KB item limit ([`MAX_ITEM_BYTES`]), and small enough that a
+//! transaction of 100 compare-and-swap row writes (the new value plus the old one in its
+//! condition) stays under the 4 MB transaction limit ([`MAX_TRANSACTION_BYTES`]).
+//!
+//! [`MAX_ITEM_BYTES`]: crate::store::MAX_ITEM_BYTES
+//! [`MAX_TRANSACTION_BYTES`]: crate::store::MAX_TRANSACTION_BYTES
 
 /// Ticks per second (100 ns each).
 /// The index partition listing every series.

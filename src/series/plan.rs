@@ -36,26 +36,10 @@ pub struct Plan {
     /// Batches committed to the series but not yet applied: a write must wait for them
     /// (apply them) to come after them.
     pub pending_batches: Vec<String>,
-    /// Bytes the writes send (values and the values in their conditions).
-    pub bytes: usize,
 }
 
 impl Plan {
     fn push(&mut self, write: Write) {
-        self.bytes += match &write {
-            Write::Put {
-                item, condition, ..
-            } => {
-                item.value.len()
-                    + item.row.len()
-                    + item.partition.len()
-                    + match condition {
-                        Condition::Equals(old) => old.len(),
-                        _ => 0,
-                    }
-            }
-            Write::Delete { .. } => 64,
-        };
         self.writes.push(write);
     }
 }

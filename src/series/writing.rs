@@ -11,14 +11,12 @@ use uuid::Uuid;
 use super::journal::{self, Prepared};
 use super::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, plan};
 use crate::keys::{MAX_TICKS, Ticks, event_row_key};
-use crate::store::{MAX_TRANSACTION_WRITES, StoreError, Write};
+use crate::store::{MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, StoreError, Write, write_bytes};
 use crate::timeline::posting::event_writes;
 use crate::timeline::{DomainError, DomainResult, Event, SubjectId};
 
 /// The event kind of a series write.
 pub const READINGS_KIND: &str = "readings";
-/// Bytes of row values (and conditions) one transaction may send: DynamoDB takes 4 MB.
-const MAX_TRANSACTION_BYTES: usize = 3 * 1024 * 1024;
 /// Plans retried when another writer changed a row first.
 const MAX_ATTEMPTS: u32 = 8;
 
@@ -170,12 +168,11 @@ impl Series {
                 continue;
             }
             let mut writes: Vec<Write> = Vec::new();
-            let mut bytes = 0;
             for (one, plan) in prepared.iter().zip(plans) {
-                bytes += plan.bytes + one.event.payload.get().len() * 2;
                 writes.extend(plan.writes);
                 writes.extend(event_writes(&one.event, received));
             }
+            let bytes: usize = writes.iter().map(write_bytes).sum();
             if writes.len() > MAX_TRANSACTION_WRITES || bytes > MAX_TRANSACTION_BYTES {
                 journal::stage_and_commit(store, &prepared).await?;
                 self.wake_workers.notify_one();

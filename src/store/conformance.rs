@@ -1,7 +1,10 @@
 //! The conformance suite every backend passes: plain async cases over `&dyn Store`.
 //!
-//! Each backend's tests call [`run_all`]. Cases use random partition keys, so several runs
-//! can share one DynamoDB Local.
+//! [`store_conformance_tests!`](crate::store_conformance_tests) makes one test per case for a
+//! backend, so a failing case never hides another. Cases use random partition keys, so
+//! several runs can share one DynamoDB Local.
+//!
+//! Test-only: built for the crate's tests and with the `testing` feature, never in release.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,31 +12,82 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::{
-    Condition, Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table, Write,
+    Condition, Item, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_ROW_KEY_BYTES,
+    MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table,
+    Write, item_bytes, write_bytes,
 };
 
-/// Runs every case against `store`, panicking on the first failure.
-pub async fn run_all(store: &dyn Store) {
-    put_then_get_round_trips_and_overwrites(store).await;
-    get_of_a_missing_item_is_none(store).await;
-    empty_values_round_trip(store).await;
-    create_if_absent_collides_without_changing_the_item(store).await;
-    compare_and_swap_needs_the_exact_current_value(store).await;
-    concurrent_creates_of_one_item_have_one_winner(store).await;
-    delete_is_idempotent_and_honours_conditions(store).await;
-    transaction_writes_across_tables_and_partitions(store).await;
-    transaction_with_a_failing_condition_writes_nothing(store).await;
-    transaction_limits_are_enforced(store).await;
-    batch_write_of_any_size_lands_and_last_write_wins(store).await;
-    batch_write_rejects_conditions(store).await;
-    empty_keys_are_invalid_input(store).await;
-    query_reads_one_partition_in_both_directions(store).await;
-    query_pages_with_an_exclusive_start_key(store).await;
-    query_honours_row_ranges(store).await;
-    query_of_an_empty_partition_is_empty(store).await;
-    query_many_answers_each_query_in_order(store).await;
-    multi_byte_utf8_keys_sort_by_bytes(store).await;
-    ping_answers(store).await;
+/// Expands to one `#[tokio::test]` per conformance case. `$fixture` is an expression of a
+/// future, evaluated afresh for each case, whose output is `(keep_alive, store)`: the store
+/// to test (of any [`Store`](crate::store::Store) type) and whatever must live as long as it
+/// (a temporary directory, or `()`).
+///
+/// ```ignore
+/// mod conformance {
+///     fanline::store_conformance_tests!(async { ((), connect_the_store().await) });
+/// }
+/// ```
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($fixture:expr) => {
+        $crate::store_conformance_tests!(@cases $fixture;
+            put_then_get_round_trips_and_overwrites,
+            get_of_a_missing_item_is_none,
+            empty_values_round_trip,
+            create_if_absent_collides_without_changing_the_item,
+            compare_and_swap_needs_the_exact_current_value,
+            concurrent_creates_of_one_item_have_one_winner,
+            delete_is_idempotent_and_honours_conditions,
+            transaction_writes_across_tables_and_partitions,
+            transaction_with_a_failing_condition_writes_nothing,
+            empty_transactions_and_transactions_writing_an_item_twice_are_refused,
+            a_transaction_of_the_most_writes_is_applied_and_one_more_is_refused,
+            a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_refused,
+            a_put_of_the_largest_item_round_trips_and_one_byte_more_is_refused,
+            a_transaction_with_the_largest_item_is_applied_and_one_byte_more_is_refused,
+            a_batch_of_the_largest_items_lands_and_one_byte_more_is_refused,
+            keys_at_their_size_limits_work_and_one_byte_more_is_refused,
+            batch_write_of_any_size_lands_and_last_write_wins,
+            batch_write_rejects_conditions,
+            empty_keys_are_invalid_input,
+            query_reads_one_partition_in_both_directions,
+            query_pages_with_an_exclusive_start_key,
+            query_honours_row_ranges,
+            query_of_an_empty_partition_is_empty,
+            query_many_answers_each_query_in_order,
+            multi_byte_utf8_keys_sort_by_bytes,
+            ping_answers,
+        );
+    };
+    (@cases $fixture:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (_keep_alive, store) = $fixture.await;
+                $crate::store::conformance::$case(&store).await;
+            }
+        )*
+    };
+}
+
+/// Panics unless `result` is `InvalidInput` with a message holding every one of `wanted`.
+fn assert_invalid_input<T: std::fmt::Debug>(result: Result<T, StoreError>, wanted: &[&str]) {
+    match result {
+        Err(StoreError::InvalidInput(message)) => {
+            for part in wanted {
+                assert!(message.contains(part), "{message:?} does not say {part:?}");
+            }
+        }
+        other => panic!("expected invalid input ({wanted:?}), got {other:?}"),
+    }
+}
+
+/// An item of exactly `size` bytes as the store's limits count them, its value a pattern
+/// (so that a value cut or shifted on the way does not compare equal).
+fn item_of_size(partition: &str, row: &str, size: usize) -> Item {
+    let bare = item_bytes(&Item::new(partition, row, Bytes::new()));
+    let value: Vec<u8> = (0..size - bare).map(|i| (i % 251) as u8).collect();
+    Item::new(partition, row, value)
 }
 
 fn partition(case: &str) -> String {
@@ -303,34 +357,34 @@ pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Sto
     );
 }
 
-pub async fn transaction_limits_are_enforced(store: &dyn Store) {
-    let p = partition("tx-limits");
-    let writes = |n: usize| {
-        (0..n)
-            .map(|i| Write::put(Table::Events, Item::new(&p, format!("r{i:03}"), "v")))
-            .collect::<Vec<_>>()
-    };
+pub async fn empty_transactions_and_transactions_writing_an_item_twice_are_refused(
+    store: &dyn Store,
+) {
+    let p = partition("tx-shape");
     let empty = store.transact(Vec::new()).await;
-    assert!(
-        matches!(empty, Err(StoreError::InvalidInput(_))),
-        "{empty:?}"
-    );
-    let too_many = store.transact(writes(MAX_TRANSACTION_WRITES + 1)).await;
-    assert!(
-        matches!(too_many, Err(StoreError::InvalidInput(_))),
-        "{too_many:?}"
-    );
-    assert_eq!(store.get(Table::Events, &p, "r000").await.unwrap(), None);
+    assert_invalid_input(empty, &["1 to 100 writes", "got 0"]);
     let duplicate = store
         .transact(vec![
             Write::put(Table::Events, Item::new(&p, "same", "1")),
             Write::delete(Table::Events, &p, "same"),
         ])
         .await;
-    assert!(
-        matches!(duplicate, Err(StoreError::InvalidInput(_))),
-        "{duplicate:?}"
-    );
+    assert_invalid_input(duplicate, &["at most once"]);
+    assert_eq!(store.get(Table::Events, &p, "same").await.unwrap(), None);
+}
+
+pub async fn a_transaction_of_the_most_writes_is_applied_and_one_more_is_refused(
+    store: &dyn Store,
+) {
+    let p = partition("tx-count");
+    let writes = |n: usize| {
+        (0..n)
+            .map(|i| Write::put(Table::Events, Item::new(&p, format!("r{i:03}"), "v")))
+            .collect::<Vec<_>>()
+    };
+    let too_many = store.transact(writes(MAX_TRANSACTION_WRITES + 1)).await;
+    assert_invalid_input(too_many, &["1 to 100 writes", "got 101"]);
+    assert_eq!(store.get(Table::Events, &p, "r000").await.unwrap(), None);
     store
         .transact(writes(MAX_TRANSACTION_WRITES))
         .await
@@ -340,6 +394,235 @@ pub async fn transaction_limits_are_enforced(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(all.len(), MAX_TRANSACTION_WRITES);
+}
+
+pub async fn a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_refused(
+    store: &dyn Store,
+) {
+    let p = partition("tx-bytes");
+    store
+        .put(
+            Table::SeriesBatches,
+            Item::new(&p, "swap", "old"),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+    // Ten items of the largest size (one created if absent), a delete, a compare-and-swap
+    // delete (conditions count too); a last put brings the total to the limit.
+    let mut writes: Vec<Write> = (0..10)
+        .map(|i| {
+            let row = format!("full{i}");
+            Write::put(Table::SeriesBatches, item_of_size(&p, &row, MAX_ITEM_BYTES))
+        })
+        .collect();
+    if let Some(Write::Put { condition, .. }) = writes.last_mut() {
+        *condition = Condition::Absent;
+    }
+    writes.push(Write::delete(Table::SeriesBatches, &p, "gone"));
+    writes.push(Write::Delete {
+        table: Table::SeriesBatches,
+        partition: p.clone(),
+        row: "swap".into(),
+        condition: Condition::Equals("old".into()),
+    });
+    let used: usize = writes.iter().map(write_bytes).sum();
+    let with_last = |last_bytes: usize| {
+        let mut all = writes.clone();
+        all.push(Write::put(
+            Table::SeriesBatches,
+            item_of_size(&p, "last", last_bytes),
+        ));
+        all
+    };
+
+    let over = store
+        .transact(with_last(MAX_TRANSACTION_BYTES - used + 1))
+        .await;
+    let over_bytes = format!("{} bytes", MAX_TRANSACTION_BYTES + 1);
+    let limit = MAX_TRANSACTION_BYTES.to_string();
+    assert_invalid_input(over, &["transaction too large", &over_bytes, &limit]);
+    assert_eq!(
+        store.get(Table::SeriesBatches, &p, "full0").await.unwrap(),
+        None
+    );
+    assert!(
+        store
+            .get(Table::SeriesBatches, &p, "swap")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let at_limit = with_last(MAX_TRANSACTION_BYTES - used);
+    assert_eq!(
+        at_limit.iter().map(write_bytes).sum::<usize>(),
+        MAX_TRANSACTION_BYTES
+    );
+    store.transact(at_limit.clone()).await.unwrap();
+    assert_eq!(
+        store.get(Table::SeriesBatches, &p, "swap").await.unwrap(),
+        None
+    );
+    for write in &at_limit {
+        if let Write::Put { item, .. } = write {
+            let stored = store
+                .get(Table::SeriesBatches, &p, &item.row)
+                .await
+                .unwrap();
+            assert_eq!(stored.as_ref(), Some(&item.value), "row {}", item.row);
+        }
+    }
+}
+
+pub async fn a_put_of_the_largest_item_round_trips_and_one_byte_more_is_refused(store: &dyn Store) {
+    let p = partition("item-put");
+    let over = store
+        .put(
+            Table::Events,
+            item_of_size(&p, "over", MAX_ITEM_BYTES + 1),
+            Condition::None,
+        )
+        .await;
+    assert_invalid_input(over, &["item too large", "409601 bytes", "409600"]);
+    assert_eq!(store.get(Table::Events, &p, "over").await.unwrap(), None);
+
+    let largest = item_of_size(&p, "largest", MAX_ITEM_BYTES);
+    store
+        .put(Table::Events, largest.clone(), Condition::Absent)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(Table::Events, &p, "largest").await.unwrap(),
+        Some(largest.value)
+    );
+}
+
+pub async fn a_transaction_with_the_largest_item_is_applied_and_one_byte_more_is_refused(
+    store: &dyn Store,
+) {
+    let p = partition("item-tx");
+    let over = store
+        .transact(vec![
+            Write::put(Table::Events, Item::new(&p, "small", "v")),
+            Write::put(Table::Events, item_of_size(&p, "big", MAX_ITEM_BYTES + 1)),
+        ])
+        .await;
+    assert_invalid_input(over, &["item too large", "409601 bytes", "409600"]);
+    assert_eq!(store.get(Table::Events, &p, "small").await.unwrap(), None);
+
+    let largest = item_of_size(&p, "big", MAX_ITEM_BYTES);
+    store
+        .transact(vec![
+            Write::put_if_absent(Table::Events, Item::new(&p, "small", "v")),
+            Write::put_if_absent(Table::Events, largest.clone()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(Table::Events, &p, "big").await.unwrap(),
+        Some(largest.value)
+    );
+}
+
+pub async fn a_batch_of_the_largest_items_lands_and_one_byte_more_is_refused(store: &dyn Store) {
+    let p = partition("item-batch");
+    let largest = |i: usize| {
+        let row = format!("r{i:02}");
+        Write::put(Table::Timelines, item_of_size(&p, &row, MAX_ITEM_BYTES))
+    };
+    let mut over: Vec<Write> = (0..3).map(largest).collect();
+    over.push(Write::put(
+        Table::Timelines,
+        item_of_size(&p, "over", MAX_ITEM_BYTES + 1),
+    ));
+    let refused = store.batch_write(over).await;
+    assert_invalid_input(refused, &["item too large", "409601 bytes", "409600"]);
+    // The batch is checked whole before anything is written.
+    assert_eq!(store.get(Table::Timelines, &p, "r00").await.unwrap(), None);
+
+    // More than one `BatchWriteItem` (25 items) of the largest items.
+    let writes: Vec<Write> = (0..30).map(largest).collect();
+    store.batch_write(writes.clone()).await.unwrap();
+    let stored = store
+        .query_all(Query::partition(Table::Timelines, &p, 10))
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 30);
+    for (write, item) in writes.iter().zip(&stored) {
+        let Write::Put { item: written, .. } = write else {
+            unreachable!("only puts")
+        };
+        assert_eq!(item, written);
+    }
+}
+
+pub async fn keys_at_their_size_limits_work_and_one_byte_more_is_refused(store: &dyn Store) {
+    let unique = Uuid::new_v4().simple().to_string();
+    let longest_partition = format!(
+        "{unique}{}",
+        "p".repeat(MAX_PARTITION_KEY_BYTES - unique.len())
+    );
+    // Multi-byte characters count as their UTF-8 bytes.
+    let longest_row = "é".repeat(MAX_ROW_KEY_BYTES / 2);
+    assert_eq!(longest_row.len(), MAX_ROW_KEY_BYTES);
+    store
+        .put(
+            Table::Events,
+            Item::new(&longest_partition, &longest_row, "v"),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get(Table::Events, &longest_partition, &longest_row)
+            .await
+            .unwrap(),
+        Some(Bytes::from("v"))
+    );
+    let read = store
+        .query(
+            Query::partition(Table::Events, &longest_partition, 10)
+                .range(Some(longest_row.clone()), None),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows(&read), [longest_row.as_str()]);
+
+    let partition_over = format!("{longest_partition}p");
+    let row_over = format!("{longest_row}r");
+    let put = store
+        .put(
+            Table::Events,
+            Item::new(&partition_over, "r", "v"),
+            Condition::None,
+        )
+        .await;
+    assert_invalid_input(put, &["partition key too long", "2049 bytes", "2048"]);
+    let get = store
+        .get(Table::Events, &longest_partition, &row_over)
+        .await;
+    assert_invalid_input(get, &["row key too long", "1025 bytes", "1024"]);
+    let delete = store
+        .transact(vec![Write::delete(Table::Events, &partition_over, "r")])
+        .await;
+    assert_invalid_input(delete, &["partition key too long"]);
+    let batch = store
+        .batch_write(vec![Write::put(
+            Table::Events,
+            Item::new(&longest_partition, &row_over, "v"),
+        )])
+        .await;
+    assert_invalid_input(batch, &["row key too long"]);
+    let query = store
+        .query(Query::partition(Table::Events, &partition_over, 10))
+        .await;
+    assert_invalid_input(query, &["partition key too long"]);
+    let query_after = store
+        .query(Query::partition(Table::Events, &longest_partition, 10).after(Some(row_over)))
+        .await;
+    assert_invalid_input(query_after, &["row key too long"]);
 }
 
 pub async fn batch_write_of_any_size_lands_and_last_write_wins(store: &dyn Store) {
@@ -582,4 +865,28 @@ pub async fn multi_byte_utf8_keys_sort_by_bytes(store: &dyn Store) {
 
 pub async fn ping_answers(store: &dyn Store) {
     store.ping().await.unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    /// A case missing from `store_conformance_tests!` would run on no backend.
+    #[test]
+    fn every_case_is_listed_in_the_macro() {
+        let source = include_str!("conformance.rs");
+        let (macro_text, cases_text) = source
+            .split_once("\nfn assert_invalid_input")
+            .expect("the helpers follow the macro");
+        let cases: Vec<&str> = cases_text
+            .lines()
+            .filter_map(|line| line.strip_prefix("pub async fn "))
+            .map(|rest| rest.split('(').next().unwrap_or(rest))
+            .collect();
+        assert!(cases.len() > 20, "{cases:?}");
+        for case in cases {
+            assert!(
+                macro_text.contains(&format!("            {case},\n")),
+                "{case} is not listed in store_conformance_tests!"
+            );
+        }
+    }
 }

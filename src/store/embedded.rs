@@ -58,7 +58,7 @@ struct WriteRequest {
 
 impl EmbeddedStore {
     /// Opens (or creates) the store in `path`. Blocking: call it off the executor.
-    pub fn open(path: &Path) -> StoreResult<Self> {
+    fn open(path: &Path) -> StoreResult<Self> {
         let db = Database::builder(path)
             .manual_journal_persist(true)
             .open()
@@ -96,7 +96,7 @@ impl EmbeddedStore {
     }
 
     /// Bytes a table takes on disk once its memtable is flushed (for the benchmark).
-    pub async fn flushed_disk_space(&self, table: Table) -> StoreResult<u64> {
+    pub(crate) async fn flushed_disk_space(&self, table: Table) -> StoreResult<u64> {
         let keyspace = self.inner.keyspaces.of(table)?.clone();
         blocking(move || {
             keyspace
@@ -461,7 +461,6 @@ fn stage(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::conformance;
 
     async fn open_temp() -> (tempfile::TempDir, EmbeddedStore) {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -471,10 +470,9 @@ mod tests {
         (dir, store)
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn embedded_store_passes_the_conformance_suite() {
-        let (_dir, store) = open_temp().await;
-        conformance::run_all(&store).await;
+    /// The conformance suite, one test per case, each on a store of its own.
+    mod conformance {
+        crate::store_conformance_tests!(super::open_temp());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

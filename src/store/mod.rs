@@ -6,31 +6,88 @@
 //! [`MAX_TRANSACTION_WRITES`] writes, conditions are "absent" or "equals", and a query reads
 //! one partition.
 //!
+//! Every backend enforces DynamoDB's limits the same way, before it sends or stores anything
+//! (`validate.rs`): keys of at most [`MAX_PARTITION_KEY_BYTES`] and [`MAX_ROW_KEY_BYTES`],
+//! items of at most [`MAX_ITEM_BYTES`] (keys, value and attribute names), transactions of at
+//! most [`MAX_TRANSACTION_WRITES`] writes and [`MAX_TRANSACTION_BYTES`]. Breaking one is
+//! [`StoreError::InvalidInput`], with the limit and the size in the message.
+//!
 //! Item bodies are opaque bytes: the domain owns their encoding, and a backend only stores
 //! them (DynamoDB keeps them in one binary attribute, `Data`).
 
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
-pub mod dynamo;
-pub mod embedded;
+mod dynamo;
+mod embedded;
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
-pub mod stats;
+mod stats;
+mod validate;
 
-use std::collections::HashSet;
 use std::fmt;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 
-pub use dynamo::{DynamoConfig, DynamoStore};
+pub use dynamo::DynamoStore;
+pub use dynamo::client::DynamoConfig;
 pub use embedded::EmbeddedStore;
 pub use stats::{RetryReason, StoreStats, StoreStatsSnapshot};
 
-/// DynamoDB's `TransactWriteItems` limit; the embedded store enforces the same.
+// The limits: DynamoDB's, the stricter backend, so that data that fits on the embedded store
+// fits on DynamoDB too; and how sizes are counted. `validate.rs` holds the checks that both
+// backends run.
+
+/// DynamoDB's `TransactWriteItems` limit on the writes of one transaction.
 pub const MAX_TRANSACTION_WRITES: usize = 100;
 
 /// DynamoDB's limits on key sizes in bytes (partition key 2048, sort key 1024).
 pub const MAX_PARTITION_KEY_BYTES: usize = 2048;
 pub const MAX_ROW_KEY_BYTES: usize = 1024;
+
+/// DynamoDB's item size limit, 400 KB, counted as [`item_bytes`] counts.
+pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+/// DynamoDB's limit on the size of one `TransactWriteItems`, 4 MB, counted as
+/// [`write_bytes`] counts (exactly as DynamoDB Local 3.3 does).
+pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
+
+/// What an item's key attribute names take: `PartitionKey` and `RowKey`, as the DynamoDB
+/// backend stores them (DynamoDB counts attribute names in an item's size).
+pub(crate) const KEY_NAME_BYTES: usize = "PartitionKey".len() + "RowKey".len();
+
+/// What an item's attribute names take in all: the key names and `Data`, the value's name.
+pub(crate) const ITEM_NAME_BYTES: usize = KEY_NAME_BYTES + "Data".len();
+
+/// What a [`Condition::Absent`] adds to a transaction's size: its condition expression,
+/// `attribute_not_exists(PartitionKey)` on DynamoDB.
+pub(crate) const ABSENT_CONDITION_BYTES: usize = "attribute_not_exists(PartitionKey)".len();
+
+/// What a [`Condition::Equals`] adds to a transaction's size besides the value it compares
+/// with: its condition expression `#d = :v` and the attribute name `#d` stands for, `Data`.
+pub(crate) const EQUALS_CONDITION_BYTES: usize = "#d = :v".len() + "Data".len();
+
+/// An item's size as DynamoDB counts it: its attribute names and values, that is the UTF-8
+/// bytes of both keys, the value's raw bytes, and [`ITEM_NAME_BYTES`].
+pub(crate) fn item_bytes(item: &Item) -> usize {
+    ITEM_NAME_BYTES + item.partition.len() + item.row.len() + item.value.len()
+}
+
+/// What one write adds to a transaction's size, as DynamoDB Local counts a
+/// `TransactWriteItems` payload: the item a put writes or the key a delete names, and its
+/// condition (expression, attribute names and values).
+pub(crate) fn write_bytes(write: &Write) -> usize {
+    let target = match write {
+        Write::Put { item, .. } => item_bytes(item),
+        Write::Delete { partition, row, .. } => KEY_NAME_BYTES + partition.len() + row.len(),
+    };
+    let condition = match write.condition() {
+        Condition::None => 0,
+        Condition::Absent => ABSENT_CONDITION_BYTES,
+        Condition::Equals(value) => EQUALS_CONDITION_BYTES + value.len(),
+    };
+    target + condition
+}
 
 /// Every table fanline uses. Physical names carry a configurable prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -85,7 +142,7 @@ pub enum Table {
 }
 
 impl Table {
-    pub const ALL: [Table; 18] = [
+    pub(crate) const ALL: [Table; 18] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -107,7 +164,7 @@ impl Table {
     ];
 
     /// The logical table name, as in DESIGN.md; backends prepend their prefix.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Table::Events => "events",
             Table::Timelines => "timelines",
@@ -214,20 +271,20 @@ impl Write {
         }
     }
 
-    pub fn table(&self) -> Table {
+    pub(crate) fn table(&self) -> Table {
         match self {
             Write::Put { table, .. } | Write::Delete { table, .. } => *table,
         }
     }
 
-    pub fn key(&self) -> (&str, &str) {
+    pub(crate) fn key(&self) -> (&str, &str) {
         match self {
             Write::Put { item, .. } => (&item.partition, &item.row),
             Write::Delete { partition, row, .. } => (partition, row),
         }
     }
 
-    pub fn condition(&self) -> &Condition {
+    pub(crate) fn condition(&self) -> &Condition {
         match self {
             Write::Put { condition, .. } | Write::Delete { condition, .. } => condition,
         }
@@ -327,7 +384,8 @@ pub trait Store: Send + Sync + 'static {
     /// Reads one item's value.
     async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>>;
 
-    /// Writes one item; `ConditionFailed` if `condition` does not hold.
+    /// Writes one item of at most [`MAX_ITEM_BYTES`]; `ConditionFailed` if `condition` does
+    /// not hold.
     async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()>;
 
     /// Deletes one item (absent is fine unless `condition` says otherwise).
@@ -339,12 +397,14 @@ pub trait Store: Send + Sync + 'static {
         condition: Condition,
     ) -> StoreResult<()>;
 
-    /// Applies up to [`MAX_TRANSACTION_WRITES`] writes, across tables and partitions, all or
-    /// none. Two writes to one item are `InvalidInput`.
+    /// Applies up to [`MAX_TRANSACTION_WRITES`] writes of at most [`MAX_TRANSACTION_BYTES`] in
+    /// all, across tables and partitions, all or none. Two writes to one item are
+    /// `InvalidInput`.
     async fn transact(&self, writes: Vec<Write>) -> StoreResult<()>;
 
-    /// Applies unconditional writes of any number, not atomically; on error some may have
-    /// been applied. If one key appears twice, the later write wins.
+    /// Applies unconditional writes of any number and total size (each item within
+    /// [`MAX_ITEM_BYTES`]), not atomically; on error some may have been applied. If one key
+    /// appears twice, the later write wins.
     async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()>;
 
     /// Reads up to `query.limit` items of one partition. Returns fewer only when the range
@@ -358,63 +418,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks that the store answers (for `/healthz`).
     async fn ping(&self) -> StoreResult<()>;
-}
-
-/// Checks shared by all backends, so they reject the same input the same way.
-pub(crate) mod validate {
-    use super::*;
-
-    pub fn key(partition: &str, row: &str) -> StoreResult<()> {
-        if partition.is_empty() || row.is_empty() {
-            return Err(StoreError::InvalidInput("keys must not be empty".into()));
-        }
-        if partition.len() > MAX_PARTITION_KEY_BYTES || row.len() > MAX_ROW_KEY_BYTES {
-            return Err(StoreError::InvalidInput("key too long".into()));
-        }
-        Ok(())
-    }
-
-    pub fn transaction(writes: &[Write]) -> StoreResult<()> {
-        if writes.is_empty() || writes.len() > MAX_TRANSACTION_WRITES {
-            return Err(StoreError::InvalidInput(format!(
-                "a transaction holds 1 to {MAX_TRANSACTION_WRITES} writes, got {}",
-                writes.len()
-            )));
-        }
-        let mut seen = HashSet::with_capacity(writes.len());
-        for write in writes {
-            let (partition, row) = write.key();
-            key(partition, row)?;
-            if !seen.insert((write.table(), partition, row)) {
-                return Err(StoreError::InvalidInput(
-                    "a transaction writes one item at most once".into(),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    pub fn batch(writes: &[Write]) -> StoreResult<()> {
-        for write in writes {
-            let (partition, row) = write.key();
-            key(partition, row)?;
-            if *write.condition() != Condition::None {
-                return Err(StoreError::InvalidInput(
-                    "batch writes are unconditional".into(),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    pub fn query(query: &super::Query) -> StoreResult<()> {
-        if query.partition.is_empty() {
-            return Err(StoreError::InvalidInput(
-                "partition key must not be empty".into(),
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Conveniences over [`Store`], for every implementation.

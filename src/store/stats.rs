@@ -23,7 +23,7 @@ pub enum RetryReason {
 }
 
 impl RetryReason {
-    pub const ALL: [RetryReason; 6] = [
+    pub(crate) const ALL: [RetryReason; 6] = [
         RetryReason::Throttled,
         RetryReason::UnprocessedItems,
         RetryReason::Timeout,
@@ -33,7 +33,7 @@ impl RetryReason {
     ];
 
     /// The `reason` label in `/metrics`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             RetryReason::Throttled => "throttled",
             RetryReason::UnprocessedItems => "unprocessed_items",
@@ -74,14 +74,14 @@ pub struct StoreStatsSnapshot {
 }
 
 impl StoreStats {
-    pub fn record_request(&self, writes: bool) {
+    pub(crate) fn record_request(&self, writes: bool) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         if writes {
             self.write_requests.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    pub fn record_write_capacity(&self, units: f64) {
+    pub(crate) fn record_write_capacity(&self, units: f64) {
         if units.is_finite() && units > 0.0 {
             let milli = (units * 1000.0).round() as u64;
             self.write_capacity_milli
@@ -89,7 +89,7 @@ impl StoreStats {
         }
     }
 
-    pub fn record_retry(&self, reason: RetryReason) {
+    pub(crate) fn record_retry(&self, reason: RetryReason) {
         self.retries[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -112,7 +112,8 @@ impl StoreStats {
 }
 
 impl StoreStatsSnapshot {
-    pub fn retries(&self, reason: RetryReason) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn retries(&self, reason: RetryReason) -> u64 {
         self.retries
             .iter()
             .find(|(candidate, _)| *candidate == reason)

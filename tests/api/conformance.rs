@@ -1,18 +1,104 @@
-//! The store conformance suite on DynamoDB Local (the embedded run is a unit test).
+//! The store conformance suite on DynamoDB Local, one test per case (the embedded store runs
+//! it as unit tests). The cases share one set of tables, created once; each case connects a
+//! client of its own, since a client's connections belong to the runtime of the test that
+//! made them, and uses partition keys of its own. Also: what connecting to a local endpoint
+//! says.
 
-use fanline::store::{DynamoConfig, DynamoStore, conformance};
+use std::process::Command;
+
+use fanline::store::{DynamoConfig, DynamoStore, Store};
+use tokio::sync::OnceCell;
 
 use crate::dynamo_local;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_store_passes_the_conformance_suite() {
+/// The table prefix of the suite's tables, once they exist.
+static TABLE_PREFIX: OnceCell<String> = OnceCell::const_new();
+
+async fn connect(table_prefix: String) -> DynamoStore {
     let config = DynamoConfig {
         endpoint: Some(dynamo_local::endpoint()),
-        table_prefix: format!("conf{}-", uuid::Uuid::new_v4().simple()),
+        table_prefix,
     };
-    let store = DynamoStore::connect(&config).await.expect("connect");
-    store.create_tables().await.expect("create tables");
-    // Creating tables twice is fine.
+    DynamoStore::connect(&config).await.expect("connect")
+}
+
+/// A store on the suite's tables, creating them on first use.
+async fn store() -> ((), DynamoStore) {
+    let table_prefix = TABLE_PREFIX
+        .get_or_init(|| async {
+            let table_prefix = format!("conf{}-", uuid::Uuid::new_v4().simple());
+            let store = connect(table_prefix.clone()).await;
+            store.create_tables().await.expect("create tables");
+            table_prefix
+        })
+        .await;
+    ((), connect(table_prefix.clone()).await)
+}
+
+fanline::store_conformance_tests!(store());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_tables_that_exist_already_succeeds() {
+    let ((), store) = store().await;
     store.create_tables().await.expect("create tables again");
-    conformance::run_all(&store).await;
+    store.ping().await.expect("ping");
+}
+
+/// Without any AWS setting, a start against a local endpoint never asks the EC2 instance
+/// metadata service for credentials (a probe that logged three ~1 KB warnings off EC2), and
+/// says in one short line that it uses placeholder credentials.
+#[test]
+fn a_local_endpoint_without_aws_settings_uses_placeholder_credentials_and_says_so_once() {
+    let home = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(env!("CARGO_BIN_EXE_fanline"))
+        .arg("init")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("FANLINE_STORE", "dynamodb")
+        .env("FANLINE_DYNAMODB_ENDPOINT", dynamo_local::endpoint())
+        .env(
+            "FANLINE_TABLE_PREFIX",
+            format!("quiet{}-", uuid::Uuid::new_v4().simple()),
+        )
+        .env("FANLINE_DATA_DIR", home.path().join("data"))
+        .output()
+        .expect("run fanline init");
+    let stderr = strip_ansi(&String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "fanline init failed: {stderr}");
+
+    let lowercase = stderr.to_lowercase();
+    for probe in ["imds", "ec2", "instance metadata", "169.254.169.254"] {
+        assert!(!lowercase.contains(probe), "{probe:?} in: {stderr}");
+    }
+    let credential_lines: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("credentials"))
+        .collect();
+    assert_eq!(credential_lines.len(), 1, "{stderr}");
+    assert!(
+        credential_lines[0].contains("using placeholder credentials for the local endpoint"),
+        "{stderr}"
+    );
+    for line in stderr.lines() {
+        assert!(line.len() < 300, "a long log line: {line}");
+    }
+}
+
+/// Removes the terminal colour codes (`ESC [ ... m`) a log line may carry.
+fn strip_ansi(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for code in chars.by_ref() {
+                if code.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
 }
