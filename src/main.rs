@@ -65,7 +65,7 @@ fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn")),
+                .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn,aws_config=warn")),
         )
         .with_ansi(stderr.is_terminal() && !no_color)
         .with_writer(std::io::stderr)
