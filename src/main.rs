@@ -64,8 +64,9 @@ fn init_logging() {
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn,aws_config=warn")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                EnvFilter::new("info,fjall=warn,lsm_tree=warn,aws_config=warn")
+            }),
         )
         .with_ansi(stderr.is_terminal() && !no_color)
         .with_writer(std::io::stderr)

@@ -13,8 +13,8 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::error::ErrorBody;
 use super::extract::{Json, Path, Query};
-use super::openapi::Name;
 use super::page::{PageParams, PageResponse};
+use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::{Event, NewEvent, Posted};
 

@@ -12,8 +12,8 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
-use super::openapi::Name;
 use super::page::{PageParams, PageResponse};
+use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::fanout::status::{FanoutDeadLetter, FanoutState, FanoutStatus, Operation};
 

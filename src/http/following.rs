@@ -9,8 +9,8 @@ use utoipa_axum::routes;
 
 use super::error::ApiError;
 use super::extract::{Path, Query};
-use super::openapi::Name;
 use super::page::{PageParams, PageResponse};
+use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::{Edge, Page, SubjectId};
 

@@ -11,6 +11,7 @@ mod metrics;
 mod openapi;
 mod page;
 pub mod rate_limit;
+mod schema;
 mod series;
 mod timeline;
 

@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use utoipa::OpenApi;
 use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::header::Header;
 use utoipa::openapi::path::{Operation, PathItem};
@@ -19,7 +20,6 @@ use utoipa::openapi::response::{Response as ResponseDoc, ResponseBuilder};
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{OpenApi as Document, Ref, RefOr};
-use utoipa::{OpenApi, ToSchema};
 
 use super::AppState;
 use super::error::ErrorBody;
@@ -33,18 +33,6 @@ const OPEN_ROUTES: [&str; 3] = ["/healthz", "/metrics", "/openapi.json"];
 
 /// The route whose reads `FANLINE_PUBLIC_EVENTS` opens to anyone.
 const PUBLIC_EVENTS_ROUTE: &str = "/v1/subjects/{subject}/events";
-
-/// A subject id or series name: 1 to 256 bytes of UTF-8, with no control characters and no
-/// `.` or `..` segment between slashes. (JSON Schema counts characters, not bytes, so a name
-/// of many multi-byte characters can pass this schema and still be refused.)
-#[derive(ToSchema)]
-#[schema(
-    min_length = 1,
-    max_length = 256,
-    pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
-)]
-#[expect(dead_code, reason = "describes names in the OpenAPI document only")]
-pub struct Name(String);
 
 #[derive(OpenApi)]
 #[openapi(

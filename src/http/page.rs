@@ -55,7 +55,7 @@ pub struct Truncated {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Names {
     /// The series read, in the order of every row's `values`.
-    #[schema(value_type = Vec<super::openapi::Name>)]
+    #[schema(value_type = Vec<super::schema::Name>)]
     pub names: Vec<String>,
 }
 

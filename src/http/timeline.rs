@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::{Path, Query};
-use super::openapi::Name;
 use super::page::{PageResponse, Truncated};
+use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
 

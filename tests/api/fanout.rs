@@ -354,7 +354,11 @@ async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(ba
     let again = app.send(app.client.post(app.url(&requeue_path))).await;
     assert_eq!(again.status, StatusCode::CONFLICT, "{again:?}");
     let none_left = app.get("/v1/admin/fanout/writer/dead-letters").await;
-    assert_eq!(none_left.body["items"], serde_json::json!([]), "{none_left:?}");
+    assert_eq!(
+        none_left.body["items"],
+        serde_json::json!([]),
+        "{none_left:?}"
+    );
 }
 
 /// Followers of the split test: 50,000 on the embedded store; DynamoDB Local writes about
