@@ -109,6 +109,8 @@ pub struct Config {
     /// catch-up reader.
     #[arg(long, env = "FANLINE_CATCH_UP_WINDOW_SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=300))]
+    // At most 300: a catch-up cursor stores each seen entry's height above its floor in 32
+    // bits of ticks (429 s).
     pub catch_up_window_secs: u64,
 
     /// The admin token: it may do everything, as any subject. Without one, `serve` on the

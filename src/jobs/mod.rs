@@ -10,7 +10,7 @@
 //! the job from its last checkpoint. Handlers make their writes idempotent.
 
 mod dead_letter;
-pub mod format;
+pub(crate) mod format;
 mod job;
 mod metrics;
 mod queue;

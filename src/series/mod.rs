@@ -11,15 +11,15 @@
 //! - [`deleting`]: range and whole-series deletes, a page at a time
 //! - [`catalogue`]: series names and tags
 
-pub mod catalogue;
+pub(crate) mod catalogue;
 pub mod codec;
-pub mod deleting;
-pub mod journal;
+mod deleting;
+mod journal;
 pub mod layout;
-pub mod plan;
-pub mod reading;
-pub mod scan;
-pub mod writing;
+mod plan;
+pub(crate) mod reading;
+mod scan;
+mod writing;
 
 use std::sync::Arc;
 

@@ -30,9 +30,6 @@ use crate::store::Direction;
 
 /// Entries a cursor remembers above its floor.
 pub const MAX_SEEN: usize = 240;
-/// Longest catch-up window: a seen entry stores its height above the floor in 32 bits of
-/// ticks (429 s).
-pub const MAX_WINDOW: Duration = Duration::from_secs(300);
 
 /// A cursor whose floor is a time.
 const VERSION: u8 = 1;

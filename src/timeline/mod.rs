@@ -1,17 +1,17 @@
 //! The domain: posting, following and reading timelines, written against [`Store`] only.
 
-pub mod catch_up;
-pub mod deleting;
+mod catch_up;
+mod deleting;
 pub mod fanout;
-pub mod following;
-pub mod merge;
-pub mod merged_authors;
-pub mod model;
-pub mod posting;
-pub mod reading;
-pub mod reconcile;
+mod following;
+mod merge;
+pub(crate) mod merged_authors;
+mod model;
+pub(crate) mod posting;
+pub(crate) mod reading;
+pub(crate) mod reconcile;
 pub mod removal;
-pub mod trim;
+mod trim;
 
 use std::sync::Arc;
 
