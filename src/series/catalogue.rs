@@ -64,7 +64,7 @@ impl Series {
             self.store.get(Table::SeriesIndex, &meta_key, TAGS_ROW)
         );
         if !names? {
-            return Err(DomainError::NotFound(format!("no series {series:?}")));
+            return Err(DomainError::NotFound(format!("no series {series}")));
         }
         meta?.map_or(Ok(Vec::new()), |body| decode_tags(&body))
     }

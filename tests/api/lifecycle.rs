@@ -15,7 +15,7 @@ on_both_backends!(
     deleting_an_event_hides_it_at_once_and_removes_every_copy,
     deleting_a_missing_event_is_a_404_and_deleting_twice_is_idempotent,
     a_timeline_page_stops_at_the_cap_and_says_it_was_truncated,
-    hybrid_timeline_pages_match_a_fully_pushed_timeline_page_by_page,
+    merged_timeline_pages_match_a_fully_pushed_timeline_page_by_page,
     an_author_crossing_the_threshold_both_ways_keeps_timelines_whole,
     a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers,
     posts_racing_across_the_threshold_all_reach_every_follower,
@@ -393,10 +393,10 @@ async fn timeline_pages(backend: Backend, threshold: u32) -> Vec<(Vec<String>, b
     pages
 }
 
-async fn hybrid_timeline_pages_match_a_fully_pushed_timeline_page_by_page(backend: Backend) {
+async fn merged_timeline_pages_match_a_fully_pushed_timeline_page_by_page(backend: Backend) {
     let pushed = timeline_pages(backend, 100_000).await;
-    let hybrid = timeline_pages(backend, 2).await;
-    assert_eq!(hybrid, pushed);
+    let merged = timeline_pages(backend, 2).await;
+    assert_eq!(merged, pushed);
     let total: usize = pushed.iter().map(|(texts, _, _)| texts.len()).sum();
     assert_eq!(total, 11, "the cap applies to both sources");
     assert!(pushed.last().expect("a page").2, "truncated at the cap");
