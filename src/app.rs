@@ -16,7 +16,7 @@ use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
 use crate::http::rate_limit::RateLimits;
 use crate::http::{self, AppState};
-use crate::jobs::{self, Worker};
+use crate::jobs::{self, Backlog, Worker};
 use crate::metrics::Metrics;
 use crate::series::Series;
 use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
@@ -90,6 +90,7 @@ async fn app_state(
     wake: &Arc<Notify>,
     metrics: Arc<Metrics>,
     admin_token: &str,
+    backlog: &Arc<Backlog>,
 ) -> anyhow::Result<AppState> {
     let key = cursor_key(store.as_ref())
         .await
@@ -99,7 +100,8 @@ async fn app_state(
         CursorCodec::new(&key),
         config.timeline_settings(),
         wake.clone(),
-    );
+    )
+    .with_backlog(backlog.clone());
     let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone());
     Ok(AppState {
         timelines: Arc::new(timelines),
@@ -232,6 +234,9 @@ pub struct Application {
     listener: TcpListener,
     router: axum::Router,
     workers: Workers,
+    /// Counted in the background while the server runs.
+    backlog: Arc<Backlog>,
+    store: Arc<dyn Store>,
     shutdown: CancellationToken,
 }
 
@@ -253,7 +258,16 @@ impl Application {
         let metrics = Arc::new(Metrics::new(stats));
         let shutdown = CancellationToken::new();
         let admin_token = resolve_admin_token(&config)?;
-        let state = app_state(&config, &store, &wake, metrics.clone(), &admin_token).await?;
+        let backlog = Backlog::new(config.max_backlog);
+        let state = app_state(
+            &config,
+            &store,
+            &wake,
+            metrics.clone(),
+            &admin_token,
+            &backlog,
+        )
+        .await?;
         let router = http::router(state, config.max_payload_bytes + BODY_OVERHEAD_BYTES);
         let workers = Workers::new(&config, &store, &wake, &metrics, &shutdown).await?;
         let listener = TcpListener::bind(config.listen)
@@ -263,6 +277,8 @@ impl Application {
             listener,
             router,
             workers,
+            backlog,
+            store,
             shutdown,
         })
     }
@@ -282,6 +298,11 @@ impl Application {
         let tracker = TaskTracker::new();
         self.workers.spawn_on(&tracker);
         let shutdown = self.shutdown.clone();
+        tracker.spawn(
+            self.backlog
+                .clone()
+                .keep_counting(self.store.clone(), shutdown.clone()),
+        );
         let served = axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown.clone().cancelled_owned())
             .await;
@@ -308,7 +329,13 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
         .spawn_on(&tracker);
     if let Some(address) = config.metrics_listen {
         // Its routes are open; no token is checked, so any unguessable one does.
-        let state = app_state(config, &store, &wake, metrics, &new_secret()).await?;
+        let backlog = Backlog::new(config.max_backlog);
+        tracker.spawn(
+            backlog
+                .clone()
+                .keep_counting(store.clone(), shutdown.clone()),
+        );
+        let state = app_state(config, &store, &wake, metrics, &new_secret(), &backlog).await?;
         let listener = TcpListener::bind(address)
             .await
             .with_context(|| format!("failed to listen on {address}"))?;

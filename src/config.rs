@@ -105,6 +105,11 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub merge_threshold: u32,
 
+    /// Pending jobs past which posts are refused (503 `backlog_full`) until workers catch up;
+    /// 0 for no bound.
+    #[arg(long, env = "FANLINE_MAX_BACKLOG", default_value_t = 100_000)]
+    pub max_backlog: u64,
+
     /// Seconds late an entry may arrive (behind newer ones already read) and still reach a
     /// catch-up reader.
     #[arg(long, env = "FANLINE_CATCH_UP_WINDOW_SECS", default_value_t = 60,

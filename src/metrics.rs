@@ -56,6 +56,8 @@ pub struct Metrics {
     pub http: HttpMetrics,
     /// Jobs waiting or leased in the queue, read from the store at each scrape.
     pub queue_depth: Gauge,
+    /// Age of the oldest job in the queue, as the backlog was last counted.
+    pub backlog_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Metrics {
@@ -85,6 +87,12 @@ impl Metrics {
             "Jobs in the queue, pending or leased (counted at scrape time, up to 10000 per shard)",
             queue_depth.clone(),
         );
+        let backlog_age_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "fanline_jobs_backlog_age_seconds",
+            "Age of the oldest job in the queue (0 when empty), as last counted",
+            backlog_age_seconds.clone(),
+        );
         registry.register_collector(Box::new(StoreCollector(store_stats)));
         Metrics {
             registry,
@@ -92,6 +100,7 @@ impl Metrics {
             fanout,
             http,
             queue_depth,
+            backlog_age_seconds,
         }
     }
 

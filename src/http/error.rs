@@ -35,6 +35,8 @@ pub enum ApiError {
     RateLimited { retry_after_secs: u64 },
     /// 503: the store is down, throttling, or not initialised; retry later.
     Unavailable(String),
+    /// 503: the fan-out backlog is at its bound; nothing was written; retry later.
+    BacklogFull(String),
     /// 500: a bug or corrupt data; details are logged, not returned.
     Internal(String),
 }
@@ -59,7 +61,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::BacklogFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -85,6 +87,7 @@ impl ApiError {
                 "too many requests for this token; retry after the given seconds",
             ),
             ApiError::Unavailable(message) => ("unavailable", message),
+            ApiError::BacklogFull(message) => ("backlog_full", message),
             ApiError::Internal(_) => ("internal", "internal error"),
         }
     }
@@ -135,7 +138,7 @@ impl IntoResponse for ApiError {
                 body,
             )
                 .into_response(),
-            ApiError::Unavailable(_) => {
+            ApiError::Unavailable(_) | ApiError::BacklogFull(_) => {
                 (status, [(header::RETRY_AFTER, "1")], body).into_response()
             }
             _ => (status, body).into_response(),
@@ -170,6 +173,7 @@ impl From<DomainError> for ApiError {
             DomainError::NotFound(message) => ApiError::NotFound(message),
             DomainError::Store(store) => store.into(),
             DomainError::Corrupt(detail) => ApiError::Internal(detail),
+            DomainError::BacklogFull { .. } => ApiError::BacklogFull(err.to_string()),
         }
     }
 }

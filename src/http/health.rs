@@ -1,4 +1,5 @@
-//! `GET /healthz`: 200 when the store answers, 503 when it does not.
+//! `GET /healthz`: 200 when the store answers, 503 when it does not; the fan-out backlog as
+//! detail.
 
 use axum::Json;
 use axum::extract::State;
@@ -18,6 +19,21 @@ pub fn router() -> OpenApiRouter<AppState> {
 struct Health {
     /// Always `ok`.
     status: &'static str,
+    backlog: BacklogHealth,
+}
+
+/// The fan-out backlog as this process last counted it (every 250 ms).
+#[derive(Serialize, ToSchema)]
+struct BacklogHealth {
+    /// Jobs waiting or running, counted up to `limit`.
+    pending: u64,
+    /// `FANLINE_MAX_BACKLOG`; 0 when unbounded.
+    limit: u64,
+    /// Posts are refused (503 `backlog_full`) while this is true.
+    full: bool,
+    /// How long the oldest waiting job has waited; absent when none waits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oldest_age_ms: Option<u64>,
 }
 
 /// Whether this process can reach its store.
@@ -36,5 +52,16 @@ async fn check_health(State(state): State<AppState>) -> Result<Json<Health>, Api
         tracing::warn!(error = %err, "health check failed");
         ApiError::Unavailable("the store does not answer".into())
     })?;
-    Ok(Json(Health { status: "ok" }))
+    let backlog = state.timelines.backlog();
+    Ok(Json(Health {
+        status: "ok",
+        backlog: BacklogHealth {
+            pending: backlog.pending,
+            limit: backlog.limit,
+            full: backlog.full,
+            oldest_age_ms: backlog
+                .oldest_age
+                .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+        },
+    }))
 }

@@ -196,7 +196,10 @@ impl Shared {
             Shared::UnsupportedMediaType => "The body is not `application/json`",
             Shared::Unprocessable => "Well-formed JSON of the wrong shape",
             Shared::RateLimited => "This token is over its rate (FANLINE_RATE_LIMIT)",
-            Shared::Unavailable => "The store is unavailable; retry later",
+            Shared::Unavailable => {
+                "The store is unavailable (`unavailable`), or a post meets a full fan-out backlog \
+                 (`backlog_full`, nothing written); retry later"
+            }
         };
         let builder = ResponseBuilder::new().description(description).content(
             "application/json",

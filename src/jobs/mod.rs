@@ -3,12 +3,14 @@
 //! A job is a kind plus an opaque payload. The runner owns everything around running it: the
 //! queue shards ([`queue`]), leases and checkpoints ([`Claimed`]), retries with backoff, dead
 //! letters and re-queueing ([`dead_letter`]), status records ([`status`]), the stored format
-//! ([`format`]) and its metrics. A domain registers a [`Handler`] per kind; the handler does
-//! the work and says how it ended ([`Outcome`]).
+//! ([`format`]), the backlog that bounds it ([`Backlog`]) and its metrics. A domain
+//! registers a [`Handler`] per kind; the handler does the work and says how it ended
+//! ([`Outcome`]).
 //!
 //! Processing is at least once: a worker that dies loses only its lease, and another resumes
 //! the job from its last checkpoint. Handlers make their writes idempotent.
 
+mod backlog;
 mod dead_letter;
 pub(crate) mod format;
 mod job;
@@ -24,6 +26,7 @@ use async_trait::async_trait;
 
 use crate::store::{StoreError, Write};
 
+pub use backlog::{Backlog, BacklogView};
 pub use dead_letter::{DeadLetterView, list as dead_letters, requeue};
 pub use job::{FORMAT, JobKey, NewJob, now_ms};
 pub use metrics::{JobMetrics, KindLabel, RetryLabels};

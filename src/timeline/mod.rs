@@ -19,7 +19,7 @@ use rand::RngCore;
 use tokio::sync::Notify;
 
 use crate::cursor::{CursorCodec, InvalidCursor};
-use crate::jobs::{self, Handlers, JobError};
+use crate::jobs::{self, Backlog, Handlers, JobError};
 use crate::store::{Condition, Item, Store, StoreError, Table};
 
 pub use model::{
@@ -64,6 +64,9 @@ pub enum DomainError {
     /// Stored data that cannot be decoded: a bug or a foreign writer, never the client's fault.
     #[error("{0}")]
     Corrupt(String),
+    /// The fan-out backlog is at its bound: nothing was written; retry after a while.
+    #[error("the fan-out backlog is full ({pending} jobs waiting): retry later")]
+    BacklogFull { pending: u64 },
 }
 
 impl From<JobError> for DomainError {
@@ -111,6 +114,8 @@ pub struct Timelines {
     wake_workers: Arc<Notify>,
     /// Predicts which authors a timeline merges, so a read asks for them at once.
     merged_hints: merge::MergedHints,
+    /// The job queue's size as last counted: posts wait while it is at its bound.
+    backlog: Arc<Backlog>,
 }
 
 impl Timelines {
@@ -126,7 +131,19 @@ impl Timelines {
             settings,
             wake_workers,
             merged_hints: merge::MergedHints::new(MERGED_HINT_OWNERS),
+            backlog: Backlog::new(0),
         }
+    }
+
+    /// Bounds posting by `backlog`: a post is refused while it is full.
+    pub fn with_backlog(mut self, backlog: Arc<Backlog>) -> Self {
+        self.backlog = backlog;
+        self
+    }
+
+    /// The job backlog as last counted.
+    pub fn backlog(&self) -> jobs::BacklogView {
+        self.backlog.view()
     }
 
     /// Jobs in the fan-out queue, counting at most `cap_per_shard` per shard (for metrics).

@@ -65,6 +65,13 @@ impl Timelines {
                 format!("payload nests {depth} levels; at most {MAX_PAYLOAD_DEPTH} are allowed"),
             ));
         }
+        if self.backlog.is_full() {
+            // Checked before anything is written: a retry with the same id once the backlog
+            // has drained still makes exactly one event.
+            return Err(DomainError::BacklogFull {
+                pending: self.backlog.view().pending,
+            });
+        }
         let received = Ticks::now();
         let at = match &new.at {
             Some(text) => Ticks::parse_rfc3339(text)

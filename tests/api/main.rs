@@ -7,6 +7,7 @@ mod helpers;
 
 mod after;
 mod auth;
+mod backpressure;
 mod conformance;
 mod envelope;
 mod errors;

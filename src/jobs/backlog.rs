@@ -1,0 +1,192 @@
+//! The backlog: how many jobs wait in the queue, and since when, as this process last saw
+//! it. Work is accepted only while the backlog is under its bound, so a queue fed faster than
+//! workers drain it pushes back on its writers instead of growing without end.
+//!
+//! Counting the queue costs reads, so it is not done per request: a background task counts
+//! it every [`REFRESH`], reading at most `limit + 1` rows, and requests read the last count.
+//! The bound may therefore be overshot by what arrives within one refresh. Every process
+//! counts the shared queue itself, so on DynamoDB all servers see the same backlog.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::job::{SHARDS, now_ms, shard_name};
+use crate::store::{Query, Store, StoreResult, Table};
+
+/// How often the backlog is counted.
+pub const REFRESH: Duration = Duration::from_millis(250);
+
+/// Rows read per query while counting.
+const COUNT_PAGE: usize = 1000;
+
+/// The last count of the queue. Cheap to read from any request.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    /// Pending jobs at most; 0 means no bound.
+    limit: u64,
+    /// Jobs counted, up to `limit` (a fuller queue shows as `limit`).
+    pending: AtomicU64,
+    /// Unix milliseconds of the oldest job counted; 0 if the queue was empty.
+    oldest_ms: AtomicI64,
+    /// Whether a count has succeeded yet.
+    counted: AtomicBool,
+}
+
+/// The backlog as reported (`/healthz`, metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BacklogView {
+    pub pending: u64,
+    /// 0: no bound.
+    pub limit: u64,
+    pub full: bool,
+    /// Age of the oldest waiting job.
+    pub oldest_age: Option<Duration>,
+}
+
+impl Backlog {
+    /// A backlog bounded at `limit` pending jobs (0: no bound).
+    pub fn new(limit: u64) -> Arc<Backlog> {
+        Arc::new(Backlog {
+            limit,
+            ..Backlog::default()
+        })
+    }
+
+    /// Whether new work must wait: the last count reached the bound.
+    pub fn is_full(&self) -> bool {
+        self.limit > 0 && self.pending.load(Ordering::Relaxed) >= self.limit
+    }
+
+    pub fn view(&self) -> BacklogView {
+        let oldest_ms = self.oldest_ms.load(Ordering::Relaxed);
+        BacklogView {
+            pending: self.pending.load(Ordering::Relaxed),
+            limit: self.limit,
+            full: self.is_full(),
+            oldest_age: (oldest_ms > 0).then(|| {
+                Duration::from_millis(u64::try_from(now_ms() - oldest_ms).unwrap_or_default())
+            }),
+        }
+    }
+
+    /// Counts the queue now: up to `limit + 1` jobs (every job when unbounded, for the
+    /// first [`COUNT_PAGE`] of each shard), and the age of the oldest.
+    pub async fn refresh(&self, store: &dyn Store) -> StoreResult<()> {
+        let budget = if self.limit > 0 {
+            self.limit + 1
+        } else {
+            u64::try_from(COUNT_PAGE).unwrap_or(u64::MAX) * u64::from(SHARDS)
+        };
+        let mut counted = 0u64;
+        let mut oldest: Option<i64> = None;
+        for shard in 0..SHARDS {
+            let mut after = None;
+            loop {
+                let room = usize::try_from(budget.saturating_sub(counted)).unwrap_or(usize::MAX);
+                if room == 0 {
+                    break;
+                }
+                let page = store
+                    .query(
+                        Query::partition(Table::Jobs, shard_name(shard), room.min(COUNT_PAGE))
+                            .after(after.take()),
+                    )
+                    .await?;
+                if let Some(first) = page.first().filter(|_| after.is_none()) {
+                    // Ids start with a UUIDv7, so a shard's first row is its oldest job.
+                    if let Some(created) = created_ms(&first.row) {
+                        oldest = Some(oldest.map_or(created, |seen| seen.min(created)));
+                    }
+                }
+                counted += page.len() as u64;
+                if page.len() < room.min(COUNT_PAGE) {
+                    break;
+                }
+                after = page.last().map(|item| item.row.clone());
+            }
+        }
+        let shown = if self.limit > 0 {
+            counted.min(self.limit)
+        } else {
+            counted
+        };
+        self.pending.store(shown, Ordering::Relaxed);
+        self.oldest_ms.store(oldest.unwrap_or(0), Ordering::Relaxed);
+        self.counted.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Counts the queue every [`REFRESH`] until `shutdown` fires.
+    pub async fn keep_counting(
+        self: Arc<Self>,
+        store: Arc<dyn Store>,
+        shutdown: CancellationToken,
+    ) {
+        let mut failing = false;
+        loop {
+            match self.refresh(store.as_ref()).await {
+                Ok(()) => failing = false,
+                Err(err) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %err, "could not count the job backlog; keeping the last count");
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(REFRESH) => {}
+            }
+        }
+    }
+}
+
+/// When the job `id` was created: the time of the UUIDv7 it starts with.
+fn created_ms(id: &str) -> Option<i64> {
+    let uuid = Uuid::try_parse(id.get(..36)?).ok()?;
+    let (seconds, nanos) = uuid.get_timestamp()?.to_unix();
+    i64::try_from(seconds * 1000 + u64::from(nanos) / 1_000_000).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::{JobKey, NewJob};
+    use crate::store::EmbeddedStore;
+
+    #[tokio::test]
+    async fn the_backlog_counts_up_to_its_bound_and_knows_its_oldest_job() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let backlog = Backlog::new(5);
+        backlog.refresh(&store).await.expect("count");
+        assert_eq!(backlog.view().pending, 0);
+        assert!(!backlog.is_full());
+        assert_eq!(backlog.view().oldest_age, None);
+
+        let writes = (0..4)
+            .map(|i| NewJob::new(JobKey::new(Uuid::now_v7(), ""), "demo", &i).write())
+            .collect();
+        store.transact(writes).await.expect("enqueue");
+        backlog.refresh(&store).await.expect("count");
+        assert_eq!(backlog.view().pending, 4);
+        assert!(!backlog.is_full());
+        assert!(backlog.view().oldest_age.is_some());
+
+        let more = (0..3)
+            .map(|i| NewJob::new(JobKey::new(Uuid::now_v7(), ""), "demo", &i).write())
+            .collect();
+        store.transact(more).await.expect("enqueue");
+        backlog.refresh(&store).await.expect("count");
+        assert_eq!(backlog.view().pending, 5, "shown up to the bound");
+        assert!(backlog.is_full());
+
+        let unbounded = Backlog::new(0);
+        unbounded.refresh(&store).await.expect("count");
+        assert_eq!(unbounded.view().pending, 7);
+        assert!(!unbounded.is_full(), "no bound, never full");
+    }
+}

@@ -1,0 +1,101 @@
+//! Backpressure: past its bound, the fan-out backlog refuses posts with a 503 until the
+//! workers catch up, nothing of a refused post is written, and a retry with the same `id`
+//! makes exactly one event.
+
+use std::time::{Duration, Instant};
+
+use fanline::store::Table;
+use fanline::store::fault::{Calls, Fault, Op};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Backend, TestApp, TestStore, spawn_app_with};
+
+on_both_backends!(
+    a_full_backlog_refuses_posts_until_the_workers_catch_up_and_a_retry_makes_one_event,
+);
+
+const LIMIT: u64 = 3;
+
+/// Polls `/healthz` until its backlog detail satisfies `ready`, or fails after a deadline.
+async fn wait_for_backlog(app: &TestApp, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let health = app.get("/healthz").await;
+        assert_eq!(health.status, StatusCode::OK, "{health:?}");
+        if ready(&health.body["backlog"]) {
+            return health.body["backlog"].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the backlog never became {what}: {}",
+            health.body
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn post_body(n: u64) -> Value {
+    json!({"id": format!("post-{n}"), "kind": "post", "payload": {"n": n}})
+}
+
+async fn a_full_backlog_refuses_posts_until_the_workers_catch_up_and_a_retry_makes_one_event(
+    backend: Backend,
+) {
+    let app = spawn_app_with(TestStore::new(backend).await, |config| {
+        config.max_backlog = LIMIT;
+        config.max_attempts = 1000;
+        config.retry_base_ms = 20;
+    })
+    .await;
+    // Fan-out cannot write timelines: every post's job stays in the queue, retrying.
+    app.faults.fail_always(
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Unavailable,
+    );
+    for n in 0..LIMIT {
+        let posted = app.post_event("writer", post_body(n)).await;
+        assert_eq!(posted.status, StatusCode::CREATED, "{posted:?}");
+        // The backlog is counted in the background: wait until it has seen this job.
+        wait_for_backlog(&app, "counted", |backlog| backlog["pending"] == n + 1).await;
+    }
+    let full = wait_for_backlog(&app, "full", |backlog| backlog["full"] == true).await;
+    assert_eq!(full["limit"], LIMIT);
+    assert!(full["oldest_age_ms"].is_u64(), "{full}");
+
+    let refused = app.post_event("writer", post_body(LIMIT)).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{refused:?}"
+    );
+    assert_eq!(refused.error_code(), "backlog_full");
+    assert_eq!(
+        refused
+            .headers
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok()),
+        Some("1")
+    );
+    let events = app.get("/v1/subjects/writer/events").await;
+    assert_eq!(
+        events.body["items"].as_array().map(Vec::len),
+        Some(LIMIT as usize),
+        "nothing of the refused post was written: {events:?}"
+    );
+
+    app.faults.clear();
+    app.wait_for_idle().await;
+    wait_for_backlog(&app, "drained", |backlog| backlog["full"] == false).await;
+    let retried = app.post_event("writer", post_body(LIMIT)).await;
+    assert_eq!(retried.status, StatusCode::CREATED, "{retried:?}");
+    let again = app.post_event("writer", post_body(LIMIT)).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!(again.body["event_id"], retried.body["event_id"]);
+    let events = app.get("/v1/subjects/writer/events").await;
+    assert_eq!(
+        events.body["items"].as_array().map(Vec::len),
+        Some(LIMIT as usize + 1),
+        "{events:?}"
+    );
+}
