@@ -18,7 +18,7 @@ pub const SHARDS: u32 = 8;
 
 /// Where an ended job's outcome is added up: one record for all the jobs of one piece of work
 /// (an event's fan-out and its parts, say). Its row is the id of the work's root job.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct StatusKey {
     pub partition: String,
     pub row: String,

@@ -20,6 +20,8 @@ use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table
 pub(super) const SCAN_LIMIT: usize = 64;
 /// How deep a poll looks into a shard for a job no lease hides.
 const SCAN_MAX: usize = 4096;
+/// Jobs claimed in one transaction.
+const CLAIM_CHUNK: usize = 50;
 
 /// A job no lease hides, as read: its key, the job, and the exact bytes to claim it against.
 pub(super) struct Available {
@@ -119,6 +121,79 @@ impl Claimed {
             Ok(()) => Ok(Some(claimed)),
             Err(StoreError::ConditionFailed) => Ok(None),
             Err(err) => Err(err),
+        }
+    }
+
+    /// Takes the leases on several jobs read by [`available`] in one transaction per
+    /// [`CLAIM_CHUNK`]; a chunk that loses a race to another worker is claimed job by job
+    /// instead, so only the jobs really taken are returned.
+    pub(super) async fn claim_many(
+        store: Arc<dyn Store>,
+        candidates: Vec<Available>,
+        owner: &str,
+        lease_ms: i64,
+        shutdown: CancellationToken,
+    ) -> StoreResult<Vec<Claimed>> {
+        let mut taken = Vec::with_capacity(candidates.len());
+        let mut candidates = candidates.into_iter().peekable();
+        while candidates.peek().is_some() {
+            let chunk: Vec<Available> = candidates.by_ref().take(CLAIM_CHUNK).collect();
+            if chunk.len() == 1 {
+                for one in chunk {
+                    taken.extend(
+                        Claimed::claim(store.clone(), one, owner, lease_ms, shutdown.clone())
+                            .await?,
+                    );
+                }
+                continue;
+            }
+            let hidden_until = now_ms() + lease_ms;
+            let mut leased = Vec::with_capacity(chunk.len());
+            let mut writes = Vec::with_capacity(chunk.len());
+            for one in &chunk {
+                let mut job = one.job.clone();
+                job.lease_owner = Some(owner.to_owned());
+                job.hidden_until_ms = Some(hidden_until);
+                job.attempts += 1;
+                let body = job.encode();
+                writes.push(Write::Put {
+                    table: Table::Jobs,
+                    item: Item::new(one.key.shard_name(), &one.key.id, body.clone()),
+                    condition: Condition::Equals(one.seen.clone()),
+                });
+                leased.push(Claimed {
+                    key: one.key.clone(),
+                    job,
+                    stored: body,
+                    store: store.clone(),
+                    lease_ms,
+                    shutdown: shutdown.clone(),
+                });
+            }
+            match store.transact(writes).await {
+                Ok(()) => taken.extend(leased),
+                Err(StoreError::ConditionFailed) => {
+                    for one in chunk {
+                        taken.extend(
+                            Claimed::claim(store.clone(), one, owner, lease_ms, shutdown.clone())
+                                .await?,
+                        );
+                    }
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(taken)
+    }
+
+    /// The write that deletes the job if we still hold it, for a transaction that ends
+    /// several jobs at once.
+    pub(super) fn delete_write(&self) -> Write {
+        Write::Delete {
+            table: Table::Jobs,
+            partition: self.key.shard_name(),
+            row: self.key.id.clone(),
+            condition: Condition::Equals(self.stored.clone()),
         }
     }
 

@@ -151,8 +151,10 @@ impl Worker {
                     error!(job = %id, error = %err, "job left in the queue: this build cannot read it");
                 }
             }
+            // The kind of the oldest job that has a handler; as many of its kind as the
+            // handler takes at once.
             let mut chosen: Option<Arc<dyn Handler>> = None;
-            let mut claimed = Vec::new();
+            let mut wanted = Vec::new();
             for candidate in candidates {
                 let Some(handler) = self.handlers.get(&candidate.job.kind).cloned() else {
                     if self.reported.insert(candidate.key.id.clone()) {
@@ -160,51 +162,157 @@ impl Worker {
                     }
                     continue;
                 };
-                if let Some(current) = &chosen {
-                    if current.kind() != handler.kind() {
-                        continue;
-                    }
-                    if claimed.len() >= current.batch_size().max(1) {
-                        break;
-                    }
+                let current = chosen.get_or_insert(handler);
+                if current.kind() != candidate.job.kind {
+                    continue;
                 }
-                let taken = Claimed::claim(
-                    self.store.clone(),
-                    candidate,
-                    &self.owner,
-                    self.lease_ms(),
-                    self.shutdown.clone(),
-                )
-                .await?;
-                if let Some(job) = taken {
-                    claimed.push(job);
-                    chosen.get_or_insert(handler);
+                if wanted.len() >= current.batch_size().max(1) {
+                    break;
                 }
+                wanted.push(candidate);
             }
-            if let Some(handler) = chosen {
+            let mut claimed = match &chosen {
+                Some(_) if !wanted.is_empty() => {
+                    Claimed::claim_many(
+                        self.store.clone(),
+                        wanted,
+                        &self.owner,
+                        self.lease_ms(),
+                        self.shutdown.clone(),
+                    )
+                    .await?
+                }
+                _ => Vec::new(),
+            };
+            if let Some(handler) = chosen.filter(|_| !claimed.is_empty()) {
                 // More work may be waiting: let another idle worker look too.
                 self.wake.notify_one();
                 let count = claimed.len() as i64;
                 self.metrics.in_flight.inc_by(count);
                 let results = handler.run_batch(&mut claimed).await;
                 self.metrics.in_flight.dec_by(count);
-                let mut first_error = None;
                 let mut results = results.into_iter();
-                for job in claimed {
-                    let result = results.next().unwrap_or_else(|| {
-                        Err(JobError::Conflict("the handler returned no result".into()))
-                    });
-                    if let Err(err) = self.end(job, result).await {
-                        first_error.get_or_insert(err);
-                    }
-                }
-                return match first_error {
-                    Some(err) => Err(err),
-                    None => Ok(Processed::Job),
-                };
+                let ended = claimed
+                    .into_iter()
+                    .map(|job| {
+                        let result = results.next().unwrap_or_else(|| {
+                            Err(JobError::Conflict("the handler returned no result".into()))
+                        });
+                        (job, result)
+                    })
+                    .collect();
+                self.end_all(ended).await?;
+                return Ok(Processed::Job);
             }
         }
         Ok(Processed::Idle)
+    }
+
+    /// Ends jobs the way their runs ended: the plain "done" ones together, in as few
+    /// transactions as fit, the others one by one. Returns the first error.
+    async fn end_all(&self, ended: Vec<(Claimed, JobResult<Outcome>)>) -> JobResult<()> {
+        let mut first_error = None;
+        let mut done_together = Vec::new();
+        for (job, result) in ended {
+            match result {
+                Ok(Outcome::Done(ending)) if ending.writes.len() + ending.closing.len() < 8 => {
+                    done_together.push((job, ending));
+                }
+                other => {
+                    if let Err(err) = self.end(job, other).await {
+                        first_error.get_or_insert(err);
+                    }
+                }
+            }
+        }
+        if done_together.len() == 1 {
+            for (job, ending) in done_together {
+                if let Err(err) = self.finish(job, Ended::Done(ending)).await {
+                    first_error.get_or_insert(err);
+                }
+            }
+        } else if !done_together.is_empty()
+            && let Err(err) = self.finish_together(done_together).await
+        {
+            first_error.get_or_insert(err);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Ends jobs that are done, each with its status record, in transactions of several jobs.
+    /// A transaction that fails on a condition (a lost lease, a record another job of the
+    /// same work changed) applied nothing: its jobs are then ended one by one.
+    async fn finish_together(&self, done: Vec<(Claimed, Ending)>) -> JobResult<()> {
+        // A job's delete, its record and a few writes of its own: at most 10 writes a job.
+        const JOBS_PER_TRANSACTION: usize = 10;
+        let retention_ms = millis(self.settings.status_retention);
+        let mut done = done.into_iter().peekable();
+        while done.peek().is_some() {
+            let chunk: Vec<(Claimed, Ending)> = done.by_ref().take(JOBS_PER_TRANSACTION).collect();
+            let keys: std::collections::HashSet<_> = chunk
+                .iter()
+                .filter_map(|(job, _)| job.job.status.clone())
+                .collect();
+            let with_records = chunk
+                .iter()
+                .filter(|(job, _)| job.job.status.is_some())
+                .count();
+            let mut records = Vec::with_capacity(chunk.len());
+            let mut writes = Vec::new();
+            if keys.len() == with_records {
+                let loads = chunk.iter().map(|(job, _)| async move {
+                    match &job.job.status {
+                        Some(key) => status::load(self.store.as_ref(), key, &job.job)
+                            .await
+                            .map(Some),
+                        None => Ok(None),
+                    }
+                });
+                for ((job, ending), slot) in chunk
+                    .iter()
+                    .zip(futures::future::try_join_all(loads).await?)
+                {
+                    writes.extend(ending.writes.iter().cloned());
+                    let record = match slot {
+                        Some(mut slot) => {
+                            slot.record.attempts += job.job.attempts;
+                            record_done(&mut slot.record, &job.job, ending, retention_ms);
+                            if slot.record.finished_at.is_some() {
+                                writes.extend(ending.closing.iter().cloned());
+                            }
+                            writes.push(slot.write());
+                            Some(slot.record)
+                        }
+                        None => {
+                            writes.extend(ending.closing.iter().cloned());
+                            None
+                        }
+                    };
+                    writes.push(job.delete_write());
+                    records.push(record);
+                }
+            }
+            let together = !writes.is_empty()
+                && match self.store.transact(writes).await {
+                    Ok(()) => true,
+                    Err(StoreError::ConditionFailed) => false,
+                    Err(err) => return Err(err.into()),
+                };
+            if !together {
+                for (job, ending) in chunk {
+                    self.finish(job, Ended::Done(ending)).await?;
+                }
+                continue;
+            }
+            for ((job, _), record) in chunk.iter().zip(&records) {
+                self.metrics
+                    .completed
+                    .get_or_create(&kind(job.kind()))
+                    .inc();
+                self.report_done(&job.job, job, record.as_ref()).await;
+            }
+        }
+        Ok(())
     }
 
     /// Ends a job the way its run ended.
@@ -290,16 +398,7 @@ impl Worker {
                             record.last_error = Some(error.clone());
                         }
                         Ended::Done(ending) => {
-                            record.parts_done += 1;
-                            record.progress += snapshot.progress;
-                            if let Some(word) = ending.label {
-                                record.label = Some(word.to_owned());
-                            }
-                            if snapshot.part.is_none() {
-                                record.parts_total = Some(1);
-                                record.total = ending.total.or(record.total);
-                            }
-                            record.finish_if_complete(retention_ms);
+                            record_done(record, &snapshot, ending, retention_ms);
                         }
                         Ended::Split { parts, ending } => {
                             record.parts_total = Some(*parts);
@@ -437,6 +536,21 @@ impl Worker {
             }
         }
     }
+}
+
+/// Adds a job that ended well to its work's record (its attempts are added by the caller,
+/// as for every ending).
+fn record_done(record: &mut StatusRecord, job: &Job, ending: &Ending, retention_ms: i64) {
+    record.parts_done += 1;
+    record.progress += job.progress;
+    if let Some(word) = ending.label {
+        record.label = Some(word.to_owned());
+    }
+    if job.part.is_none() {
+        record.parts_total = Some(1);
+        record.total = ending.total.or(record.total);
+    }
+    record.finish_if_complete(retention_ms);
 }
 
 fn millis(duration: Duration) -> i64 {

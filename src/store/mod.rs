@@ -347,7 +347,7 @@ impl Query {
 }
 
 /// The error every backend maps its failures into.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// A table (or another named resource) does not exist.

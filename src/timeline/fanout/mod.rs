@@ -16,6 +16,7 @@
 //! (`Merge`), or copying the merged events back in (`Unmerge`).
 
 mod metrics;
+mod small;
 mod split;
 pub mod status;
 #[cfg(test)]
@@ -41,6 +42,9 @@ pub use metrics::FanoutMetrics;
 
 /// The job kind.
 const KIND: &str = "fanout";
+
+/// Jobs a worker claims at once: small fan-outs among them are written together.
+const SMALL_BATCH: usize = 64;
 
 /// Ends the id of a removal job, and of its status record.
 const REMOVAL_SUFFIX: &str = ".r";
@@ -223,6 +227,15 @@ pub struct FanoutHandler {
 impl Handler for FanoutHandler {
     fn kind(&self) -> &'static str {
         KIND
+    }
+
+    /// Small fan-outs are claimed, written and ended many at a time (see `small`).
+    fn batch_size(&self) -> usize {
+        SMALL_BATCH
+    }
+
+    async fn run_batch(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
+        self.run_together(jobs).await
     }
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {

@@ -528,3 +528,167 @@ async fn a_big_event_is_split_into_follower_ranges_delivered_by_several_workers(
     assert_eq!(finished.delivered, FOLLOWERS as u64 + 1);
     assert!(jobs(&fixture.store).await.is_empty());
 }
+
+/// Authors with a few followers each, and one posted (queued) event of each author.
+struct SmallFanouts {
+    _dir: tempfile::TempDir,
+    store: EmbeddedStore,
+    /// Each author's followers, and the row key of its event.
+    authors: Vec<(String, Vec<String>, String)>,
+}
+
+const SMALL_AUTHORS: usize = 40;
+
+async fn small_fanouts() -> SmallFanouts {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+    let timelines = Timelines::new(
+        Arc::new(store.clone()),
+        CursorCodec::new(b"test"),
+        crate::config::Config::defaults().timeline_settings(),
+        Arc::new(Notify::new()),
+    );
+    let since = Edge::encode_since(Ticks::now());
+    let mut authors = Vec::new();
+    for a in 0..SMALL_AUTHORS {
+        let author = format!("author-{a:02}");
+        let followers: Vec<String> = (0..(a % 4)).map(|f| format!("reader-{a:02}-{f}")).collect();
+        let edges = followers
+            .iter()
+            .map(|follower| {
+                Write::put(
+                    Table::SubjectFollowers,
+                    Item::new(&author, follower, since.clone()),
+                )
+            })
+            .collect::<Vec<_>>();
+        if !edges.is_empty() {
+            store.batch_write(edges).await.expect("edges");
+        }
+        let posted = timelines
+            .post_event(
+                &SubjectId::parse(&author).expect("id"),
+                NewEvent {
+                    client_id: None,
+                    kind: None,
+                    payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
+                    at: None,
+                },
+            )
+            .await
+            .expect("post");
+        let crate::timeline::Posted::Created(event) = posted else {
+            panic!("not created")
+        };
+        authors.push((author, followers, event.row_key));
+    }
+    SmallFanouts {
+        _dir: dir,
+        store,
+        authors,
+    }
+}
+
+/// Steps `worker` until the queue is empty; returns the steps that processed jobs.
+async fn drain(worker: &mut Worker, store: &EmbeddedStore) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut steps = 0;
+    while !jobs(store).await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue never drained"
+        );
+        if worker.try_process_one().await.expect("step") == Processed::Job {
+            steps += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    steps
+}
+
+/// Every author and follower holds exactly its author's one entry, and every status is done
+/// with the right follower count.
+async fn assert_small_fanouts_delivered_once(small: &SmallFanouts) {
+    for (author, followers, row_key) in &small.authors {
+        for owner in followers.iter().chain([author]) {
+            let entries = small
+                .store
+                .query(Query::partition(Table::Timelines, owner, 10))
+                .await
+                .expect("timeline");
+            let rows: Vec<&str> = entries.iter().map(|item| item.row.as_str()).collect();
+            assert_eq!(rows, [row_key.as_str()], "entries of {owner}");
+        }
+        let (_, event_id) = parse_event_row_key(row_key).expect("row key");
+        let done = status::lookup(&small.store, author, event_id)
+            .await
+            .expect("lookup")
+            .expect("a status");
+        assert_eq!(done.state, FanoutState::Done, "{author}: {done:?}");
+        assert_eq!(done.followers_total, Some(followers.len() as u64));
+        assert_eq!(done.delivered, followers.len() as u64 + 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_fanouts_are_claimed_written_and_ended_many_at_a_time_each_exactly_once() {
+    let small = small_fanouts().await;
+    let (mut worker, metrics) = worker(
+        Arc::new(small.store.clone()),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    let steps = drain(&mut worker, &small.store).await;
+    // A step takes every visible job of one of the 8 queue shards: 40 jobs in at most 8.
+    assert!(steps <= 8, "{steps} steps for {SMALL_AUTHORS} jobs");
+    assert_small_fanouts_delivered_once(&small).await;
+    let expected: u64 = small
+        .authors
+        .iter()
+        .map(|(_, followers, _)| followers.len() as u64 + 1)
+        .sum();
+    assert_eq!(metrics.fanout.deliveries.get(), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_write_failing_midway_retries_every_job_of_the_batch_and_loses_none() {
+    let small = small_fanouts().await;
+    let failing = Arc::new(FaultyStore::new(Arc::new(small.store.clone())));
+    // The write of the first batch of entries fails: every job of that batch must be retried.
+    failing.fail_nth(
+        1,
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Unavailable,
+    );
+    let (mut worker, metrics) = worker(
+        failing.clone(),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    assert_eq!(
+        worker.try_process_one().await.expect("step"),
+        Processed::Job
+    );
+    assert_eq!(failing.injected(), 1);
+    let retried: Vec<StoredJob> = jobs(&small.store)
+        .await
+        .into_iter()
+        .filter(|job| job.failures == 1)
+        .collect();
+    assert!(!retried.is_empty(), "the failed batch's jobs are kept");
+    assert!(
+        retried.iter().all(|job| job.lease_owner.is_none()),
+        "and given back for a retry"
+    );
+    let unavailable = RetryLabels {
+        kind: "fanout".into(),
+        reason: "unavailable".into(),
+    };
+    assert_eq!(
+        metrics.jobs.retries.get_or_create(&unavailable).get(),
+        retried.len() as u64
+    );
+    drain(&mut worker, &small.store).await;
+    assert_small_fanouts_delivered_once(&small).await;
+}

@@ -1,0 +1,209 @@
+//! Small fan-outs together: the events of many claimed jobs, each with few followers, are
+//! written in one batch, so a job costs a few reads and a share of one durable write instead
+//! of a write of its own (the runner claims them in one transaction and ends them in a few).
+//!
+//! A job is small when it is a fresh delivery whose author is not merged at read time and
+//! has at most [`SMALL_FOLLOWERS`] followers (and no more than one page of them, nor than
+//! the split and merge thresholds). Anything else, found while looking, runs alone as before. Entries are keyed
+//! by event row key, so a batch written twice (a retry after a failed write) leaves one entry
+//! per follower; a failed write fails every job of the batch, and each is retried.
+
+use bytes::Bytes;
+use futures::future::{join_all, try_join_all};
+
+use super::{Action, FanoutHandler, FanoutJob};
+use crate::jobs::{Claimed, Ending, JobError, JobResult, Outcome};
+use crate::keys::parse_event_row_key;
+use crate::store::{Item, Query, Table, Write};
+use crate::timeline::{Event, merged_authors, trim};
+
+/// Most followers of a small fan-out: one page of them.
+pub(super) const SMALL_FOLLOWERS: usize = 1000;
+
+/// What the reads found of one small job.
+enum Found {
+    /// Not small after all (or its author's state asks for the full path).
+    Alone,
+    /// The event is gone: nothing to deliver.
+    Deleted,
+    /// The entry and everyone who gets it (followers, then the author).
+    Deliver { entry: Bytes, owners: Vec<String> },
+}
+
+impl FanoutHandler {
+    /// Most followers a job may have to take the small path.
+    fn small_limit(&self) -> usize {
+        SMALL_FOLLOWERS
+            .min(self.settings.page_size.max(1))
+            .min(self.settings.split_above)
+            .min(self.settings.merge_threshold)
+    }
+
+    /// Reads what one fresh delivery needs: its event, its followers (up to one more than
+    /// the small limit) and whether its author is merged.
+    async fn look(&self, state: &FanoutJob) -> JobResult<Found> {
+        let store = self.store.as_ref();
+        let limit = self.small_limit();
+        let (event, followers, flag) = futures::join!(
+            store.get(Table::Events, &state.author, &state.row_key),
+            store.query(Query::partition(
+                Table::SubjectFollowers,
+                &state.author,
+                limit + 1
+            )),
+            merged_authors::author_flag(store, &state.author),
+        );
+        let Some(body) = event? else {
+            return Ok(Found::Deleted);
+        };
+        let followers = followers?;
+        if flag?.is_some() || followers.len() > limit {
+            return Ok(Found::Alone);
+        }
+        let event = Event::decode(&Self::author_id(&state.author)?, &state.row_key, &body)
+            .map_err(JobError::Corrupt)?;
+        let mut owners: Vec<String> = followers.into_iter().map(|item| item.row).collect();
+        owners.push(state.author.clone());
+        Ok(Found::Deliver {
+            entry: event.timeline_entry_body(),
+            owners,
+        })
+    }
+
+    /// Runs claimed jobs: the small fresh deliveries together, the rest one by one.
+    pub(super) async fn run_together(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
+        let mut results: Vec<Option<JobResult<Outcome>>> = jobs.iter().map(|_| None).collect();
+        let mut fresh = Vec::new();
+        for (index, job) in jobs.iter().enumerate() {
+            match job.payload::<FanoutJob>() {
+                Ok(state)
+                    if state.action == Action::Deliver
+                        && state.range.is_none()
+                        && state.split.is_none()
+                        && state.cursor.is_none()
+                        && job.part().is_none() =>
+                {
+                    fresh.push((index, state));
+                }
+                Ok(_) => {}
+                Err(err) => results[index] = Some(Err(err)),
+            }
+        }
+        let looks = join_all(fresh.iter().map(|(_, state)| self.look(state))).await;
+        let mut small = Vec::new();
+        for ((index, state), found) in fresh.into_iter().zip(looks) {
+            match found {
+                Ok(Found::Alone) => {}
+                Ok(Found::Deleted) => {
+                    results[index] = Some(Ok(done(0)));
+                }
+                Ok(Found::Deliver { entry, owners }) => small.push((index, state, entry, owners)),
+                Err(err) => results[index] = Some(Err(err)),
+            }
+        }
+        if !small.is_empty() {
+            match self.deliver_together(&small).await {
+                Ok(gone) => {
+                    for (position, (index, _, _, owners)) in small.iter().enumerate() {
+                        let written = owners.len() as u64;
+                        jobs[*index].add_progress(written);
+                        self.metrics.deliveries.inc_by(written);
+                        // An event deleted meanwhile had its copies taken back: its removal
+                        // job reports the rest.
+                        let followers = if gone.contains(&position) {
+                            0
+                        } else {
+                            written - 1
+                        };
+                        results[*index] = Some(Ok(done(followers)));
+                    }
+                }
+                Err(err) => {
+                    // Every job of the batch is retried: none is half-applied and forgotten.
+                    for (index, _, _, _) in &small {
+                        results[*index] = Some(Err(match &err {
+                            JobError::Store(store) => JobError::Store(store.clone()),
+                            other => JobError::Conflict(other.to_string()),
+                        }));
+                    }
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(jobs.len());
+        for (job, result) in jobs.iter_mut().zip(results) {
+            out.push(match result {
+                Some(result) => result,
+                None => {
+                    use crate::jobs::Handler as _;
+                    self.run(job).await
+                }
+            });
+        }
+        out
+    }
+
+    /// Writes every entry of the small jobs in one batch, trims the timelines their events
+    /// trim, then takes back the copies of events deleted meanwhile (a delete whose removal
+    /// job may have run before these writes). Returns the positions of those events.
+    async fn deliver_together(
+        &self,
+        small: &[(usize, FanoutJob, Bytes, Vec<String>)],
+    ) -> JobResult<Vec<usize>> {
+        let store = self.store.as_ref();
+        let puts = small
+            .iter()
+            .flat_map(|(_, state, entry, owners)| {
+                owners.iter().map(move |owner| {
+                    Write::put(
+                        Table::Timelines,
+                        Item::new(owner, &state.row_key, entry.clone()),
+                    )
+                })
+            })
+            .collect();
+        store.batch_write(puts).await?;
+        let trimmed: Vec<&str> = small
+            .iter()
+            .filter(|(_, state, _, _)| {
+                parse_event_row_key(&state.row_key).is_some_and(|(_, id)| trim::trims(id))
+            })
+            .flat_map(|(_, _, _, owners)| owners.iter().map(String::as_str))
+            .collect();
+        if !trimmed.is_empty() {
+            self.trim_all(&trimmed).await?;
+        }
+        let still = try_join_all(
+            small
+                .iter()
+                .map(|(_, state, _, _)| store.get(Table::Events, &state.author, &state.row_key)),
+        )
+        .await?;
+        let gone: Vec<usize> = still
+            .iter()
+            .enumerate()
+            .filter(|(_, body)| body.is_none())
+            .map(|(position, _)| position)
+            .collect();
+        if !gone.is_empty() {
+            let deletes = gone
+                .iter()
+                .flat_map(|position| {
+                    let (_, state, _, owners) = &small[*position];
+                    owners
+                        .iter()
+                        .map(move |owner| Write::delete(Table::Timelines, owner, &state.row_key))
+                })
+                .collect();
+            store.batch_write(deletes).await?;
+        }
+        Ok(gone)
+    }
+}
+
+/// Done, with its follower count for the status record.
+fn done(followers: u64) -> Outcome {
+    Outcome::Done(Ending {
+        total: Some(followers),
+        ..Ending::default()
+    })
+}
