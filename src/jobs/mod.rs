@@ -97,6 +97,9 @@ pub enum Outcome {
     Split { parts: u32, ending: Ending },
     /// Shutdown came first: the job is given back with its last checkpoint.
     Paused,
+    /// The handler did not start the job (it took one of a batch that is better run by
+    /// another worker): given back as it was, visible at once, its claim not counted.
+    Returned,
 }
 
 impl Outcome {

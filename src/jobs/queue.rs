@@ -321,6 +321,12 @@ impl Claimed {
         Ok(())
     }
 
+    /// Gives back a job its handler did not start: visible at once, as if never claimed.
+    pub(super) async fn give_back(mut self) -> StoreResult<()> {
+        self.job.attempts = self.job.attempts.saturating_sub(1);
+        self.release(0).await
+    }
+
     /// Whether the stored job is still the one we wrote (we hold the lease).
     pub(super) async fn still_held(&self) -> StoreResult<bool> {
         let current = self

@@ -328,6 +328,7 @@ impl Worker {
                 info!(job = %job.id(), "job paused for shutdown");
                 Ok(job.release(0).await?)
             }
+            Ok(Outcome::Returned) => Ok(job.give_back().await?),
             Err(JobError::LeaseLost) => {
                 warn!(job = %job.id(), "job lease lost to another worker");
                 Ok(())

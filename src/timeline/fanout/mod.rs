@@ -221,6 +221,10 @@ pub struct FanoutHandler {
     metrics: FanoutMetrics,
     /// Wakes idle workers of this process when parts are enqueued.
     wake: Arc<Notify>,
+    /// How many jobs to claim at once: doubled (up to [`SMALL_BATCH`]) after a batch of only
+    /// small fan-outs, back to 1 after one that held a big one, so big fan-outs are not
+    /// claimed in numbers only to be given back.
+    batch_hint: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
@@ -231,7 +235,9 @@ impl Handler for FanoutHandler {
 
     /// Small fan-outs are claimed, written and ended many at a time (see `small`).
     fn batch_size(&self) -> usize {
-        SMALL_BATCH
+        self.batch_hint
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .clamp(1, SMALL_BATCH)
     }
 
     async fn run_batch(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
@@ -299,6 +305,7 @@ impl FanoutHandler {
         wake: Arc<Notify>,
     ) -> Self {
         FanoutHandler {
+            batch_hint: std::sync::atomic::AtomicUsize::new(1),
             store,
             settings,
             metrics,

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::future::{join_all, try_join_all};
 
 use super::{Action, FanoutHandler, FanoutJob};
-use crate::jobs::{Claimed, Ending, JobError, JobResult, Outcome};
+use crate::jobs::{Claimed, Ending, Handler as _, JobError, JobResult, Outcome};
 use crate::keys::parse_event_row_key;
 use crate::store::{Item, Query, Table, Write};
 use crate::timeline::{Event, merged_authors, trim};
@@ -129,12 +129,24 @@ impl FanoutHandler {
                 }
             }
         }
+        let any_alone = results.iter().any(Option::is_none);
+        let next_hint = if any_alone {
+            1
+        } else {
+            self.batch_size().saturating_mul(2)
+        };
+        self.batch_hint
+            .store(next_hint, std::sync::atomic::Ordering::Relaxed);
+        // Of the jobs that are not small, this worker runs one; the others go back to the
+        // queue at once for other workers, rather than waiting here behind a long fan-out.
+        let mut ran_one_alone = false;
         let mut out = Vec::with_capacity(jobs.len());
         for (job, result) in jobs.iter_mut().zip(results) {
             out.push(match result {
                 Some(result) => result,
+                None if ran_one_alone => Ok(Outcome::Returned),
                 None => {
-                    use crate::jobs::Handler as _;
+                    ran_one_alone = true;
                     self.run(job).await
                 }
             });
