@@ -262,6 +262,13 @@ impl Worker {
             if keys.len() == with_records {
                 let loads = chunk.iter().map(|(job, _)| async move {
                     match &job.job.status {
+                        // An unsplit job on its first claim has no record yet (one is written
+                        // only when a job of the work ends, or is re-queued): it is created
+                        // if absent, and if that guess is wrong the transaction applies
+                        // nothing and the jobs end one by one.
+                        Some(key) if job.job.part.is_none() && job.job.attempts == 1 => {
+                            Ok(Some(status::absent(key, &job.job)))
+                        }
                         Some(key) => status::load(self.store.as_ref(), key, &job.job)
                             .await
                             .map(Some),

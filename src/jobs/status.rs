@@ -124,6 +124,18 @@ pub(super) async fn load(store: &dyn Store, key: &StatusKey, job: &Job) -> JobRe
     })
 }
 
+/// A fresh record for `job`'s work, to be created only if none exists.
+pub(super) fn absent(key: &StatusKey, job: &Job) -> RecordSlot {
+    RecordSlot {
+        key: key.clone(),
+        record: StatusRecord {
+            enqueued_at: job.enqueued_at,
+            ..StatusRecord::default()
+        },
+        seen: None,
+    }
+}
+
 fn decode(body: &[u8]) -> JobResult<StatusRecord> {
     serde_json::from_slice(body).map_err(|err| JobError::Corrupt(format!("status record: {err}")))
 }

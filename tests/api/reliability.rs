@@ -1,5 +1,5 @@
 //! Crashes and outages of the real binary: SIGKILL in the middle of a big fan-out (embedded,
-//! one job or split in parts), a worker process killed on DynamoDB and taken over by another,
+//! one job or split in parts) and amid batches of small ones, a worker process killed on DynamoDB and taken over by another,
 //! and DynamoDB Local stopped and started again under a running server. Afterwards every
 //! follower holds each acknowledged event exactly once, and nothing else.
 
@@ -184,6 +184,119 @@ async fn kill_and_recover_an_embedded_fanout(
     let reopened = store.open().await;
     assert_timelines_hold(&read_timelines(&reopened, &owners).await, &[event.row_key]);
     interrupted
+}
+
+/// Authors of the batched crash test; author `n` has `n % 4` followers.
+const SMALL_AUTHORS: usize = 1000;
+
+/// Jobs in the queue, as `/metrics` counts them.
+async fn queue_depth(api: &Api) -> u64 {
+    let text = api
+        .client
+        .get(api.url("/metrics"))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|line| line.strip_prefix("fanline_jobs_queue_depth "))
+        .and_then(|depth| depth.trim().parse().ok())
+        .expect("a queue depth")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_amid_batched_small_fanouts_leaves_every_timeline_each_event_once() {
+    let store = TestStore::new(Backend::Embedded).await;
+    let logs = Logs::new(store.dir.path());
+    let authors: Vec<(String, Vec<String>)> = (0..SMALL_AUTHORS)
+        .map(|n| {
+            let followers = (0..n % 4)
+                .map(|f| format!("small-{n:04}-reader-{f}"))
+                .collect();
+            (format!("small-{n:04}"), followers)
+        })
+        .collect();
+    {
+        let open = store.open().await;
+        let since = Edge::encode_since(Ticks::now());
+        let edges: Vec<Write> = authors
+            .iter()
+            .flat_map(|(author, followers)| {
+                let since = since.clone();
+                followers.iter().map(move |follower| {
+                    Write::put(
+                        Table::SubjectFollowers,
+                        Item::new(author, follower, since.clone()),
+                    )
+                })
+            })
+            .collect();
+        open.batch_write(edges).await.expect("seed followers");
+    }
+    wait_until_unlocked(&store.config.data_dir).await;
+
+    // No worker yet: every event waits in the queue, so the kill lands amid their batches.
+    let (server, api) = serve_command(logs.capture(fanline("serve", &store, 0), "serve-0.log"));
+    let posted: Vec<(String, String)> = futures::stream::iter(authors.iter())
+        .map(|(author, _)| {
+            let api = &api;
+            async move {
+                let reply = api
+                    .post_event(author, json!({"payload": {"from": author}}))
+                    .await;
+                (author.clone(), PostedEvent::from(&reply).row_key)
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    stop(server).await;
+    wait_until_unlocked(&store.config.data_dir).await;
+
+    // Two workers claim the jobs in batches; killed once the first batches have ended.
+    let (server, api) = serve_command(logs.capture(fanline("serve", &store, 2), "serve-1.log"));
+    let deadline = Instant::now() + DEADLINE;
+    while queue_depth(&api).await >= SMALL_AUTHORS as u64 {
+        assert!(Instant::now() < deadline, "no fan-out ended");
+    }
+    kill(server).await;
+    let left = {
+        let dead = store.open().await;
+        let mut left = 0;
+        for shard in 0..8 {
+            left += dead
+                .query_all(Query::partition(
+                    Table::Jobs,
+                    format!("shard-{shard:02}"),
+                    1000,
+                ))
+                .await
+                .expect("jobs")
+                .len();
+        }
+        left
+    };
+    println!("killed with {left} of {SMALL_AUTHORS} fan-out jobs left");
+    assert!(left > 0, "the queue had drained before the kill");
+    wait_until_unlocked(&store.config.data_dir).await;
+
+    let (server, api) = serve_command(logs.capture(fanline("serve", &store, 2), "serve-2.log"));
+    let deadline = Instant::now() + DEADLINE;
+    while queue_depth(&api).await > 0 {
+        assert!(Instant::now() < deadline, "the queue never drained");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop(server).await;
+
+    let reopened = store.open().await;
+    let row_keys: BTreeMap<String, String> = posted.into_iter().collect();
+    for (author, followers) in &authors {
+        let owners: Vec<String> = followers.iter().cloned().chain([author.clone()]).collect();
+        let timelines = read_timelines(&reopened, &owners).await;
+        assert_timelines_hold(&timelines, std::slice::from_ref(&row_keys[author]));
+    }
 }
 
 /// Followers of the DynamoDB crash test (DynamoDB Local is much slower than fjall).
