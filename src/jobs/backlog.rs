@@ -19,6 +19,9 @@ use crate::store::{Query, Store, StoreResult, Table};
 
 /// How often the backlog is counted.
 pub const REFRESH: Duration = Duration::from_millis(250);
+/// How often it is counted while full: each count then reads the whole bound, so a full
+/// queue is read less often (posts are refused meanwhile, and told to retry after 1 s).
+const REFRESH_WHEN_FULL: Duration = Duration::from_secs(1);
 
 /// Rows read per query while counting.
 const COUNT_PAGE: usize = 1000;
@@ -120,7 +123,7 @@ impl Backlog {
         Ok(())
     }
 
-    /// Counts the queue every [`REFRESH`] until `shutdown` fires.
+    /// Counts the queue every [`REFRESH`] (every second while full) until `shutdown` fires.
     pub async fn keep_counting(
         self: Arc<Self>,
         store: Arc<dyn Store>,
@@ -136,9 +139,14 @@ impl Backlog {
                 }
                 Err(_) => {}
             }
+            let pause = if self.is_full() {
+                REFRESH_WHEN_FULL
+            } else {
+                REFRESH
+            };
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(REFRESH) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
     }
