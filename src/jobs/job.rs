@@ -59,8 +59,8 @@ pub struct Job {
     pub hidden_until_ms: Option<i64>,
 }
 
-/// Only the format of a stored job: read first, so a job of an unknown format is recognised
-/// as such rather than failing to decode for some other reason.
+/// Only the format of a stored job: read when a job does not decode or is of another format,
+/// so that one of an unknown format is told apart from a corrupt one.
 #[derive(Deserialize)]
 struct FormatOnly {
     #[serde(default)]
@@ -68,6 +68,30 @@ struct FormatOnly {
 }
 
 impl Job {
+    /// A job never claimed.
+    pub(super) fn fresh(
+        kind: String,
+        payload: Box<RawValue>,
+        status: Option<StatusKey>,
+        part: Option<u32>,
+        enqueued_at: Ticks,
+    ) -> Job {
+        Job {
+            format: FORMAT,
+            kind,
+            payload,
+            status,
+            part,
+            progress: 0,
+            attempts: 0,
+            failures: 0,
+            last_error: None,
+            enqueued_at: enqueued_at.get(),
+            lease_owner: None,
+            hidden_until_ms: None,
+        }
+    }
+
     /// Whether a worker holds the job now.
     pub fn is_leased(&self, now_ms: i64) -> bool {
         self.lease_owner.is_some() && self.hidden_until_ms.is_some_and(|until| until > now_ms)
@@ -81,13 +105,19 @@ impl Job {
 
     /// A job from its stored bytes; an unknown format is [`JobError::UnknownFormat`].
     pub fn decode(id: &str, body: &[u8]) -> Result<Job, JobError> {
-        let format = serde_json::from_slice::<FormatOnly>(body)
-            .map_err(|err| JobError::Corrupt(format!("job {id}: {err}")))?
-            .format;
-        if format != FORMAT {
-            return Err(JobError::UnknownFormat { found: format });
+        // One parse in the common case: every poll decodes the jobs it reads.
+        match serde_json::from_slice::<Job>(body) {
+            Ok(job) if job.format == FORMAT => Ok(job),
+            decoded => {
+                let format = serde_json::from_slice::<FormatOnly>(body)
+                    .map_err(|err| JobError::Corrupt(format!("job {id}: {err}")))?
+                    .format;
+                if format != FORMAT {
+                    return Err(JobError::UnknownFormat { found: format });
+                }
+                decoded.map_err(|err| JobError::Corrupt(format!("job {id}: {err}")))
+            }
         }
-        serde_json::from_slice(body).map_err(|err| JobError::Corrupt(format!("job {id}: {err}")))
     }
 
     /// The handler's payload, decoded.
@@ -183,20 +213,13 @@ impl NewJob {
     }
 
     pub(super) fn into_job(self, part: Option<u32>) -> (JobKey, Job) {
-        let job = Job {
-            format: FORMAT,
-            kind: self.kind.to_owned(),
-            payload: self.payload,
-            status: self.status,
+        let job = Job::fresh(
+            self.kind.to_owned(),
+            self.payload,
+            self.status,
             part,
-            progress: 0,
-            attempts: 0,
-            failures: 0,
-            last_error: None,
-            enqueued_at: self.enqueued_at.get(),
-            lease_owner: None,
-            hidden_until_ms: None,
-        };
+            self.enqueued_at,
+        );
         (self.key, job)
     }
 

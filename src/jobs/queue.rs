@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::job::{Job, JobKey, NewJob, SHARDS, encode_payload, now_ms, shard_name};
+use super::job::{Job, JobKey, SHARDS, encode_payload, now_ms, shard_name};
 use super::{JobError, JobResult};
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
@@ -24,6 +24,7 @@ const SCAN_MAX: usize = 4096;
 const CLAIM_CHUNK: usize = 50;
 
 /// A job no lease hides, as read: its key, the job, and the exact bytes to claim it against.
+#[derive(Clone)]
 pub(super) struct Available {
     pub key: JobKey,
     pub job: Job,
@@ -97,14 +98,15 @@ pub struct Claimed {
 }
 
 impl Claimed {
-    /// Takes the lease on a job read by [`available`]; `None` if another worker got it first.
-    pub(super) async fn claim(
+    /// The job of `available` leased to `owner`, and the write that takes the lease: it
+    /// fails if the job changed since it was read (another worker took it first).
+    fn lease(
         store: Arc<dyn Store>,
         available: Available,
         owner: &str,
         lease_ms: i64,
         shutdown: CancellationToken,
-    ) -> StoreResult<Option<Claimed>> {
+    ) -> (Claimed, Write) {
         let Available { key, mut job, seen } = available;
         job.lease_owner = Some(owner.to_owned());
         job.hidden_until_ms = Some(now_ms() + lease_ms);
@@ -117,7 +119,23 @@ impl Claimed {
             lease_ms,
             shutdown,
         };
-        match claimed.commit(true, Vec::new()).await {
+        let write = claimed.own_write(true, claimed.job.encode());
+        if let Write::Put { item, .. } = &write {
+            claimed.stored = item.value.clone();
+        }
+        (claimed, write)
+    }
+
+    /// Takes the lease on a job read by [`available`]; `None` if another worker got it first.
+    pub(super) async fn claim(
+        store: Arc<dyn Store>,
+        available: Available,
+        owner: &str,
+        lease_ms: i64,
+        shutdown: CancellationToken,
+    ) -> StoreResult<Option<Claimed>> {
+        let (claimed, write) = Claimed::lease(store, available, owner, lease_ms, shutdown);
+        match write_one(claimed.store.as_ref(), write).await {
             Ok(()) => Ok(Some(claimed)),
             Err(StoreError::ConditionFailed) => Ok(None),
             Err(err) => Err(err),
@@ -147,29 +165,18 @@ impl Claimed {
                 }
                 continue;
             }
-            let hidden_until = now_ms() + lease_ms;
-            let mut leased = Vec::with_capacity(chunk.len());
-            let mut writes = Vec::with_capacity(chunk.len());
-            for one in &chunk {
-                let mut job = one.job.clone();
-                job.lease_owner = Some(owner.to_owned());
-                job.hidden_until_ms = Some(hidden_until);
-                job.attempts += 1;
-                let body = job.encode();
-                writes.push(Write::Put {
-                    table: Table::Jobs,
-                    item: Item::new(one.key.shard_name(), &one.key.id, body.clone()),
-                    condition: Condition::Equals(one.seen.clone()),
-                });
-                leased.push(Claimed {
-                    key: one.key.clone(),
-                    job,
-                    stored: body,
-                    store: store.clone(),
-                    lease_ms,
-                    shutdown: shutdown.clone(),
-                });
-            }
+            let (leased, writes): (Vec<Claimed>, Vec<Write>) = chunk
+                .iter()
+                .map(|one| {
+                    Claimed::lease(
+                        store.clone(),
+                        one.clone(),
+                        owner,
+                        lease_ms,
+                        shutdown.clone(),
+                    )
+                })
+                .unzip();
             match store.transact(writes).await {
                 Ok(()) => taken.extend(leased),
                 Err(StoreError::ConditionFailed) => {
@@ -189,11 +196,27 @@ impl Claimed {
     /// The write that deletes the job if we still hold it, for a transaction that ends
     /// several jobs at once.
     pub(super) fn delete_write(&self) -> Write {
-        Write::Delete {
-            table: Table::Jobs,
-            partition: self.key.shard_name(),
-            row: self.key.id.clone(),
-            condition: Condition::Equals(self.stored.clone()),
+        self.own_write(false, Bytes::new())
+    }
+
+    /// The write of this job as `body` (`keep`) or its deletion, if it is still stored as we
+    /// last wrote it (we hold the lease).
+    fn own_write(&self, keep: bool, body: Bytes) -> Write {
+        let condition = Condition::Equals(self.stored.clone());
+        let shard = self.key.shard_name();
+        if keep {
+            Write::Put {
+                table: Table::Jobs,
+                item: Item::new(shard, &self.key.id, body),
+                condition,
+            }
+        } else {
+            Write::Delete {
+                table: Table::Jobs,
+                partition: shard,
+                row: self.key.id.clone(),
+                condition,
+            }
         }
     }
 
@@ -258,15 +281,13 @@ impl Claimed {
     /// record, with its own payload. Goes in a [`Self::checkpoint_with`] or the job's end.
     pub fn part_write<T: Serialize>(&self, index: u32, payload: &T) -> Write {
         let key = self.key.part(index);
-        let new = NewJob {
-            key,
-            kind: "",
-            payload: encode_payload(payload),
-            status: self.job.status.clone(),
-            enqueued_at: self.enqueued_at(),
-        };
-        let (key, mut job) = new.into_job(Some(index));
-        job.kind.clone_from(&self.job.kind);
+        let job = Job::fresh(
+            self.job.kind.clone(),
+            encode_payload(payload),
+            self.job.status.clone(),
+            Some(index),
+            self.enqueued_at(),
+        );
         Write::put_if_absent(
             Table::Jobs,
             Item::new(key.shard_name(), key.id, job.encode()),
@@ -278,40 +299,9 @@ impl Claimed {
     /// condition of `extra` fails).
     pub(super) async fn commit(&mut self, keep: bool, extra: Vec<Write>) -> StoreResult<()> {
         let next = self.job.encode();
-        let condition = Condition::Equals(self.stored.clone());
-        let shard = self.key.shard_name();
-        let write = if keep {
-            Write::Put {
-                table: Table::Jobs,
-                item: Item::new(shard, &self.key.id, next.clone()),
-                condition,
-            }
-        } else {
-            Write::Delete {
-                table: Table::Jobs,
-                partition: shard,
-                row: self.key.id.clone(),
-                condition,
-            }
-        };
+        let write = self.own_write(keep, next.clone());
         if extra.is_empty() {
-            match write {
-                Write::Put {
-                    table,
-                    item,
-                    condition,
-                } => self.store.put(table, item, condition).await?,
-                Write::Delete {
-                    table,
-                    partition,
-                    row,
-                    condition,
-                } => {
-                    self.store
-                        .delete(table, &partition, &row, condition)
-                        .await?;
-                }
-            }
+            write_one(self.store.as_ref(), write).await?;
         } else {
             let mut writes = extra;
             writes.push(write);
@@ -348,6 +338,23 @@ impl Claimed {
     }
 }
 
+/// Applies one write with the single-item call (cheaper than a transaction on DynamoDB).
+async fn write_one(store: &dyn Store, write: Write) -> StoreResult<()> {
+    match write {
+        Write::Put {
+            table,
+            item,
+            condition,
+        } => store.put(table, item, condition).await,
+        Write::Delete {
+            table,
+            partition,
+            row,
+            condition,
+        } => store.delete(table, &partition, &row, condition).await,
+    }
+}
+
 fn lease_lost(err: StoreError) -> JobError {
     match err {
         StoreError::ConditionFailed => JobError::LeaseLost,
@@ -358,6 +365,7 @@ fn lease_lost(err: StoreError) -> JobError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jobs::NewJob;
     use crate::store::EmbeddedStore;
     use uuid::Uuid;
 

@@ -85,6 +85,11 @@ enum Ended {
     Failed(String),
 }
 
+/// Jobs ended in one transaction by [`Worker::finish_together`]: each writes its delete, its
+/// record and at most [`MAX_OWN_WRITES_TOGETHER`] writes of its own, within the store's 100.
+const JOBS_PER_TRANSACTION: usize = 10;
+const MAX_OWN_WRITES_TOGETHER: usize = 7;
+
 /// Longest pause of the worker loop after a failed step (the store unreachable).
 const STEP_BACKOFF_CAP_MS: i64 = 2_000;
 
@@ -209,13 +214,16 @@ impl Worker {
     }
 
     /// Ends jobs the way their runs ended: the plain "done" ones together, in as few
-    /// transactions as fit, the others one by one. Returns the first error.
+    /// transactions as fit (a lone one too: on its first claim its record need not be read),
+    /// the others one by one. Returns the first error.
     async fn end_all(&self, ended: Vec<(Claimed, JobResult<Outcome>)>) -> JobResult<()> {
         let mut first_error = None;
         let mut done_together = Vec::new();
         for (job, result) in ended {
             match result {
-                Ok(Outcome::Done(ending)) if ending.writes.len() + ending.closing.len() < 8 => {
+                Ok(Outcome::Done(ending))
+                    if ending.writes.len() + ending.closing.len() <= MAX_OWN_WRITES_TOGETHER =>
+                {
                     done_together.push((job, ending));
                 }
                 other => {
@@ -225,13 +233,7 @@ impl Worker {
                 }
             }
         }
-        if done_together.len() == 1 {
-            for (job, ending) in done_together {
-                if let Err(err) = self.finish(job, Ended::Done(ending)).await {
-                    first_error.get_or_insert(err);
-                }
-            }
-        } else if !done_together.is_empty()
+        if !done_together.is_empty()
             && let Err(err) = self.finish_together(done_together).await
         {
             first_error.get_or_insert(err);
@@ -243,8 +245,7 @@ impl Worker {
     /// A transaction that fails on a condition (a lost lease, a record another job of the
     /// same work changed) applied nothing: its jobs are then ended one by one.
     async fn finish_together(&self, done: Vec<(Claimed, Ending)>) -> JobResult<()> {
-        // A job's delete, its record and a few writes of its own: at most 10 writes a job.
-        const JOBS_PER_TRANSACTION: usize = 10;
+        let mut first_error = None;
         let retention_ms = millis(self.settings.status_retention);
         let mut done = done.into_iter().peekable();
         while done.peek().is_some() {
@@ -299,27 +300,35 @@ impl Worker {
                     records.push(record);
                 }
             }
-            let together = !writes.is_empty()
-                && match self.store.transact(writes).await {
-                    Ok(()) => true,
-                    Err(StoreError::ConditionFailed) => false,
-                    Err(err) => return Err(err.into()),
-                };
+            // Any failure applied nothing: the jobs are ended one by one, each as its own
+            // failures allow.
+            let together = !writes.is_empty() && self.store.transact(writes).await.is_ok();
             if !together {
                 for (job, ending) in chunk {
-                    self.finish(job, Ended::Done(ending)).await?;
+                    if let Err(err) = self.finish(job, Ended::Done(ending)).await {
+                        first_error.get_or_insert(err);
+                    }
                 }
                 continue;
             }
+            // Expired records are swept once per partition of the chunk, not once per job.
+            let mut finished_partitions = std::collections::BTreeSet::new();
             for ((job, _), record) in chunk.iter().zip(&records) {
                 self.metrics
                     .completed
                     .get_or_create(&kind(job.kind()))
                     .inc();
-                self.report_done(&job.job, job, record.as_ref()).await;
+                if self.report_done(job, record.as_ref())
+                    && let Some(key) = &job.job.status
+                {
+                    finished_partitions.insert(key.partition.as_str());
+                }
+            }
+            for partition in finished_partitions {
+                self.sweep_expired(partition).await;
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Ends a job the way its run ended.
@@ -431,20 +440,36 @@ impl Worker {
                 if record
                     .as_ref()
                     .is_some_and(|done| done.finished_at.is_some())
+                    && self.report_done(&job, record.as_ref())
+                    && let Some(key) = &snapshot.status
                 {
-                    self.report_done(&snapshot, &job, record.as_ref()).await;
+                    self.sweep_expired(&key.partition).await;
                 }
             }
             Ended::Done(_) => {
                 self.metrics.completed.get_or_create(&label).inc();
-                self.report_done(&snapshot, &job, record.as_ref()).await;
+                if self.report_done(&job, record.as_ref())
+                    && let Some(key) = &snapshot.status
+                {
+                    self.sweep_expired(&key.partition).await;
+                }
             }
         }
         Ok(())
     }
 
+    /// Deletes expired status records of a partition in which work just ended, so records
+    /// never pile up.
+    async fn sweep_expired(&self, partition: &str) {
+        if let Err(err) = status::sweep_expired(self.store.as_ref(), partition).await {
+            warn!(%partition, error = %err, "could not sweep expired status records");
+        }
+    }
+
     /// Counts work that is complete, and tells the observer of every job that ended well.
-    async fn report_done(&self, snapshot: &Job, job: &Claimed, record: Option<&StatusRecord>) {
+    /// Returns whether the job's whole work is done.
+    fn report_done(&self, job: &Claimed, record: Option<&StatusRecord>) -> bool {
+        let snapshot = &job.job;
         let work_done = record.is_none_or(|record| record.finished_at.is_some());
         let lag_ticks = Ticks::now().get().saturating_sub(snapshot.enqueued_at);
         let lag = Duration::from_micros(lag_ticks / 10);
@@ -455,11 +480,6 @@ impl Worker {
                 .lag_seconds
                 .get_or_create(&label)
                 .observe(lag.as_secs_f64());
-            if let Some(key) = &snapshot.status
-                && let Err(err) = status::sweep_expired(self.store.as_ref(), &key.partition).await
-            {
-                warn!(partition = %key.partition, error = %err, "could not sweep expired status records");
-            }
         }
         if let Some(sink) = &self.done_sink {
             let _ = sink.send(JobDone {
@@ -473,6 +493,7 @@ impl Worker {
                 lag,
             });
         }
+        work_done
     }
 
     /// Deletes the held job with `writes` and an update of its status record, in one

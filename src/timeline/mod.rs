@@ -89,6 +89,8 @@ impl From<DomainError> for JobError {
         match err {
             DomainError::Store(store) => JobError::Store(store),
             DomainError::Conflict(message) => JobError::Conflict(message),
+            // Transient: retried like contention.
+            full @ DomainError::BacklogFull { .. } => JobError::Conflict(full.to_string()),
             other => JobError::Corrupt(other.to_string()),
         }
     }

@@ -323,27 +323,30 @@ impl Api {
         }
     }
 
+    /// Jobs in the queue, as `/metrics` counts them.
+    pub async fn queue_depth(&self) -> u64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find_map(|line| line.strip_prefix("fanline_jobs_queue_depth "))
+            .and_then(|depth| depth.trim().parse().ok())
+            .expect("a queue depth")
+    }
+
     /// Polls `/metrics` until the job queue is empty: every fan-out, removal, backfill and
     /// cleanup enqueued so far has ended (a job leaves the queue only when it ends).
     pub async fn wait_for_idle(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let text = self
-                .client
-                .get(self.url("/metrics"))
-                .send()
-                .await
-                .expect("scrape")
-                .text()
-                .await
-                .expect("metrics text");
-            let depth = text
-                .lines()
-                .find_map(|line| line.strip_prefix("fanline_jobs_queue_depth "))
-                .expect("a queue depth")
-                .trim()
-                .to_owned();
-            if depth == "0" {
+            let depth = self.queue_depth().await;
+            if depth == 0 {
                 return;
             }
             assert!(

@@ -189,23 +189,6 @@ async fn kill_and_recover_an_embedded_fanout(
 /// Authors of the batched crash test; author `n` has `n % 4` followers.
 const SMALL_AUTHORS: usize = 1000;
 
-/// Jobs in the queue, as `/metrics` counts them.
-async fn queue_depth(api: &Api) -> u64 {
-    let text = api
-        .client
-        .get(api.url("/metrics"))
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .find_map(|line| line.strip_prefix("fanline_jobs_queue_depth "))
-        .and_then(|depth| depth.trim().parse().ok())
-        .expect("a queue depth")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_amid_batched_small_fanouts_leaves_every_timeline_each_event_once() {
     let store = TestStore::new(Backend::Embedded).await;
@@ -258,7 +241,7 @@ async fn sigkill_amid_batched_small_fanouts_leaves_every_timeline_each_event_onc
     // Two workers claim the jobs in batches; killed once the first batches have ended.
     let (server, api) = serve_command(logs.capture(fanline("serve", &store, 2), "serve-1.log"));
     let deadline = Instant::now() + DEADLINE;
-    while queue_depth(&api).await >= SMALL_AUTHORS as u64 {
+    while api.queue_depth().await >= SMALL_AUTHORS as u64 {
         assert!(Instant::now() < deadline, "no fan-out ended");
     }
     kill(server).await;
@@ -283,11 +266,7 @@ async fn sigkill_amid_batched_small_fanouts_leaves_every_timeline_each_event_onc
     wait_until_unlocked(&store.config.data_dir).await;
 
     let (server, api) = serve_command(logs.capture(fanline("serve", &store, 2), "serve-2.log"));
-    let deadline = Instant::now() + DEADLINE;
-    while queue_depth(&api).await > 0 {
-        assert!(Instant::now() < deadline, "the queue never drained");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    api.wait_for_idle().await;
     stop(server).await;
 
     let reopened = store.open().await;

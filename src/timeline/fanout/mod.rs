@@ -35,7 +35,7 @@ use uuid::Uuid;
 
 use super::{Event, SubjectId, merged_authors, removal, trim};
 use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
-use crate::keys::{Ticks, parse_event_row_key};
+use crate::keys::Ticks;
 use crate::store::{Item, Query, Store, Table, Write};
 
 pub use metrics::FanoutMetrics;
@@ -540,32 +540,19 @@ impl FanoutHandler {
                 if with_author {
                     owners.push(&author);
                 }
-                let puts = owners
-                    .iter()
-                    .map(|owner| {
-                        Write::put(Table::Timelines, Item::new(*owner, &row_key, entry.clone()))
-                    })
-                    .collect();
-                self.store.batch_write(puts).await?;
-                if parse_event_row_key(&row_key).is_some_and(|(_, id)| trim::trims(id)) {
-                    self.trim_all(&owners).await?;
-                }
+                let delivery = small::Delivery {
+                    author: &author,
+                    row_key: &row_key,
+                    entry,
+                    owners,
+                };
                 // A delete that raced this page may have removed these rows already: if the
-                // event is gone now, take them back and stop.
-                if self
-                    .store
-                    .get(Table::Events, &author, &row_key)
+                // event is gone now, its copies are taken back and the job stops.
+                went_on = self
+                    .write_entries(std::slice::from_ref(&delivery))
                     .await?
-                    .is_none()
-                {
-                    let deletes = owners
-                        .iter()
-                        .map(|owner| Write::delete(Table::Timelines, *owner, &row_key))
-                        .collect();
-                    self.store.batch_write(deletes).await?;
-                    went_on = false;
-                }
-                owners.len()
+                    .is_empty();
+                delivery.owners.len()
             }
             (Action::Deliver, None) => 0,
         } as u64;

@@ -102,7 +102,16 @@ impl FanoutHandler {
             }
         }
         if !small.is_empty() {
-            match self.deliver_together(&small).await {
+            let deliveries: Vec<Delivery<'_>> = small
+                .iter()
+                .map(|(_, state, entry, owners)| Delivery {
+                    author: &state.author,
+                    row_key: &state.row_key,
+                    entry,
+                    owners: owners.iter().map(String::as_str).collect(),
+                })
+                .collect();
+            match self.write_entries(&deliveries).await {
                 Ok(gone) => {
                     for (position, (index, _, _, owners)) in small.iter().enumerate() {
                         let written = owners.len() as u64;
@@ -154,40 +163,38 @@ impl FanoutHandler {
         out
     }
 
-    /// Writes every entry of the small jobs in one batch, trims the timelines their events
+    /// Writes the entries of every delivery in one batch, trims the timelines their events
     /// trim, then takes back the copies of events deleted meanwhile (a delete whose removal
-    /// job may have run before these writes). Returns the positions of those events.
-    async fn deliver_together(
-        &self,
-        small: &[(usize, FanoutJob, Bytes, Vec<String>)],
-    ) -> JobResult<Vec<usize>> {
+    /// job may have run before these writes). Returns the positions of those events. Used
+    /// for a page of one big fan-out too.
+    pub(super) async fn write_entries(&self, deliveries: &[Delivery<'_>]) -> JobResult<Vec<usize>> {
         let store = self.store.as_ref();
-        let puts = small
+        let puts = deliveries
             .iter()
-            .flat_map(|(_, state, entry, owners)| {
-                owners.iter().map(move |owner| {
+            .flat_map(|delivery| {
+                delivery.owners.iter().map(move |owner| {
                     Write::put(
                         Table::Timelines,
-                        Item::new(owner, &state.row_key, entry.clone()),
+                        Item::new(*owner, delivery.row_key, delivery.entry.clone()),
                     )
                 })
             })
             .collect();
         store.batch_write(puts).await?;
-        let trimmed: Vec<&str> = small
+        let trimmed: Vec<&str> = deliveries
             .iter()
-            .filter(|(_, state, _, _)| {
-                parse_event_row_key(&state.row_key).is_some_and(|(_, id)| trim::trims(id))
+            .filter(|delivery| {
+                parse_event_row_key(delivery.row_key).is_some_and(|(_, id)| trim::trims(id))
             })
-            .flat_map(|(_, _, _, owners)| owners.iter().map(String::as_str))
+            .flat_map(|delivery| delivery.owners.iter().copied())
             .collect();
         if !trimmed.is_empty() {
             self.trim_all(&trimmed).await?;
         }
         let still = try_join_all(
-            small
+            deliveries
                 .iter()
-                .map(|(_, state, _, _)| store.get(Table::Events, &state.author, &state.row_key)),
+                .map(|delivery| store.get(Table::Events, delivery.author, delivery.row_key)),
         )
         .await?;
         let gone: Vec<usize> = still
@@ -197,19 +204,27 @@ impl FanoutHandler {
             .map(|(position, _)| position)
             .collect();
         if !gone.is_empty() {
-            let deletes = gone
-                .iter()
-                .flat_map(|position| {
-                    let (_, state, _, owners) = &small[*position];
-                    owners
-                        .iter()
-                        .map(move |owner| Write::delete(Table::Timelines, owner, &state.row_key))
-                })
-                .collect();
+            let deletes =
+                gone.iter()
+                    .flat_map(|position| {
+                        let delivery = &deliveries[*position];
+                        delivery.owners.iter().map(move |owner| {
+                            Write::delete(Table::Timelines, *owner, delivery.row_key)
+                        })
+                    })
+                    .collect();
             store.batch_write(deletes).await?;
         }
         Ok(gone)
     }
+}
+
+/// One event's entry and the timelines it goes to.
+pub(super) struct Delivery<'a> {
+    pub author: &'a str,
+    pub row_key: &'a str,
+    pub entry: &'a Bytes,
+    pub owners: Vec<&'a str>,
 }
 
 /// Done, with its follower count for the status record.

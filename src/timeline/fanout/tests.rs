@@ -8,6 +8,7 @@ use super::status::{self, FanoutState};
 use super::*;
 use crate::cursor::CursorCodec;
 use crate::jobs::{Handlers, JobMetrics, Processed, RetryLabels, RunnerSettings, Worker};
+use crate::keys::parse_event_row_key;
 use crate::store::fault::{Calls, Fault, FaultyStore, Op};
 use crate::store::{EmbeddedStore, StoreExt};
 use crate::timeline::{Edge, NewEvent, Settings, Timelines};
@@ -46,17 +47,36 @@ async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
     let followers: Vec<String> = (0..FOLLOWERS).map(|i| format!("f{i:05}")).collect();
+    add_followers(&store, "author", &followers).await;
+    let event = post_one(&store, "author").await;
+    Fixture {
+        _dir: dir,
+        store,
+        followers,
+        row_key: event.row_key,
+        event_id: event.event_id,
+    }
+}
+
+/// Makes `followers` follow `author` (the one edge fan-out reads).
+async fn add_followers(store: &EmbeddedStore, author: &str, followers: &[String]) {
     let since = Edge::encode_since(Ticks::now());
-    let edges = followers
+    let edges: Vec<Write> = followers
         .iter()
         .map(|follower| {
             Write::put(
                 Table::SubjectFollowers,
-                Item::new("author", follower, since.clone()),
+                Item::new(author, follower, since.clone()),
             )
         })
         .collect();
-    store.batch_write(edges).await.expect("edges");
+    if !edges.is_empty() {
+        store.batch_write(edges).await.expect("edges");
+    }
+}
+
+/// Posts one event of `author`: it is stored with its fan-out job queued, undelivered.
+async fn post_one(store: &EmbeddedStore, author: &str) -> crate::timeline::Event {
     let timelines = Timelines::new(
         Arc::new(store.clone()),
         CursorCodec::new(b"test"),
@@ -66,10 +86,9 @@ async fn fixture() -> Fixture {
         },
         Arc::new(Notify::new()),
     );
-    let author = SubjectId::parse("author").expect("id");
     let posted = timelines
         .post_event(
-            &author,
+            &SubjectId::parse(author).expect("id"),
             NewEvent {
                 client_id: None,
                 kind: None,
@@ -82,13 +101,7 @@ async fn fixture() -> Fixture {
     let crate::timeline::Posted::Created(event) = posted else {
         panic!("not created")
     };
-    Fixture {
-        _dir: dir,
-        store,
-        followers,
-        row_key: event.row_key,
-        event_id: event.event_id,
-    }
+    event
 }
 
 /// Runner and fan-out settings of a test.
@@ -542,44 +555,12 @@ const SMALL_AUTHORS: usize = 40;
 async fn small_fanouts() -> SmallFanouts {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
-    let timelines = Timelines::new(
-        Arc::new(store.clone()),
-        CursorCodec::new(b"test"),
-        crate::config::Config::defaults().timeline_settings(),
-        Arc::new(Notify::new()),
-    );
-    let since = Edge::encode_since(Ticks::now());
     let mut authors = Vec::new();
     for a in 0..SMALL_AUTHORS {
         let author = format!("author-{a:02}");
         let followers: Vec<String> = (0..(a % 4)).map(|f| format!("reader-{a:02}-{f}")).collect();
-        let edges = followers
-            .iter()
-            .map(|follower| {
-                Write::put(
-                    Table::SubjectFollowers,
-                    Item::new(&author, follower, since.clone()),
-                )
-            })
-            .collect::<Vec<_>>();
-        if !edges.is_empty() {
-            store.batch_write(edges).await.expect("edges");
-        }
-        let posted = timelines
-            .post_event(
-                &SubjectId::parse(&author).expect("id"),
-                NewEvent {
-                    client_id: None,
-                    kind: None,
-                    payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
-                    at: None,
-                },
-            )
-            .await
-            .expect("post");
-        let crate::timeline::Posted::Created(event) = posted else {
-            panic!("not created")
-        };
+        add_followers(&store, &author, &followers).await;
+        let event = post_one(&store, &author).await;
         authors.push((author, followers, event.row_key));
     }
     SmallFanouts {
@@ -693,4 +674,40 @@ async fn a_batch_write_failing_midway_retries_every_job_of_the_batch_and_loses_n
     );
     drain(&mut worker, &small.store).await;
     assert_small_fanouts_delivered_once(&small).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_whose_shared_ending_fails_are_ended_one_by_one_and_counted_once() {
+    let small = small_fanouts().await;
+    let failing = Arc::new(FaultyStore::new(Arc::new(small.store.clone())));
+    // The first transaction that ends several jobs with their records fails, applying
+    // nothing; claims touch only the queue, so this is the shared ending.
+    failing.fail_nth(
+        1,
+        Calls::on(Op::Transact, Table::FanoutStatus),
+        Fault::Unavailable,
+    );
+    let (mut worker, metrics) = worker(
+        failing.clone(),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    drain(&mut worker, &small.store).await;
+    assert_eq!(failing.injected(), 1);
+    assert_small_fanouts_delivered_once(&small).await;
+    for (author, _, row_key) in &small.authors {
+        let (_, event_id) = parse_event_row_key(row_key).expect("row key");
+        let done = status::lookup(&small.store, author, event_id)
+            .await
+            .expect("lookup")
+            .expect("a status");
+        assert_eq!(done.attempts, 1, "{author}: ended once, never retried");
+    }
+    let fanout_kind = crate::jobs::KindLabel {
+        kind: "fanout".into(),
+    };
+    assert_eq!(
+        metrics.jobs.completed.get_or_create(&fanout_kind).get(),
+        SMALL_AUTHORS as u64
+    );
 }
