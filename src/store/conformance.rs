@@ -12,7 +12,7 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::{
-    Condition, Item, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_ROW_KEY_BYTES,
+    Condition, Item, Key, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_ROW_KEY_BYTES,
     MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table,
     Write, item_bytes, write_bytes,
 };
@@ -55,6 +55,7 @@ macro_rules! store_conformance_tests {
             query_honours_row_ranges,
             query_of_an_empty_partition_is_empty,
             query_many_answers_each_query_in_order,
+            get_many_answers_each_key_in_order_across_tables_and_chunks,
             multi_byte_utf8_keys_sort_by_bytes,
             ping_answers,
         );
@@ -825,6 +826,61 @@ pub async fn query_many_answers_each_query_in_order(store: &dyn Store) {
         .query_many(vec![
             Query::partition(Table::Events, &p, 1),
             Query::partition(Table::Events, "", 1),
+        ])
+        .await;
+    assert!(
+        matches!(invalid, Err(StoreError::InvalidInput(_))),
+        "{invalid:?}"
+    );
+}
+
+pub async fn get_many_answers_each_key_in_order_across_tables_and_chunks(store: &dyn Store) {
+    let p = partition("get-many");
+    let q = partition("get-many");
+    // More keys than one DynamoDB request takes, so the answer spans requests.
+    let rows_written: Vec<String> = (0..150).map(|i| format!("r{i:03}")).collect();
+    let written: Vec<&str> = rows_written.iter().map(String::as_str).collect();
+    seed(store, Table::Events, &p, &written).await;
+    store
+        .put(
+            Table::Timelines,
+            Item::new(&q, "x", "timeline x"),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+    let mut keys = vec![
+        Key::new(Table::Timelines, &q, "x"),
+        Key::new(Table::Events, &p, "missing"),
+        Key::new(Table::Timelines, &p, "r000"),
+        Key::new(Table::Events, &p, "r007"),
+        Key::new(Table::Events, &p, "r007"),
+    ];
+    keys.extend(written.iter().map(|row| Key::new(Table::Events, &p, *row)));
+    let answers = store.get_many(keys).await.unwrap();
+    assert_eq!(answers.len(), 155, "one answer per key asked");
+    assert_eq!(answers[0].as_deref(), Some(&b"timeline x"[..]));
+    assert_eq!(answers[1], None, "a missing item is None");
+    assert_eq!(
+        answers[2], None,
+        "the same key in another table is another item"
+    );
+    assert_eq!(
+        answers[3], answers[4],
+        "a key asked twice is answered twice"
+    );
+    for (row, answer) in written.iter().zip(&answers[5..]) {
+        assert_eq!(
+            answer.as_deref(),
+            Some(format!("v-{row}").as_bytes()),
+            "row {row}"
+        );
+    }
+    assert!(store.get_many(Vec::new()).await.unwrap().is_empty());
+    let invalid = store
+        .get_many(vec![
+            Key::new(Table::Events, &p, "r000"),
+            Key::new(Table::Events, "", "r"),
         ])
         .await;
     assert!(

@@ -20,7 +20,7 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use tokio::sync::oneshot;
 
 use super::{
-    Condition, Direction, Item, Query, Store, StoreError, StoreResult, Table, Write, validate,
+    Condition, Direction, Item, Key, Query, Store, StoreError, StoreResult, Table, Write, validate,
 };
 
 /// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
@@ -132,6 +132,26 @@ impl Store for EmbeddedStore {
         blocking(move || {
             let value = keyspace.get(key).map_err(map_fjall_error)?;
             Ok(value.map(|value| Bytes::copy_from_slice(&value)))
+        })
+        .await
+    }
+
+    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>> {
+        let mut reads = Vec::with_capacity(keys.len());
+        for key in keys {
+            validate::key(&key.partition, &key.row)?;
+            let keyspace = self.inner.keyspaces.of(key.table)?.clone();
+            reads.push((keyspace, encode_key(&key.partition, &key.row)));
+        }
+        // Point reads take microseconds: one blocking task for all of them.
+        blocking(move || {
+            reads
+                .iter()
+                .map(|(keyspace, key)| {
+                    let value = keyspace.get(key).map_err(map_fjall_error)?;
+                    Ok(value.map(|value| Bytes::copy_from_slice(&value)))
+                })
+                .collect()
         })
         .await
     }

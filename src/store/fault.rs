@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use super::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
+use super::{Condition, Item, Key, Query, Store, StoreError, StoreResult, Table, Write};
 
 /// A store operation, as rules see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,6 +270,14 @@ impl Store for FaultyStore {
     async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>> {
         self.check(Op::Get, &[table]).await?;
         self.inner.get(table, partition, row).await
+    }
+
+    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>> {
+        // Each key is one call to the rules, as if read alone.
+        for key in &keys {
+            self.check(Op::Get, &[key.table]).await?;
+        }
+        self.inner.get_many(keys).await
     }
 
     async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()> {

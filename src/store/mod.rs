@@ -216,6 +216,24 @@ impl Item {
     }
 }
 
+/// Where one item lives: its table, partition and row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub table: Table,
+    pub partition: String,
+    pub row: String,
+}
+
+impl Key {
+    pub fn new(table: Table, partition: impl Into<String>, row: impl Into<String>) -> Self {
+        Key {
+            table,
+            partition: partition.into(),
+            row: row.into(),
+        }
+    }
+}
+
 /// What must hold for a conditional write to go ahead.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -383,6 +401,11 @@ pub type StoreResult<T> = Result<T, StoreError>;
 pub trait Store: Send + Sync + 'static {
     /// Reads one item's value.
     async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>>;
+
+    /// Reads several items as one round, answers in the order asked (a key asked twice is
+    /// answered twice). A fan-out batch reads an item of each of dozens of events: the
+    /// embedded store reads them in one blocking task, DynamoDB in `BatchGetItem`s of 100.
+    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>>;
 
     /// Writes one item of at most [`MAX_ITEM_BYTES`]; `ConditionFailed` if `condition` does
     /// not hold.

@@ -9,7 +9,8 @@ pub enum RetryReason {
     /// The backend said slow down (`ProvisionedThroughputExceededException`,
     /// `ThrottlingException`, `RequestLimitExceeded`, ...).
     Throttled,
-    /// A `BatchWriteItem` came back with `UnprocessedItems`.
+    /// A `BatchWriteItem` came back with `UnprocessedItems`, or a `BatchGetItem` with
+    /// `UnprocessedKeys`.
     UnprocessedItems,
     /// A request timed out.
     Timeout,

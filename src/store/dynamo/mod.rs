@@ -13,10 +13,12 @@
 //! - `attribute.rs`: an item's attributes, and conditions as condition expressions;
 //! - `item.rs`: single-item gets, puts and deletes;
 //! - `batch.rs`: transactions (`TransactWriteItems`) and batches (`BatchWriteItem`);
+//! - `batch_get.rs`: reads of many items (`BatchGetItem`);
 //! - `query.rs`: reading a partition by row-key range.
 
 mod attribute;
 mod batch;
+mod batch_get;
 pub(super) mod client;
 mod error;
 mod item;
@@ -31,7 +33,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::ConsumedCapacity;
 use bytes::Bytes;
 
-use super::{Condition, Item, Query, Store, StoreResult, StoreStats, Table, Write, validate};
+use super::{Condition, Item, Key, Query, Store, StoreResult, StoreStats, Table, Write, validate};
 
 /// Queries of one `query_many` in flight at once: a points write may read hundreds of
 /// buckets at once.
@@ -84,6 +86,13 @@ impl Store for DynamoStore {
     async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>> {
         validate::key(partition, row)?;
         self.get_item(table, partition, row).await
+    }
+
+    async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>> {
+        for key in &keys {
+            validate::key(&key.partition, &key.row)?;
+        }
+        self.batch_get_items(keys).await
     }
 
     async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()> {

@@ -1,0 +1,110 @@
+//! Reads of many items: `BatchGetItem` requests of up to 100 keys, strongly consistent, with
+//! their `UnprocessedKeys` asked for again.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
+use bytes::Bytes;
+
+use super::DynamoStore;
+use super::attribute::{PARTITION_KEY, ROW_KEY, key_attributes, take_data, take_string};
+use super::error::{build_error, map_sdk_error, retry_reason};
+use super::retry::{Operation, backoff};
+use crate::store::{Key, RetryReason, StoreError, StoreResult};
+
+/// `BatchGetItem` takes at most 100 keys.
+const BATCH_GET_KEYS: usize = 100;
+/// Rounds of `UnprocessedKeys` asked for again before giving up as throttled.
+const MAX_UNPROCESSED_ROUNDS: u32 = 8;
+
+type Attributes = HashMap<String, AttributeValue>;
+
+impl DynamoStore {
+    /// Reads validated keys, at most [`BATCH_GET_KEYS`] distinct ones a request; answers in
+    /// the order asked.
+    pub(super) async fn batch_get_items(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>> {
+        // A request may not name one key twice: ask each once, answer each asking.
+        let mut distinct: Vec<&Key> = Vec::with_capacity(keys.len());
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        for key in &keys {
+            if seen.insert(key) {
+                distinct.push(key);
+            }
+        }
+        let mut found: HashMap<(String, String, String), Bytes> = HashMap::new();
+        for chunk in distinct.chunks(BATCH_GET_KEYS) {
+            let mut request: HashMap<String, Vec<Attributes>> = HashMap::new();
+            for key in chunk {
+                request
+                    .entry(self.table_name(key.table))
+                    .or_default()
+                    .push(key_attributes(&key.partition, &key.row));
+            }
+            found.extend(self.get_chunk(request).await?);
+        }
+        Ok(keys
+            .iter()
+            .map(|key| {
+                found
+                    .get(&(
+                        self.table_name(key.table),
+                        key.partition.clone(),
+                        key.row.clone(),
+                    ))
+                    .cloned()
+            })
+            .collect())
+    }
+
+    /// Sends one chunk, and its unprocessed keys again with backoff; returns the values found
+    /// by (physical table, partition, row).
+    async fn get_chunk(
+        &self,
+        mut pending: HashMap<String, Vec<Attributes>>,
+    ) -> StoreResult<Vec<((String, String, String), Bytes)>> {
+        let mut found = Vec::new();
+        for round in 1..=MAX_UNPROCESSED_ROUNDS {
+            let items = pending
+                .drain()
+                .map(|(table, keys)| {
+                    KeysAndAttributes::builder()
+                        .set_keys(Some(keys))
+                        .consistent_read(true)
+                        .build()
+                        .map(|keys| (table, keys))
+                        .map_err(build_error)
+                })
+                .collect::<StoreResult<HashMap<_, _>>>()?;
+            let request = self.client.batch_get_item().set_request_items(Some(items));
+            let output = self
+                .call(Operation::BatchGetItem, retry_reason, || {
+                    request.clone().send()
+                })
+                .await
+                .map_err(map_sdk_error)?;
+            for (table, items) in output.responses.unwrap_or_default() {
+                for mut attributes in items {
+                    let partition = take_string(&mut attributes, PARTITION_KEY)?;
+                    let row = take_string(&mut attributes, ROW_KEY)?;
+                    let value = take_data(&mut attributes)?;
+                    found.push(((table.clone(), partition, row), value));
+                }
+            }
+            pending = output
+                .unprocessed_keys
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(_, keys)| !keys.keys().is_empty())
+                .map(|(table, keys)| (table, keys.keys().to_vec()))
+                .collect();
+            if pending.is_empty() {
+                return Ok(found);
+            }
+            self.stats.record_retry(RetryReason::UnprocessedItems);
+            tokio::time::sleep(backoff(round)).await;
+        }
+        Err(StoreError::Throttled(
+            "BatchGetItem left keys unprocessed after every retry".into(),
+        ))
+    }
+}
