@@ -142,9 +142,11 @@ impl Claimed {
         }
     }
 
-    /// Takes the leases on several jobs read by [`available`] in one transaction per
-    /// [`CLAIM_CHUNK`]; a chunk that loses a race to another worker is claimed job by job
-    /// instead, so only the jobs really taken are returned.
+    /// Takes the leases on several jobs read by [`available`], one transaction per
+    /// [`CLAIM_CHUNK`], all chunks at once (the embedded store commits them in one group).
+    /// A chunk that loses a race to another worker (which then holds most of its jobs, read
+    /// at the same head of the same shard) is left to it whole: only the jobs really taken
+    /// are returned, and the worker looks elsewhere if none were.
     pub(super) async fn claim_many(
         store: Arc<dyn Store>,
         candidates: Vec<Available>,
@@ -152,45 +154,46 @@ impl Claimed {
         lease_ms: i64,
         shutdown: CancellationToken,
     ) -> StoreResult<Vec<Claimed>> {
-        let mut taken = Vec::with_capacity(candidates.len());
+        if candidates.len() == 1 {
+            let one = candidates.into_iter().next();
+            return Ok(match one {
+                Some(one) => Claimed::claim(store, one, owner, lease_ms, shutdown)
+                    .await?
+                    .into_iter()
+                    .collect(),
+                None => Vec::new(),
+            });
+        }
+        let mut chunks = Vec::with_capacity(candidates.len().div_ceil(CLAIM_CHUNK));
         let mut candidates = candidates.into_iter().peekable();
         while candidates.peek().is_some() {
-            let chunk: Vec<Available> = candidates.by_ref().take(CLAIM_CHUNK).collect();
-            if chunk.len() == 1 {
-                for one in chunk {
-                    taken.extend(
-                        Claimed::claim(store.clone(), one, owner, lease_ms, shutdown.clone())
-                            .await?,
-                    );
-                }
-                continue;
-            }
-            let (leased, writes): (Vec<Claimed>, Vec<Write>) = chunk
-                .iter()
-                .map(|one| {
-                    Claimed::lease(
-                        store.clone(),
-                        one.clone(),
-                        owner,
-                        lease_ms,
-                        shutdown.clone(),
-                    )
-                })
+            let (leased, writes): (Vec<Claimed>, Vec<Write>) = candidates
+                .by_ref()
+                .take(CLAIM_CHUNK)
+                .map(|one| Claimed::lease(store.clone(), one, owner, lease_ms, shutdown.clone()))
                 .unzip();
-            match store.transact(writes).await {
-                Ok(()) => taken.extend(leased),
-                Err(StoreError::ConditionFailed) => {
-                    for one in chunk {
-                        taken.extend(
-                            Claimed::claim(store.clone(), one, owner, lease_ms, shutdown.clone())
-                                .await?,
-                        );
-                    }
-                }
-                Err(err) => return Err(err),
+            chunks.push((leased, writes));
+        }
+        let results = futures::future::join_all(chunks.into_iter().map(|(leased, writes)| {
+            let store = store.clone();
+            async move { store.transact(writes).await.map(|()| leased) }
+        }))
+        .await;
+        let mut taken = Vec::new();
+        let mut failure = None;
+        for result in results {
+            match result {
+                Ok(leased) => taken.extend(leased),
+                Err(StoreError::ConditionFailed) => {}
+                Err(err) => failure = Some(err),
             }
         }
-        Ok(taken)
+        // Jobs taken are worked on even if another chunk failed; the failure is only news
+        // when nothing was taken.
+        match failure {
+            Some(err) if taken.is_empty() => Err(err),
+            _ => Ok(taken),
+        }
     }
 
     /// The write that deletes the job if we still hold it, for a transaction that ends

@@ -245,90 +245,112 @@ impl Worker {
     /// A transaction that fails on a condition (a lost lease, a record another job of the
     /// same work changed) applied nothing: its jobs are then ended one by one.
     async fn finish_together(&self, done: Vec<(Claimed, Ending)>) -> JobResult<()> {
-        let mut first_error = None;
-        let retention_ms = millis(self.settings.status_retention);
+        let mut chunks = Vec::new();
         let mut done = done.into_iter().peekable();
         while done.peek().is_some() {
-            let chunk: Vec<(Claimed, Ending)> = done.by_ref().take(JOBS_PER_TRANSACTION).collect();
-            let keys: std::collections::HashSet<_> = chunk
-                .iter()
-                .filter_map(|(job, _)| job.job.status.clone())
-                .collect();
-            let with_records = chunk
-                .iter()
-                .filter(|(job, _)| job.job.status.is_some())
-                .count();
-            let mut records = Vec::with_capacity(chunk.len());
-            let mut writes = Vec::new();
-            if keys.len() == with_records {
-                let loads = chunk.iter().map(|(job, _)| async move {
-                    match &job.job.status {
-                        // An unsplit job on its first claim has no record yet (one is written
-                        // only when a job of the work ends, or is re-queued): it is created
-                        // if absent, and if that guess is wrong the transaction applies
-                        // nothing and the jobs end one by one.
-                        Some(key) if job.job.part.is_none() && job.job.attempts == 1 => {
-                            Ok(Some(status::absent(key, &job.job)))
-                        }
-                        Some(key) => status::load(self.store.as_ref(), key, &job.job)
-                            .await
-                            .map(Some),
-                        None => Ok(None),
-                    }
-                });
-                for ((job, ending), slot) in chunk
-                    .iter()
-                    .zip(futures::future::try_join_all(loads).await?)
-                {
-                    writes.extend(ending.writes.iter().cloned());
-                    let record = match slot {
-                        Some(mut slot) => {
-                            slot.record.attempts += job.job.attempts;
-                            record_done(&mut slot.record, &job.job, ending, retention_ms);
-                            if slot.record.finished_at.is_some() {
-                                writes.extend(ending.closing.iter().cloned());
-                            }
-                            writes.push(slot.write());
-                            Some(slot.record)
-                        }
-                        None => {
-                            writes.extend(ending.closing.iter().cloned());
-                            None
-                        }
-                    };
-                    writes.push(job.delete_write());
-                    records.push(record);
+            chunks.push(done.by_ref().take(JOBS_PER_TRANSACTION).collect::<Vec<_>>());
+        }
+        // All chunks at once: the embedded store commits concurrent transactions in one
+        // group (one fsync), DynamoDB serves them in parallel.
+        let results =
+            futures::future::join_all(chunks.into_iter().map(|chunk| self.finish_chunk(chunk)))
+                .await;
+        let mut first_error = None;
+        // Expired records are swept once per partition of the batch, not once per job.
+        let mut finished_partitions = std::collections::BTreeSet::new();
+        for result in results {
+            match result {
+                Ok(partitions) => finished_partitions.extend(partitions),
+                Err(err) => {
+                    first_error.get_or_insert(err);
                 }
-            }
-            // Any failure applied nothing: the jobs are ended one by one, each as its own
-            // failures allow.
-            let together = !writes.is_empty() && self.store.transact(writes).await.is_ok();
-            if !together {
-                for (job, ending) in chunk {
-                    if let Err(err) = self.finish(job, Ended::Done(ending)).await {
-                        first_error.get_or_insert(err);
-                    }
-                }
-                continue;
-            }
-            // Expired records are swept once per partition of the chunk, not once per job.
-            let mut finished_partitions = std::collections::BTreeSet::new();
-            for ((job, _), record) in chunk.iter().zip(&records) {
-                self.metrics
-                    .completed
-                    .get_or_create(&kind(job.kind()))
-                    .inc();
-                if self.report_done(job, record.as_ref())
-                    && let Some(key) = &job.job.status
-                {
-                    finished_partitions.insert(key.partition.as_str());
-                }
-            }
-            for partition in finished_partitions {
-                self.sweep_expired(partition).await;
             }
         }
+        for partition in finished_partitions {
+            self.sweep_expired(&partition).await;
+        }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Ends one transaction's worth of done jobs (see [`Worker::finish_together`]); returns
+    /// the status partitions of the work it completed.
+    async fn finish_chunk(&self, chunk: Vec<(Claimed, Ending)>) -> JobResult<Vec<String>> {
+        let retention_ms = millis(self.settings.status_retention);
+        let keys: std::collections::HashSet<_> = chunk
+            .iter()
+            .filter_map(|(job, _)| job.job.status.clone())
+            .collect();
+        let with_records = chunk
+            .iter()
+            .filter(|(job, _)| job.job.status.is_some())
+            .count();
+        let mut records = Vec::with_capacity(chunk.len());
+        let mut writes = Vec::new();
+        if keys.len() == with_records {
+            let loads = chunk.iter().map(|(job, _)| async move {
+                match &job.job.status {
+                    // An unsplit job on its first claim has no record yet (one is written
+                    // only when a job of the work ends, or is re-queued): it is created if
+                    // absent, and if that guess is wrong the transaction applies nothing and
+                    // the jobs end one by one.
+                    Some(key) if job.job.part.is_none() && job.job.attempts == 1 => {
+                        Ok(Some(status::absent(key, &job.job)))
+                    }
+                    Some(key) => status::load(self.store.as_ref(), key, &job.job)
+                        .await
+                        .map(Some),
+                    None => Ok(None),
+                }
+            });
+            for ((job, ending), slot) in chunk
+                .iter()
+                .zip(futures::future::try_join_all(loads).await?)
+            {
+                writes.extend(ending.writes.iter().cloned());
+                let record = match slot {
+                    Some(mut slot) => {
+                        slot.record.attempts += job.job.attempts;
+                        record_done(&mut slot.record, &job.job, ending, retention_ms);
+                        if slot.record.finished_at.is_some() {
+                            writes.extend(ending.closing.iter().cloned());
+                        }
+                        writes.push(slot.write());
+                        Some(slot.record)
+                    }
+                    None => {
+                        writes.extend(ending.closing.iter().cloned());
+                        None
+                    }
+                };
+                writes.push(job.delete_write());
+                records.push(record);
+            }
+        }
+        // Any failure applied nothing: the jobs are ended one by one, each as its own
+        // failures allow.
+        let together = !writes.is_empty() && self.store.transact(writes).await.is_ok();
+        if !together {
+            let mut first_error = None;
+            for (job, ending) in chunk {
+                if let Err(err) = self.finish(job, Ended::Done(ending)).await {
+                    first_error.get_or_insert(err);
+                }
+            }
+            return first_error.map_or(Ok(Vec::new()), Err);
+        }
+        let mut finished_partitions = Vec::new();
+        for ((job, _), record) in chunk.iter().zip(&records) {
+            self.metrics
+                .completed
+                .get_or_create(&kind(job.kind()))
+                .inc();
+            if self.report_done(job, record.as_ref())
+                && let Some(key) = &job.job.status
+            {
+                finished_partitions.push(key.partition.clone());
+            }
+        }
+        Ok(finished_partitions)
     }
 
     /// Ends a job the way its run ended.

@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 
-use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
+use crate::store::{Condition, Item, Key, Query, Store, StoreError, StoreResult, Table, Write};
 
 /// The row of an author's flag in `mergedAuthors`.
 const FLAG_ROW: &str = "merged";
@@ -46,7 +46,17 @@ fn since_of(value: &[u8]) -> Option<String> {
 /// Whether `author` is merged at read time, and since which of its events.
 pub async fn author_flag(store: &dyn Store, author: &str) -> StoreResult<Option<String>> {
     let value = store.get(Table::MergedAuthors, author, FLAG_ROW).await?;
-    Ok(value.map(|value| String::from_utf8_lossy(&value).into_owned()))
+    Ok(value.map(|value| flag_since(&value)))
+}
+
+/// Where `author`'s flag is, to read many authors' flags at once (see [`flag_since`]).
+pub fn flag_key(author: &str) -> Key {
+    Key::new(Table::MergedAuthors, author, FLAG_ROW)
+}
+
+/// The event since which an author is merged, from its flag's value.
+pub fn flag_since(value: &[u8]) -> String {
+    String::from_utf8_lossy(value).into_owned()
 }
 
 /// Marks `author` as merged at read time from its event `since_row` on, unless it already is.

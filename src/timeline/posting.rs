@@ -154,7 +154,7 @@ pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
             Table::Events,
             Item::new(author, &event.row_key, event.encode()),
         ),
-        delivery_job(author, &event.row_key, event.event_id, received),
+        delivery_job(event, received),
         Write::put_if_absent(
             Table::EventIds,
             Item::new(

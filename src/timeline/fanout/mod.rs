@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tracing::info;
 use uuid::Uuid;
@@ -110,6 +111,41 @@ impl Action {
     }
 }
 
+/// Largest timeline entry a delivery job carries; a bigger one is read from the event, so
+/// that jobs, which a claim rewrites 50 to a transaction, stay small.
+const MAX_CARRIED_ENTRY_BYTES: usize = 4096;
+
+/// An event's timeline entry as stored, carried by its delivery job so that a small fan-out
+/// reads no event.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+struct CarriedEntry(Box<RawValue>);
+
+impl CarriedEntry {
+    /// The entry to carry, if it is small enough (see [`MAX_CARRIED_ENTRY_BYTES`]).
+    fn of(entry: &Bytes) -> Option<CarriedEntry> {
+        if entry.len() > MAX_CARRIED_ENTRY_BYTES {
+            return None;
+        }
+        let text = std::str::from_utf8(entry).ok()?;
+        RawValue::from_string(text.to_owned())
+            .ok()
+            .map(CarriedEntry)
+    }
+
+    fn bytes(&self) -> Bytes {
+        Bytes::copy_from_slice(self.0.get().as_bytes())
+    }
+}
+
+impl PartialEq for CarriedEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Eq for CarriedEntry {}
+
 /// The payload of a fan-out job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct FanoutJob {
@@ -118,6 +154,10 @@ struct FanoutJob {
     author: String,
     /// Row key of the event in `events`, and of every timeline entry it becomes.
     row_key: String,
+    /// The event's timeline entry, on a fresh delivery job whose entry is small; jobs
+    /// enqueued before entries were carried, and the others, read the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    entry: Option<CarriedEntry>,
     /// Set on a part job: the followers it delivers to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     range: Option<FollowerRange>,
@@ -159,11 +199,19 @@ pub(super) fn removal_key(event_id: Uuid) -> JobKey {
     JobKey::new(event_id, REMOVAL_SUFFIX)
 }
 
-fn new_job(key: JobKey, action: Action, author: &str, row_key: &str, at: Ticks) -> Write {
+fn new_job(
+    key: JobKey,
+    action: Action,
+    author: &str,
+    row_key: &str,
+    entry: Option<CarriedEntry>,
+    at: Ticks,
+) -> Write {
     let payload = FanoutJob {
         action,
         author: author.to_owned(),
         row_key: row_key.to_owned(),
+        entry,
         range: None,
         split: None,
         cursor: None,
@@ -174,14 +222,15 @@ fn new_job(key: JobKey, action: Action, author: &str, row_key: &str, at: Ticks) 
         .write()
 }
 
-/// The write that enqueues fan-out of an event; part of the posting transaction, so an
-/// acknowledged event is always fanned out.
-pub(super) fn delivery_job(author: &str, row_key: &str, event_id: Uuid, posted: Ticks) -> Write {
+/// The write that enqueues fan-out of `event`; part of the posting transaction, so an
+/// acknowledged event is always fanned out. A small entry rides in the job.
+pub(super) fn delivery_job(event: &Event, posted: Ticks) -> Write {
     new_job(
-        delivery_key(event_id),
+        delivery_key(event.event_id),
         Action::Deliver,
-        author,
-        row_key,
+        event.author.as_str(),
+        &event.row_key,
+        CarriedEntry::of(&event.timeline_entry_body()),
         posted,
     )
 }
@@ -194,6 +243,7 @@ pub(super) fn removal_job(author: &str, row_key: &str, event_id: Uuid, deleted: 
         Action::Remove,
         author,
         row_key,
+        None,
         deleted,
     )
 }

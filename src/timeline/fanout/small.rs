@@ -1,20 +1,22 @@
 //! Small fan-outs together: the events of many claimed jobs, each with few followers, are
-//! written in one batch, so a job costs a few reads and a share of one durable write instead
-//! of a write of its own (the runner claims them in one transaction and ends them in a few).
+//! written in one batch, so a job costs a share of a few reads and of three durable writes
+//! (the runner claims them in one round of transactions and ends them in another).
 //!
 //! A job is small when it is a fresh delivery whose author is not merged at read time and
 //! has at most [`SMALL_FOLLOWERS`] followers (and no more than one page of them, nor than
-//! the split and merge thresholds). Anything else, found while looking, runs alone as before. Entries are keyed
-//! by event row key, so a batch written twice (a retry after a failed write) leaves one entry
-//! per follower; a failed write fails every job of the batch, and each is retried.
+//! the split and merge thresholds). Anything else, found while looking, runs alone as before.
+//! The reads of a batch are three rounds whatever its size: every author's followers, every
+//! author's merged flag, and the events of jobs that carry no entry; after the write, one
+//! round checks that no event was deleted meanwhile. Entries are keyed by event row key, so
+//! a batch written twice (a retry after a failed write) leaves one entry per follower; a
+//! failed write fails every job of the batch, and each is retried.
 
 use bytes::Bytes;
-use futures::future::{join_all, try_join_all};
 
 use super::{Action, FanoutHandler, FanoutJob};
 use crate::jobs::{Claimed, Ending, Handler as _, JobError, JobResult, Outcome};
 use crate::keys::parse_event_row_key;
-use crate::store::{Item, Query, Table, Write};
+use crate::store::{Item, Key, Query, Table, Write};
 use crate::timeline::{Event, merged_authors, trim};
 
 /// Most followers of a small fan-out: one page of them.
@@ -39,35 +41,73 @@ impl FanoutHandler {
             .min(self.settings.merge_threshold)
     }
 
-    /// Reads what one fresh delivery needs: its event, its followers (up to one more than
-    /// the small limit) and whether its author is merged.
-    async fn look(&self, state: &FanoutJob) -> JobResult<Found> {
+    /// Reads what fresh deliveries need, for all of them in three rounds at once: their
+    /// followers (up to one more than the small limit), their authors' merged flags, and the
+    /// events of the jobs that carry no entry.
+    async fn look_all(&self, states: &[&FanoutJob]) -> Vec<JobResult<Found>> {
         let store = self.store.as_ref();
         let limit = self.small_limit();
-        let (event, followers, flag) = futures::join!(
-            store.get(Table::Events, &state.author, &state.row_key),
-            store.query(Query::partition(
-                Table::SubjectFollowers,
-                &state.author,
-                limit + 1
-            )),
-            merged_authors::author_flag(store, &state.author),
+        let queries = states
+            .iter()
+            .map(|state| Query::partition(Table::SubjectFollowers, &state.author, limit + 1))
+            .collect();
+        let flags = states
+            .iter()
+            .map(|state| merged_authors::flag_key(&state.author))
+            .collect();
+        let uncarried: Vec<usize> = (0..states.len())
+            .filter(|index| states[*index].entry.is_none())
+            .collect();
+        let events = uncarried
+            .iter()
+            .map(|index| {
+                Key::new(
+                    Table::Events,
+                    &states[*index].author,
+                    &states[*index].row_key,
+                )
+            })
+            .collect();
+        let (followers, flags, events) = futures::join!(
+            store.query_many(queries),
+            store.get_many(flags),
+            store.get_many(events),
         );
-        let Some(body) = event? else {
-            return Ok(Found::Deleted);
+        let (followers, flags, events) = match (followers, flags, events) {
+            (Ok(followers), Ok(flags), Ok(events)) => (followers, flags, events),
+            (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => {
+                return states.iter().map(|_| Err(err.clone().into())).collect();
+            }
         };
-        let followers = followers?;
-        if flag?.is_some() || followers.len() > limit {
-            return Ok(Found::Alone);
-        }
-        let event = Event::decode(&Self::author_id(&state.author)?, &state.row_key, &body)
-            .map_err(JobError::Corrupt)?;
-        let mut owners: Vec<String> = followers.into_iter().map(|item| item.row).collect();
-        owners.push(state.author.clone());
-        Ok(Found::Deliver {
-            entry: event.timeline_entry_body(),
-            owners,
-        })
+        let mut events: Vec<Option<Option<Bytes>>> = {
+            let mut by_job = vec![None; states.len()];
+            for (index, body) in uncarried.into_iter().zip(events) {
+                by_job[index] = Some(body);
+            }
+            by_job
+        };
+        states
+            .iter()
+            .zip(followers.into_iter().zip(flags))
+            .enumerate()
+            .map(|(index, (state, (followers, flag)))| {
+                if flag.is_some() || followers.len() > limit {
+                    return Ok(Found::Alone);
+                }
+                let entry = match (&state.entry, events[index].take()) {
+                    (Some(carried), _) => carried.bytes(),
+                    (None, Some(Some(body))) => {
+                        Event::decode(&Self::author_id(&state.author)?, &state.row_key, &body)
+                            .map_err(JobError::Corrupt)?
+                            .timeline_entry_body()
+                    }
+                    (None, _) => return Ok(Found::Deleted),
+                };
+                let mut owners: Vec<String> = followers.into_iter().map(|item| item.row).collect();
+                owners.push(state.author.clone());
+                Ok(Found::Deliver { entry, owners })
+            })
+            .collect()
     }
 
     /// Runs claimed jobs: the small fresh deliveries together, the rest one by one.
@@ -89,7 +129,8 @@ impl FanoutHandler {
                 Err(err) => results[index] = Some(Err(err)),
             }
         }
-        let looks = join_all(fresh.iter().map(|(_, state)| self.look(state))).await;
+        let states: Vec<&FanoutJob> = fresh.iter().map(|(_, state)| state).collect();
+        let looks = self.look_all(&states).await;
         let mut small = Vec::new();
         for ((index, state), found) in fresh.into_iter().zip(looks) {
             match found {
@@ -191,12 +232,14 @@ impl FanoutHandler {
         if !trimmed.is_empty() {
             self.trim_all(&trimmed).await?;
         }
-        let still = try_join_all(
-            deliveries
-                .iter()
-                .map(|delivery| store.get(Table::Events, delivery.author, delivery.row_key)),
-        )
-        .await?;
+        let still = store
+            .get_many(
+                deliveries
+                    .iter()
+                    .map(|delivery| Key::new(Table::Events, delivery.author, delivery.row_key))
+                    .collect(),
+            )
+            .await?;
         let gone: Vec<usize> = still
             .iter()
             .enumerate()

@@ -42,6 +42,8 @@ impl FanoutHandler {
                     action: state.action.clone(),
                     author: state.author.clone(),
                     row_key: state.row_key.clone(),
+                    // A part reads the event: one read for a thousand followers or more.
+                    entry: None,
                     range: Some(FollowerRange {
                         start: first.row.clone(),
                         end: end.clone(),

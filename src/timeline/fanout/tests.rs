@@ -711,3 +711,131 @@ async fn jobs_whose_shared_ending_fails_are_ended_one_by_one_and_counted_once() 
         SMALL_AUTHORS as u64
     );
 }
+
+/// Rewrites one queued job in `every` as a job from before entries were carried: without
+/// one.
+async fn drop_carried_entries(store: &EmbeddedStore, every: usize) {
+    let mut rewrites = Vec::new();
+    let mut index = 0;
+    for shard in 0..8 {
+        let partition = format!("shard-{shard:02}");
+        let items = store
+            .query_all(Query::partition(Table::Jobs, &partition, 100))
+            .await
+            .expect("jobs");
+        for item in items {
+            index += 1;
+            if index % every != 0 {
+                continue;
+            }
+            let mut job: serde_json::Value = serde_json::from_slice(&item.value).expect("job");
+            let payload: &mut serde_json::Value = job.get_mut("payload").expect("payload");
+            let dropped = payload.as_object_mut().expect("object").remove("entry");
+            assert!(dropped.is_some(), "the job carried an entry");
+            let body = serde_json::to_vec(&job).expect("json");
+            rewrites.push(Write::put(
+                Table::Jobs,
+                Item::new(&partition, item.row, body),
+            ));
+        }
+    }
+    store.batch_write(rewrites).await.expect("rewrite");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_job_carries_its_entry_and_one_that_does_not_reads_the_event() {
+    let small = small_fanouts().await;
+    let queued = jobs(&small.store).await;
+    assert_eq!(queued.len(), SMALL_AUTHORS);
+    for job in &queued {
+        let state = &job.payload;
+        let body = small
+            .store
+            .get(Table::Events, &state.author, &state.row_key)
+            .await
+            .expect("read")
+            .expect("the event");
+        let author = SubjectId::parse(&state.author).expect("author");
+        let event = Event::decode(&author, &state.row_key, &body).expect("event");
+        let carried = state.entry.as_ref().expect("a carried entry").bytes();
+        assert_eq!(carried, event.timeline_entry_body(), "byte for byte");
+    }
+    drop_carried_entries(&small.store, 1).await;
+    assert!(
+        jobs(&small.store)
+            .await
+            .iter()
+            .all(|job| job.payload.entry.is_none())
+    );
+    let (mut worker, _) = worker(
+        Arc::new(small.store.clone()),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    drain(&mut worker, &small.store).await;
+    assert_small_fanouts_delivered_once(&small).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_deleted_before_its_small_fanout_ran_keeps_no_copy_carried_or_not() {
+    let small = small_fanouts().await;
+    // Half the jobs carry their entry, half read the event; every event is gone (its
+    // removal job already ran) before any job runs.
+    drop_carried_entries(&small.store, 2).await;
+    let deletes = small
+        .authors
+        .iter()
+        .map(|(author, _, row_key)| Write::delete(Table::Events, author, row_key))
+        .collect();
+    small.store.batch_write(deletes).await.expect("delete");
+    let (mut worker, _) = worker(
+        Arc::new(small.store.clone()),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    drain(&mut worker, &small.store).await;
+    for (author, followers, row_key) in &small.authors {
+        for owner in followers.iter().chain([author]) {
+            let entries = small
+                .store
+                .query(Query::partition(Table::Timelines, owner, 10))
+                .await
+                .expect("timeline");
+            assert!(entries.is_empty(), "{owner} keeps a copy of {row_key}");
+        }
+        let (_, event_id) = parse_event_row_key(row_key).expect("row key");
+        let done = status::lookup(&small.store, author, event_id)
+            .await
+            .expect("lookup")
+            .expect("a status");
+        assert_eq!(done.state, FanoutState::Done, "{author}: {done:?}");
+        assert_eq!(done.followers_total, Some(0), "{author}: {done:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_check_after_a_batch_write_retries_every_job_of_the_batch_and_loses_none() {
+    let small = small_fanouts().await;
+    let failing = Arc::new(FaultyStore::new(Arc::new(small.store.clone())));
+    // Jobs carry their entries, so the first read of an event is the check, after the
+    // batch's entries were written, that no event of the batch was deleted meanwhile.
+    failing.fail_nth(1, Calls::on(Op::Get, Table::Events), Fault::Unavailable);
+    let (mut worker, _) = worker(
+        failing.clone(),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    assert_eq!(
+        worker.try_process_one().await.expect("step"),
+        Processed::Job
+    );
+    assert_eq!(failing.injected(), 1);
+    let retried = jobs(&small.store)
+        .await
+        .into_iter()
+        .filter(|job| job.failures == 1)
+        .count();
+    assert!(retried > 0, "the batch's jobs are kept for a retry");
+    drain(&mut worker, &small.store).await;
+    assert_small_fanouts_delivered_once(&small).await;
+}
