@@ -16,12 +16,13 @@ use super::{JobError, JobResult};
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
 
-/// Jobs read per page of a shard by one poll.
-pub(super) const SCAN_LIMIT: usize = 64;
+/// Jobs read per page of a shard by one poll: a whole batch of small fan-outs.
+pub(super) const SCAN_LIMIT: usize = 100;
 /// How deep a poll looks into a shard for a job no lease hides.
 const SCAN_MAX: usize = 4096;
-/// Jobs claimed in one transaction.
-const CLAIM_CHUNK: usize = 50;
+/// Jobs claimed in one transaction: as many writes as one takes (each claim rewrites a job
+/// of at most a few kilobytes, well within a transaction's bytes).
+const CLAIM_CHUNK: usize = crate::store::MAX_TRANSACTION_WRITES;
 
 /// A job no lease hides, as read: its key, the job, and the exact bytes to claim it against.
 #[derive(Clone)]
@@ -194,6 +195,11 @@ impl Claimed {
             Some(err) if taken.is_empty() => Err(err),
             _ => Ok(taken),
         }
+    }
+
+    /// Bytes of the job as stored: a write conditioned on them carries them.
+    pub(super) fn stored_len(&self) -> usize {
+        self.stored.len()
     }
 
     /// The write that deletes the job if we still hold it, for a transaction that ends
@@ -393,12 +399,15 @@ mod tests {
         store.batch_write(writes).await.expect("jobs");
         let (visible, unreadable) = available(&store, 0, now).await.expect("poll");
         let ids: Vec<&str> = visible.iter().map(|found| found.key.id.as_str()).collect();
-        assert_eq!(
-            ids,
-            ["job-0128", "job-0129", "job-0130", "job-0131", "job-0132"]
-        );
+        let behind: Vec<String> = (SCAN_LIMIT * 2..SCAN_LIMIT * 2 + 5)
+            .map(|i| format!("job-{i:04}"))
+            .collect();
+        assert_eq!(ids, behind, "the five jobs behind two pages of leased ones");
         assert!(unreadable.is_empty());
-        assert_eq!(depth(&store, 10_000).await.expect("depth"), 133);
+        assert_eq!(
+            depth(&store, 10_000).await.expect("depth"),
+            (SCAN_LIMIT * 2 + 5) as u64
+        );
     }
 
     #[tokio::test]

@@ -20,7 +20,9 @@ use super::queue::{self, Claimed};
 use super::status::{self, RECORD_RACES, StatusRecord};
 use super::{Ending, Handler, Handlers, JobError, JobResult, Outcome, dead_letter};
 use crate::keys::Ticks;
-use crate::store::{Store, StoreError, Write};
+use crate::store::{
+    MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Store, StoreError, Write, write_bytes,
+};
 
 #[derive(Clone, Debug)]
 pub struct RunnerSettings {
@@ -85,10 +87,12 @@ enum Ended {
     Failed(String),
 }
 
-/// Jobs ended in one transaction by [`Worker::finish_together`]: each writes its delete, its
-/// record and at most [`MAX_OWN_WRITES_TOGETHER`] writes of its own, within the store's 100.
-const JOBS_PER_TRANSACTION: usize = 10;
+/// Most writes of its own a job may bring to a transaction ending several jobs (see
+/// [`Worker::finish_together`]); a job with more ends alone.
 const MAX_OWN_WRITES_TOGETHER: usize = 7;
+/// Bytes a record of a job's status is given when packing a shared ending: records are a
+/// few hundred bytes.
+const RECORD_BYTES_BOUND: usize = 4096;
 
 /// Longest pause of the worker loop after a failed step (the store unreachable).
 const STEP_BACKOFF_CAP_MS: i64 = 2_000;
@@ -245,10 +249,31 @@ impl Worker {
     /// A transaction that fails on a condition (a lost lease, a record another job of the
     /// same work changed) applied nothing: its jobs are then ended one by one.
     async fn finish_together(&self, done: Vec<(Claimed, Ending)>) -> JobResult<()> {
-        let mut chunks = Vec::new();
-        let mut done = done.into_iter().peekable();
-        while done.peek().is_some() {
-            chunks.push(done.by_ref().take(JOBS_PER_TRANSACTION).collect::<Vec<_>>());
+        // As many jobs a transaction as the store's limits take: each brings its delete, its
+        // record and its own writes.
+        let mut chunks: Vec<Vec<(Claimed, Ending)>> = Vec::new();
+        let (mut writes, mut bytes) = (0, 0);
+        for (job, ending) in done {
+            let job_writes = 2 + ending.writes.len() + ending.closing.len();
+            let job_bytes = job.stored_len()
+                + RECORD_BYTES_BOUND
+                + ending
+                    .writes
+                    .iter()
+                    .chain(&ending.closing)
+                    .map(write_bytes)
+                    .sum::<usize>();
+            let full = writes + job_writes > MAX_TRANSACTION_WRITES
+                || bytes + job_bytes > MAX_TRANSACTION_BYTES;
+            match chunks.last_mut() {
+                Some(chunk) if !full => chunk.push((job, ending)),
+                _ => {
+                    (writes, bytes) = (0, 0);
+                    chunks.push(vec![(job, ending)]);
+                }
+            }
+            writes += job_writes;
+            bytes += job_bytes;
         }
         // All chunks at once: the embedded store commits concurrent transactions in one
         // group (one fsync), DynamoDB serves them in parallel.

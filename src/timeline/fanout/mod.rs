@@ -44,8 +44,9 @@ pub use metrics::FanoutMetrics;
 /// The job kind.
 const KIND: &str = "fanout";
 
-/// Jobs a worker claims at once: small fan-outs among them are written together.
-const SMALL_BATCH: usize = 64;
+/// Jobs a worker claims at once: small fan-outs among them are written together. One
+/// claiming transaction, one query of a queue shard.
+const SMALL_BATCH: usize = 100;
 
 /// Ends the id of a removal job, and of its status record.
 const REMOVAL_SUFFIX: &str = ".r";
