@@ -32,24 +32,42 @@ pub(super) struct Available {
     pub seen: Bytes,
 }
 
-/// Jobs of one shard that no live lease hides, oldest first, and the ids of any jobs whose
-/// format this build cannot read (never claimed). Reads the shard a page at a time until it
-/// finds some, so that jobs held by busy workers at the head of a shard do not hide the ones
-/// behind them (up to [`SCAN_MAX`] jobs deep).
+/// What one poll of a shard found.
+pub(super) struct Poll {
+    /// Jobs no live lease hides, oldest first.
+    pub available: Vec<Available>,
+    /// Ids of jobs whose format this build cannot read (never claimed).
+    pub unreadable: Vec<(String, JobError)>,
+    /// The first job the poll read, hidden or not: every job it passed before it is gone.
+    pub first: Option<String>,
+}
+
+/// Jobs of one shard that no live lease hides (see [`Poll`]). Reads the shard a page at a time, from
+/// `from` (inclusive) or its start, until it finds some, so that jobs held by busy workers at
+/// the head of a shard do not hide the ones behind them (up to [`SCAN_MAX`] jobs deep).
 pub(super) async fn available(
     store: &dyn Store,
     shard: u32,
+    from: Option<&str>,
     now_ms: i64,
-) -> StoreResult<(Vec<Available>, Vec<(String, JobError)>)> {
+) -> StoreResult<Poll> {
     let mut found = Vec::new();
     let mut unreadable = Vec::new();
+    let mut first = None;
     let mut after = None;
     let mut scanned = 0;
     loop {
         let items = store
-            .query(Query::partition(Table::Jobs, shard_name(shard), SCAN_LIMIT).after(after))
+            .query(
+                Query::partition(Table::Jobs, shard_name(shard), SCAN_LIMIT)
+                    .range(from.map(str::to_owned), None)
+                    .after(after),
+            )
             .await?;
         scanned += items.len();
+        if first.is_none() {
+            first = items.first().map(|item| item.row.clone());
+        }
         let full = items.len() == SCAN_LIMIT;
         after = items.last().map(|item| item.row.clone());
         for item in items {
@@ -69,7 +87,11 @@ pub(super) async fn available(
             }
         }
         if !found.is_empty() || !full || scanned >= SCAN_MAX {
-            return Ok((found, unreadable));
+            return Ok(Poll {
+                available: found,
+                unreadable,
+                first,
+            });
         }
     }
 }
@@ -397,7 +419,13 @@ mod tests {
             ));
         }
         store.batch_write(writes).await.expect("jobs");
-        let (visible, unreadable) = available(&store, 0, now).await.expect("poll");
+        let poll = available(&store, 0, None, now).await.expect("poll");
+        let (visible, unreadable) = (poll.available, poll.unreadable);
+        assert_eq!(
+            poll.first.as_deref(),
+            Some("job-0000"),
+            "the first job read"
+        );
         let ids: Vec<&str> = visible.iter().map(|found| found.key.id.as_str()).collect();
         let behind: Vec<String> = (SCAN_LIMIT * 2..SCAN_LIMIT * 2 + 5)
             .map(|i| format!("job-{i:04}"))
@@ -420,9 +448,10 @@ mod tests {
             .transact(vec![NewJob::new(key.clone(), "demo", &1).write()])
             .await
             .expect("enqueue");
-        let (mut found, _) = available(store.as_ref(), key.shard, now_ms())
+        let mut found = available(store.as_ref(), key.shard, None, now_ms())
             .await
-            .expect("poll");
+            .expect("poll")
+            .available;
         assert_eq!(found.len(), 1);
         let first = found.remove(0);
         let second = Available {
