@@ -80,8 +80,9 @@ pub struct SocialBenchArgs {
     /// The server's in-process worker tasks (`--workers`); by default the server's.
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Followers per event of each fixed point (each on a fresh store); empty skips them.
-    #[arg(long, value_delimiter = ',', default_value = "1,5,50,10000")]
+    /// Followers per event of each fixed point (each on a fresh store); the flag alone, with
+    /// no value, skips them.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,5,50,10000")]
     pub fixed_followers: Vec<usize>,
     /// Events posted at each fixed point of at most `--big-above` followers, spread over
     /// `--fixed-authors` authors (whose followers overlap as little as 10,000 readers let
@@ -145,6 +146,11 @@ pub(in crate::cli::bench) async fn measure(args: &SocialBenchArgs) -> anyhow::Re
         args.seconds >= 0.0 && args.seconds.is_finite(),
         "--seconds must be 0 or more"
     );
+    if tracing::enabled!(target: "tower_http::trace::on_response", tracing::Level::INFO) {
+        eprintln!(
+            "fanline bench social: the server logs every request at this log level, which slows it down; RUST_LOG=warn gives the figures"
+        );
+    }
     let parent = tempfile::tempdir().context("failed to create a temp dir")?;
     println!(
         "fanline bench social: {:?} store, {} posting clients, {} authors (most followed: {}), {} s a run",

@@ -350,8 +350,8 @@ async fn read_lag(client: &reqwest::Client, url: &str) -> anyhow::Result<Option<
 }
 
 /// Posts until its quota or deadline, honouring `503` answers: it waits `Retry-After` and
-/// sends the same request again (same `id`), unless the deadline comes first (then the event
-/// was never taken: a 503 writes nothing).
+/// sends the same request again (same `id`), unless the deadline comes first: then the
+/// client stops there (the event was never taken: a 503 writes nothing).
 async fn post_as_client(
     client: reqwest::Client,
     base: String,
@@ -363,7 +363,7 @@ async fn post_as_client(
     let mut outcome = ClientOutcome::default();
     tokio::time::sleep_until(plan.start.into()).await;
     let past_deadline = |at: Instant| plan.deadline_opt.is_some_and(|deadline| at >= deadline);
-    for n in 0u64.. {
+    'posts: for n in 0u64.. {
         if plan.quota_opt.is_some_and(|quota| n >= quota) {
             break;
         }
@@ -398,7 +398,7 @@ async fn post_as_client(
                         .first_error
                         .get_or_insert_with(|| format!("no answer: {err}"));
                     if past_deadline(Instant::now() + TRANSPORT_RETRY) {
-                        break;
+                        break 'posts;
                     }
                     tokio::time::sleep(TRANSPORT_RETRY).await;
                     continue;
@@ -424,7 +424,7 @@ async fn post_as_client(
                         .and_then(|value| value.trim().parse::<u64>().ok())
                         .map_or(Duration::from_secs(1), Duration::from_secs);
                     if past_deadline(Instant::now() + wait) {
-                        break;
+                        break 'posts;
                     }
                     tokio::time::sleep(wait).await;
                 }
