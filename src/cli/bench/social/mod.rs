@@ -121,10 +121,35 @@ pub(in crate::cli::bench) struct SocialReport {
     pub fixed_rate_opt: Option<(f64, Outcome)>,
     /// Followers per event, and what the point did.
     pub fixed_points: Vec<(usize, Outcome)>,
-    /// The raw loop, and the deliveries/s of the fan-out it is compared with.
-    pub raw_opt: Option<(RawRun, f64)>,
+    pub raw_opt: Option<RawFigures>,
     /// Items a page, and each run.
     pub pages: Vec<(usize, PageRun)>,
+}
+
+/// The raw loop just before and just after the biggest fan-out, and that fan-out's
+/// deliveries/s.
+#[derive(Debug)]
+pub(in crate::cli::bench) struct RawFigures {
+    pub before: RawRun,
+    pub after: RawRun,
+    pub fanout_rate: f64,
+}
+
+impl RawFigures {
+    fn print(&self) {
+        let before_rate = per_second(self.before.entries, self.before.elapsed);
+        let after_rate = per_second(self.after.entries, self.after.elapsed);
+        println!(
+            "raw fjall loop, {} entries of the same size (batches of {}, each committed and fsync'd), just before and just after the fan-out: {:.0} and {:.0} deliveries/s; the fan-out: {:.0} deliveries/s = {:.2} and {:.2} of the raw loop (target at least 0.8)",
+            self.after.entries,
+            self.after.batch,
+            before_rate,
+            after_rate,
+            self.fanout_rate,
+            self.fanout_rate / before_rate.max(1e-9),
+            self.fanout_rate / after_rate.max(1e-9),
+        );
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -385,10 +410,31 @@ async fn fixed_point(
         bench_store.store.batch_write(writes).await?;
     }
     let server = start_server(args, &bench_store).await?;
+    let reader_names: Vec<String> = (0..readers).map(reader_name).collect();
+    let authors = Arc::new(authors);
+    // The raw loop runs just before the biggest fan-out and just after it, since the
+    // machine's other work moves both: first with one probe event's entry (fanned out
+    // beforehand, outside the figures) under fresh row keys, then with the very entries.
+    let raw_wanted = biggest && big && args.store == StoreKind::Embedded;
+    let raw_before_opt = if raw_wanted {
+        let probe = probe_entry(&server, &bench_store, &authors[0].name, &reader_names[0]).await?;
+        let entries = (0..events)
+            .map(|index| RawEntry {
+                row: crate::keys::event_row_key(
+                    crate::keys::Ticks::clamped(crate::keys::Ticks::now().get() + index),
+                    uuid::Uuid::now_v7(),
+                ),
+                value: probe.value.clone(),
+            })
+            .collect();
+        Some(raw_loop(parent, &reader_names, entries, args.raw_batch).await?)
+    } else {
+        None
+    };
     let load = Load {
         server: &server,
         store: &bench_store.store,
-        authors: Arc::new(authors),
+        authors,
         clients: args.clients,
         plan: Plan::Events(events),
         seed: args.seed.wrapping_add(followers as u64),
@@ -425,36 +471,21 @@ async fn fixed_point(
     let posted = outcome.posted;
     report.fixed_points.push((followers, outcome));
 
+    if let Some(before) = raw_before_opt {
+        let entries =
+            timeline_entries(bench_store.store.as_ref(), &reader_names[0], posted).await?;
+        let after = raw_loop(parent, &reader_names, entries, args.raw_batch).await?;
+        let figures = RawFigures {
+            before,
+            after,
+            fanout_rate,
+        };
+        figures.print();
+        report.raw_opt = Some(figures);
+    } else if biggest && big {
+        println!("raw fjall loop: embedded store only");
+    }
     if biggest && big {
-        let reader_names: Vec<String> = (0..readers).map(reader_name).collect();
-        if args.store == StoreKind::Embedded {
-            let entries =
-                timeline_entries(bench_store.store.as_ref(), &reader_names[0], posted).await?;
-            let dir = tempfile::tempdir_in(parent).context("failed to create a temp dir")?;
-            let batch = args.raw_batch;
-            let owners = reader_names.clone();
-            let raw = tokio::task::spawn_blocking(move || {
-                let run = raw::insert_loop(dir.path(), &owners, &entries, batch);
-                // The directory goes with the parent, after fjall's threads have stopped.
-                let _kept = dir.keep();
-                run
-            })
-            .await
-            .context("the raw loop panicked")??;
-            let raw_rate = per_second(raw.entries, raw.elapsed);
-            println!(
-                "raw fjall loop, the same {} entries (batches of {}, each committed and fsync'd): {:.0} deliveries/s in {:.2} s; the fan-out above: {:.0} deliveries/s = {:.2} of the raw loop (target at least 0.8)",
-                raw.entries,
-                raw.batch,
-                raw_rate,
-                raw.elapsed.as_secs_f64(),
-                fanout_rate,
-                fanout_rate / raw_rate.max(1e-9),
-            );
-            report.raw_opt = Some((raw, fanout_rate));
-        } else {
-            println!("raw fjall loop: embedded store only");
-        }
         let limit = usize::try_from(posted)
             .unwrap_or(usize::MAX)
             .min(MAX_PAGE_SIZE);
@@ -487,6 +518,55 @@ async fn fixed_point(
     }
     server.stop().await?;
     bench_store.close().await
+}
+
+/// The raw loop in a fresh directory under `parent`, off the executor.
+async fn raw_loop(
+    parent: &std::path::Path,
+    owners: &[String],
+    entries: Vec<RawEntry>,
+    batch: usize,
+) -> anyhow::Result<RawRun> {
+    let dir = tempfile::tempdir_in(parent).context("failed to create a temp dir")?;
+    let owners = owners.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let run = raw::insert_loop(dir.path(), &owners, &entries, batch);
+        // The directory goes with the parent, after fjall's threads have stopped.
+        let _kept = dir.keep();
+        run
+    })
+    .await
+    .context("the raw loop panicked")?
+}
+
+/// Posts one event as `author` over HTTP, waits for its fan-out, and returns its entry in
+/// `reader`'s timeline as stored.
+async fn probe_entry(
+    server: &BenchServer,
+    bench_store: &BenchStore,
+    author: &str,
+    reader: &str,
+) -> anyhow::Result<RawEntry> {
+    let response = server
+        .client
+        .post(format!("{}/v1/subjects/{author}/events", server.base))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(
+            r#"{"id":"probe-0-0","kind":"post","payload":{"text":"social bench post probe-0-0"}}"#,
+        )
+        .send()
+        .await
+        .context("failed to post the probe")?;
+    anyhow::ensure!(
+        response.status() == reqwest::StatusCode::CREATED,
+        "the probe post answered {}",
+        response.status()
+    );
+    post::wait_until_drained(bench_store.store.as_ref(), Duration::from_millis(10)).await?;
+    timeline_entries(bench_store.store.as_ref(), reader, 1)
+        .await?
+        .pop()
+        .context("the probe reached no timeline")
 }
 
 /// Up to `count` entries of `owner`'s timeline, as stored: the raw loop writes the same.

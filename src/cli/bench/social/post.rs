@@ -501,7 +501,10 @@ async fn watch_backlog(
 }
 
 /// Waits until the queue is empty; returns how many times it looked.
-async fn wait_until_drained(store: &dyn Store, every: Duration) -> anyhow::Result<u64> {
+pub(in crate::cli::bench) async fn wait_until_drained(
+    store: &dyn Store,
+    every: Duration,
+) -> anyhow::Result<u64> {
     let deadline = Instant::now() + DRAIN_DEADLINE;
     let mut polls = 1;
     while crate::jobs::depth(store, 1).await? > 0 {

@@ -100,10 +100,12 @@ async fn a_tiny_social_bench_delivers_every_event_and_its_figures_add_up() {
         assert_eq!(outcome.deliveries, events * (*followers as u64 + 1));
     }
 
-    // The raw loop wrote the biggest point's entries: 6 events to 12 readers.
-    let (raw, fanout_rate) = report.raw_opt.expect("raw loop");
-    assert_eq!(raw.entries, 6 * 12);
-    assert!(fanout_rate > 0.0);
+    // The raw loop wrote the biggest point's entries, before and after it: 6 events to 12
+    // readers.
+    let raw = report.raw_opt.expect("raw loop");
+    assert_eq!(raw.before.entries, 6 * 12);
+    assert_eq!(raw.after.entries, 6 * 12);
+    assert!(raw.fanout_rate > 0.0);
 
     let runs: Vec<(usize, usize, u64)> = report
         .pages
