@@ -168,8 +168,17 @@ pub async fn run(args: SocialBenchArgs) -> anyhow::Result<()> {
 pub(in crate::cli::bench) async fn measure(args: &SocialBenchArgs) -> anyhow::Result<SocialReport> {
     anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
     anyhow::ensure!(
-        args.seconds >= 0.0 && args.seconds.is_finite(),
-        "--seconds must be 0 or more"
+        (0.0..=86_400.0).contains(&args.seconds),
+        "--seconds must be 0 to 86400"
+    );
+    anyhow::ensure!(
+        args.rate.is_none_or(|rate| rate.is_finite() && rate > 0.0),
+        "--rate must be more than 0 events/s"
+    );
+    anyhow::ensure!(args.max_followers > 0, "--max-followers must be at least 1");
+    anyhow::ensure!(
+        args.fixed_followers.is_empty() || (args.fixed_events > 0 && args.big_events > 0),
+        "--fixed-events and --big-events must be at least 1"
     );
     if tracing::enabled!(target: "tower_http::trace::on_response", tracing::Level::INFO) {
         eprintln!(

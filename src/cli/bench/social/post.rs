@@ -31,6 +31,8 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(1_200);
 /// How often the queue is checked while it drains, and the backlog read from `/healthz`.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
 const LIGHT_DRAIN_POLL: Duration = Duration::from_millis(100);
+/// Longest wait, once the queue is empty, for the completed count to reach the events taken.
+const COUNTER_SETTLE: Duration = Duration::from_secs(5);
 const HEALTH_POLL: Duration = Duration::from_millis(100);
 /// Queries of one queue poll (`jobs::depth` reads one row of each shard; the job runner's
 /// `SHARDS`, which `jobs` does not export).
@@ -274,7 +276,14 @@ impl Load<'_> {
         }
         watching.cancel();
         let backlog = monitor.await.context("the backlog monitor panicked")?;
-        let after = scrape(self.server).await?;
+        // A worker counts a fan-out complete just after the commit that takes its job off the
+        // queue: the count may trail the empty queue by a moment.
+        let settle = Instant::now() + COUNTER_SETTLE;
+        let mut after = scrape(self.server).await?;
+        while after.completed - before.completed < posted.len() as u64 && Instant::now() < settle {
+            tokio::time::sleep(DRAIN_POLL).await;
+            after = scrape(self.server).await?;
+        }
 
         outcome.posted = posted.len() as u64;
         outcome.expected_deliveries = posted

@@ -115,3 +115,23 @@ async fn a_tiny_social_bench_delivers_every_event_and_its_figures_add_up() {
     assert_eq!(runs, vec![(6, 1, 20), (6, 3, 20)]);
     assert!(report.pages.iter().all(|(_, run)| run.p50 <= run.p99));
 }
+
+#[tokio::test]
+async fn bad_flags_are_refused_before_anything_runs() {
+    for (flag, change) in [
+        (
+            "--clients",
+            (|args: &mut SocialBenchArgs| args.clients = 0) as fn(&mut SocialBenchArgs),
+        ),
+        ("--seconds", |args| args.seconds = -1.0),
+        ("--seconds", |args| args.seconds = f64::NAN),
+        ("--rate", |args| args.rate = Some(0.0)),
+        ("--max-followers", |args| args.max_followers = 0),
+        ("--fixed-events", |args| args.fixed_events = 0),
+    ] {
+        let mut args = tiny();
+        change(&mut args);
+        let refused = measure(&args).await.expect_err("refused");
+        assert!(refused.to_string().contains(flag), "{flag}: {refused}");
+    }
+}
