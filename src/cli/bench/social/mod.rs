@@ -84,11 +84,11 @@ pub struct SocialBenchArgs {
     /// no value, skips them.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,5,50,10000")]
     pub fixed_followers: Vec<usize>,
-    /// Events posted at each fixed point of at most `--big-above` followers, spread over
-    /// `--fixed-authors` authors (whose followers overlap as little as 10,000 readers let
-    /// them).
+    /// Events posted at each fixed point of at most `--big-above` followers.
     #[arg(long, default_value_t = 20_000)]
     pub fixed_events: u64,
+    /// Authors posting them, uniformly at random (their followers overlap as little as
+    /// 10,000 readers let them).
     #[arg(long, default_value_t = 1_000)]
     pub fixed_authors: usize,
     /// Fixed points above this many followers are big: `--big-events` events from
@@ -96,8 +96,10 @@ pub struct SocialBenchArgs {
     /// holds every event (the page reads read them).
     #[arg(long, default_value_t = 1_000)]
     pub big_above: usize,
+    /// Events posted at each big fixed point (250: full pages for the page reads).
     #[arg(long, default_value_t = 250)]
     pub big_events: u64,
+    /// Authors posting them, all followed by the same followers.
     #[arg(long, default_value_t = 4)]
     pub big_authors: usize,
     /// Entries a commit of the raw fjall loop (one fan-out page by default).
