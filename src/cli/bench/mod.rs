@@ -2,10 +2,12 @@
 //! speed and bytes on disk (embedded store in a temporary directory), or requests and write
 //! capacity per 1,000 deliveries (`--store dynamodb`, on fresh tables of its own); then the
 //! timeline-lifecycle figures ([`lifecycle`]). `fanline bench series` measures sensor series
-//! instead ([`series`]).
+//! instead ([`series`]), `fanline bench social` a social workload over HTTP ([`social`]).
 
 mod lifecycle;
 mod series;
+mod server;
+mod social;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +29,7 @@ use crate::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 
 pub use series::SeriesBenchArgs;
+pub use social::SocialBenchArgs;
 
 /// Without a subcommand, the timeline benchmark runs with these flags.
 #[derive(Clone, Debug, Args)]
@@ -78,6 +81,11 @@ pub enum BenchKind {
     /// Sensor series: points ingested per second over HTTP, one-day reads over HTTP (raw and
     /// stepped), bytes per point on disk (embedded store).
     Series(SeriesBenchArgs),
+    /// A social workload over HTTP: a power-law follow graph posted to by several clients at
+    /// full speed and at a fixed rate (events/s and deliveries/s end to end, lag, backlog,
+    /// answers), fixed points of 1 to 10,000 followers per event, a raw fjall loop to compare
+    /// the biggest with, and page reads over HTTP.
+    Social(SocialBenchArgs),
 }
 
 /// One bench store: the backend, its traffic counters, and what must go when done.
@@ -249,8 +257,10 @@ impl Workers {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if let Some(BenchKind::Series(series_args)) = args.what {
-        return series::run(series_args).await;
+    match args.what {
+        Some(BenchKind::Series(series_args)) => return series::run(series_args).await,
+        Some(BenchKind::Social(social_args)) => return social::run(social_args).await,
+        None => {}
     }
     let parent = tempfile::tempdir().context("failed to create a temp dir")?;
     println!(

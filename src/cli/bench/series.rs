@@ -12,10 +12,9 @@ use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
+use super::server::BenchServer;
 use super::{BenchStore, millis, percentile};
-use crate::app::{Application, OpenStore};
 use crate::cli::import::{DEFAULT_CHUNK_POINTS, ImportArgs};
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
@@ -123,66 +122,6 @@ pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An in-process HTTP server on the bench store, and a client for it.
-struct BenchServer {
-    base: String,
-    /// Sent with every request, and by the importer.
-    admin_token: String,
-    client: reqwest::Client,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl BenchServer {
-    async fn start(bench_store: &BenchStore, kind: StoreKind) -> anyhow::Result<BenchServer> {
-        let mut config = Config::defaults();
-        let admin_token = crate::auth::new_secret();
-        config.admin_token = Some(admin_token.clone());
-        config.listen = "127.0.0.1:0"
-            .parse()
-            .context("failed to parse the address")?;
-        config.store = kind;
-        let opened = OpenStore {
-            store: bench_store.store.clone(),
-            stats: bench_store.stats.clone(),
-        };
-        let application = Application::build_with_store(config, opened).await?;
-        let address = application
-            .local_addr()
-            .context("failed to read the bound address")?;
-        let shutdown = application.shutdown_token();
-        let task = tokio::spawn(application.run_until_stopped());
-        Ok(BenchServer {
-            base: format!("http://{address}"),
-            client: reqwest::Client::builder()
-                .default_headers(
-                    [(
-                        reqwest::header::AUTHORIZATION,
-                        format!("Bearer {admin_token}")
-                            .parse()
-                            .context("the admin token is not a header value")?,
-                    )]
-                    .into_iter()
-                    .collect(),
-                )
-                .build()
-                .context("failed to build the HTTP client")?,
-            admin_token,
-            shutdown,
-            task,
-        })
-    }
-
-    fn points_url(&self, series: &str) -> String {
-        format!("{}/v1/series/{series}/points", self.base)
-    }
-
-    async fn stop(self) -> anyhow::Result<()> {
-        self.shutdown.cancel();
-        self.task.await.context("the server task failed")?
-    }
-}
-
 /// One prepared write request: the series it goes to and its JSON body.
 struct PreparedWrite {
     url: String,
@@ -216,7 +155,7 @@ async fn http_ingest(
             .collect();
         let body = serde_json::to_vec(&WritePointsRequest { points })?;
         per_client[series % clients].push(PreparedWrite {
-            url: server.points_url(&http_series_name(series)),
+            url: points_url(server, &http_series_name(series)),
             body,
             points: count,
         });
@@ -291,7 +230,7 @@ async fn one_day_reads(
     )
     .await?;
 
-    let url = server.points_url(name);
+    let url = points_url(server, name);
     let from = Ticks::clamped(start).to_string();
     let to = Ticks::clamped(start + DAY_SECONDS * TICKS_PER_SECOND).to_string();
     let raw_limit = MAX_SERIES_PAGE.to_string();
@@ -469,6 +408,10 @@ async fn write_seconds(
         second = end;
     }
     Ok(())
+}
+
+fn points_url(server: &BenchServer, series: &str) -> String {
+    format!("{}/v1/series/{series}/points", server.base)
 }
 
 fn http_series_name(index: usize) -> String {

@@ -1,0 +1,223 @@
+//! Timeline pages read over HTTP: pages/s, latency, and the server's CPU per page.
+//!
+//! The readers run on a thread of their own with a current-thread runtime, so their CPU time
+//! can be told apart from the server's: the process's CPU time over the run (utime + stime of
+//! `/proc/self/stat`) minus the reader thread's (`/proc/thread-self/stat`), divided by the
+//! pages read. The server's share so counted holds everything else the process did
+//! meanwhile: the HTTP stack, the handler, the store's reads and its background threads
+//! (flushes, compactions), and the idle workers' polls. The readers do not parse the JSON:
+//! they check the status and the body's first bytes; the first page of each connection is
+//! parsed once to check it holds the expected items.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use super::super::percentile;
+use super::post::per_second;
+
+/// Clock ticks a second in `/proc` times (Linux's `USER_HZ`, 100 on every common build).
+const TICKS_PER_SECOND: u64 = 100;
+
+/// What one page-read run measured.
+#[derive(Clone, Debug)]
+pub(in crate::cli::bench) struct PageRun {
+    pub connections: usize,
+    pub pages: u64,
+    pub elapsed: Duration,
+    pub p50: Duration,
+    pub p99: Duration,
+    /// CPU time of the whole process over the run, and of the reader thread.
+    pub process_cpu: Duration,
+    pub reader_cpu: Duration,
+}
+
+impl PageRun {
+    pub fn pages_per_second(&self) -> f64 {
+        per_second(self.pages, self.elapsed)
+    }
+
+    /// Server CPU per page: the process's CPU time less the reader thread's.
+    pub fn server_cpu_per_page(&self) -> Duration {
+        self.process_cpu.saturating_sub(self.reader_cpu)
+            / u32::try_from(self.pages.max(1)).unwrap_or(u32::MAX)
+    }
+
+    pub fn reader_cpu_per_page(&self) -> Duration {
+        self.reader_cpu / u32::try_from(self.pages.max(1)).unwrap_or(u32::MAX)
+    }
+}
+
+#[derive(Deserialize)]
+struct PageBody {
+    items: Vec<serde_json::Value>,
+}
+
+/// Reads `pages` first pages of `limit` items of the owners' timelines (round robin) over
+/// `connections` connections at once.
+pub(in crate::cli::bench) async fn read_pages(
+    base: &str,
+    admin_token: &str,
+    owners: Arc<Vec<String>>,
+    limit: usize,
+    pages: usize,
+    connections: usize,
+) -> anyhow::Result<PageRun> {
+    anyhow::ensure!(!owners.is_empty(), "no timelines to read");
+    let base = base.to_owned();
+    let admin_token = admin_token.to_owned();
+    let connections = connections.max(1);
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("fanline-bench-reader".into())
+        .spawn(move || {
+            let measured = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("failed to build the reader runtime")
+                .and_then(|runtime| {
+                    runtime.block_on(read_on_this_thread(
+                        &base,
+                        &admin_token,
+                        &owners,
+                        limit,
+                        pages,
+                        connections,
+                    ))
+                });
+            let _ = sender.send(measured);
+        })
+        .context("failed to start the reader thread")?;
+    receiver.await.context("the reader thread stopped")?
+}
+
+async fn read_on_this_thread(
+    base: &str,
+    admin_token: &str,
+    owners: &Arc<Vec<String>>,
+    limit: usize,
+    pages: usize,
+    connections: usize,
+) -> anyhow::Result<PageRun> {
+    let client = super::super::server::admin_client(admin_token)?;
+    // Each connection's first page, parsed, and a warm connection pool before the clock.
+    for connection in 0..connections {
+        let owner = &owners[connection % owners.len()];
+        let body = read_one(&client, &page_url(base, owner, limit)).await?;
+        let page: PageBody = serde_json::from_slice(&body).context("a page is not JSON")?;
+        anyhow::ensure!(
+            page.items.len() == limit,
+            "the timeline of {owner} held {} items, not {limit}",
+            page.items.len()
+        );
+    }
+    let process_before = process_cpu()?;
+    let reader_before = thread_cpu()?;
+    let started = Instant::now();
+    let mut readers = Vec::with_capacity(connections);
+    for connection in 0..connections {
+        let share = pages / connections + usize::from(connection < pages % connections);
+        let client = client.clone();
+        let owners = owners.clone();
+        let base = base.to_owned();
+        readers.push(async move {
+            let mut latencies = Vec::with_capacity(share);
+            for index in 0..share {
+                let owner = &owners[(index * connections + connection) * 7_919 % owners.len()];
+                let url = page_url(&base, owner, limit);
+                let began = Instant::now();
+                read_one(&client, &url).await?;
+                latencies.push(began.elapsed());
+            }
+            anyhow::Ok(latencies)
+        });
+    }
+    let mut latencies = Vec::with_capacity(pages);
+    for read in futures::future::join_all(readers).await {
+        latencies.extend(read?);
+    }
+    let elapsed = started.elapsed();
+    let reader_cpu = thread_cpu()?.saturating_sub(reader_before);
+    let process_cpu = process_cpu()?.saturating_sub(process_before);
+    Ok(PageRun {
+        connections,
+        pages: latencies.len() as u64,
+        elapsed,
+        p50: percentile(&mut latencies, 50.0),
+        p99: percentile(&mut latencies, 99.0),
+        process_cpu,
+        reader_cpu,
+    })
+}
+
+fn page_url(base: &str, owner: &str, limit: usize) -> String {
+    format!("{base}/v1/subjects/{owner}/timeline?limit={limit}")
+}
+
+/// One page, checked only by its status and its first bytes.
+async fn read_one(client: &reqwest::Client, url: &str) -> anyhow::Result<bytes::Bytes> {
+    let response = client
+        .get(url)
+        .send()
+        .await
+        .context("failed to read a page")?;
+    let status = response.status();
+    anyhow::ensure!(
+        status == reqwest::StatusCode::OK,
+        "a page read answered {status}"
+    );
+    let body = response.bytes().await?;
+    anyhow::ensure!(body.starts_with(b"{"), "a page is not a JSON object");
+    Ok(body)
+}
+
+fn process_cpu() -> anyhow::Result<Duration> {
+    cpu_of("/proc/self/stat")
+}
+
+fn thread_cpu() -> anyhow::Result<Duration> {
+    cpu_of("/proc/thread-self/stat")
+}
+
+/// utime + stime of a `/proc` stat file.
+fn cpu_of(path: &str) -> anyhow::Result<Duration> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("failed to read {path}"))?;
+    // The command name may hold spaces: the fields counted here follow its closing `)`.
+    let after_name = text
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .with_context(|| format!("{path} has no command name"))?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the file, 12 and 13 after the name.
+    let ticks = |index: usize| -> anyhow::Result<u64> {
+        fields
+            .get(index)
+            .and_then(|field| field.parse::<u64>().ok())
+            .with_context(|| format!("{path} has no field {}", index + 3))
+    };
+    let total = ticks(11)? + ticks(12)?;
+    Ok(Duration::from_millis(total * 1_000 / TICKS_PER_SECOND))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_time_of_this_process_and_thread_is_read_and_grows_with_work() {
+        let process = process_cpu().expect("process");
+        let thread = thread_cpu().expect("thread");
+        // CPU time is counted in clock ticks: spin until a tick or two is counted.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut spin = 0u64;
+        while thread_cpu().expect("thread") <= thread && Instant::now() < deadline {
+            for _ in 0..100_000 {
+                spin = std::hint::black_box(spin.wrapping_add(1));
+            }
+        }
+        assert!(thread_cpu().expect("thread") > thread);
+        assert!(process_cpu().expect("process") > process);
+    }
+}
