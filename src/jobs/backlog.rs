@@ -7,13 +7,14 @@
 //! The bound may therefore be overshot by what arrives within one refresh. Every process
 //! counts the shared queue itself, so on DynamoDB all servers see the same backlog.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::floors::Floors;
 use super::job::{SHARDS, now_ms, shard_name};
 use crate::store::{Query, Store, StoreResult, Table};
 
@@ -29,9 +30,12 @@ const PAUSE_PER_JOB_COUNTED: Duration = Duration::from_micros(50);
 
 /// Rows read per query while counting.
 const COUNT_PAGE: usize = 1000;
+/// How often a count reads each shard from its start rather than from its floor: a job that
+/// appears below the floor goes uncounted for at most this long.
+const FULL_COUNT_EVERY: Duration = Duration::from_secs(5);
 
 /// The last count of the queue. Cheap to read from any request.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Backlog {
     /// Pending jobs at most; 0 means no bound.
     limit: u64,
@@ -41,6 +45,8 @@ pub struct Backlog {
     oldest_ms: AtomicI64,
     /// Whether a count has succeeded yet.
     counted: AtomicBool,
+    /// Where each shard's jobs start, so a count does not read through every job deleted.
+    floors: Mutex<Floors>,
 }
 
 /// The backlog as reported (`/healthz`, metrics).
@@ -59,7 +65,10 @@ impl Backlog {
     pub fn new(limit: u64) -> Arc<Backlog> {
         Arc::new(Backlog {
             limit,
-            ..Backlog::default()
+            pending: AtomicU64::new(0),
+            oldest_ms: AtomicI64::new(0),
+            counted: AtomicBool::new(false),
+            floors: Mutex::new(Floors::new(FULL_COUNT_EVERY)),
         })
     }
 
@@ -91,6 +100,8 @@ impl Backlog {
         let mut counted = 0u64;
         let mut oldest: Option<i64> = None;
         for shard in 0..SHARDS {
+            let from = self.lock_floors().from(shard, Instant::now());
+            let mut first_row = None;
             let mut after = None;
             loop {
                 let room = usize::try_from(budget.saturating_sub(counted)).unwrap_or(usize::MAX);
@@ -100,10 +111,12 @@ impl Backlog {
                 let page = store
                     .query(
                         Query::partition(Table::Jobs, shard_name(shard), room.min(COUNT_PAGE))
+                            .range(from.clone(), None)
                             .after(after.take()),
                     )
                     .await?;
-                if let Some(first) = page.first().filter(|_| after.is_none()) {
+                if let Some(first) = page.first().filter(|_| first_row.is_none()) {
+                    first_row = Some(first.row.clone());
                     // Ids start with a UUIDv7, so a shard's first row is its oldest job.
                     if let Some(created) = created_ms(&first.row) {
                         oldest = Some(oldest.map_or(created, |seen| seen.min(created)));
@@ -115,6 +128,8 @@ impl Backlog {
                 }
                 after = page.last().map(|item| item.row.clone());
             }
+            self.lock_floors()
+                .polled(shard, from.is_none(), first_row, Instant::now());
         }
         let shown = if self.limit > 0 {
             counted.min(self.limit)
@@ -154,6 +169,13 @@ impl Backlog {
 }
 
 impl Backlog {
+    fn lock_floors(&self) -> std::sync::MutexGuard<'_, Floors> {
+        // The floors are hints: one left by a panicking holder is still usable.
+        self.floors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// How long to wait after a count: longer the more jobs it read.
     fn pause_after(&self) -> Duration {
         if self.is_full() {

@@ -12,6 +12,7 @@
 
 mod backlog;
 mod dead_letter;
+mod floors;
 pub(crate) mod format;
 mod job;
 mod metrics;

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
+use super::floors::Floors;
 use super::job::{Job, SHARDS, now_ms};
 use super::metrics::{JobMetrics, kind};
 use super::queue::{self, Claimed};
@@ -94,49 +95,9 @@ const MAX_OWN_WRITES_TOGETHER: usize = 7;
 /// few hundred bytes.
 const RECORD_BYTES_BOUND: usize = 4096;
 
-/// How often a worker reads a shard from its start rather than from its floor.
-const FULL_SCAN_EVERY: Duration = Duration::from_millis(500);
-
-/// Where each queue shard's live jobs start. Jobs are keyed by time-ordered ids and deleted
-/// when done, and on an LSM store (and on DynamoDB's partitions) a read from a shard's start
-/// wades through every deletion not yet compacted: polls start from the first job the last
-/// poll read instead. Jobs can appear below that floor (a dead letter re-queued, a job
-/// enqueued by a process whose clock is behind): a poll from the very start every
-/// [`FULL_SCAN_EVERY`] finds them.
-#[derive(Default)]
-struct Floors {
-    shards: std::collections::HashMap<u32, Floor>,
-}
-
-struct Floor {
-    row: Option<String>,
-    full_scan_at: Instant,
-}
-
-impl Floors {
-    /// Where the next poll of `shard` starts: `None` for its start.
-    fn from(&self, shard: u32, now: Instant) -> Option<String> {
-        let floor = self.shards.get(&shard)?;
-        if now.saturating_duration_since(floor.full_scan_at) >= FULL_SCAN_EVERY {
-            return None;
-        }
-        floor.row.clone()
-    }
-
-    /// Notes what a poll of `shard` read first (`full`: from the start).
-    fn polled(&mut self, shard: u32, full: bool, first: Option<String>, now: Instant) {
-        let floor = self.shards.entry(shard).or_insert_with(|| Floor {
-            row: None,
-            full_scan_at: now,
-        });
-        if full {
-            floor.full_scan_at = now;
-            floor.row = first;
-        } else if first.is_some() {
-            floor.row = first;
-        }
-    }
-}
+/// How often a worker polls a shard from its start rather than from its floor (see
+/// [`Floors`]).
+const FULL_POLL_EVERY: Duration = Duration::from_millis(500);
 
 /// Longest pause of the worker loop after a failed step (the store unreachable).
 const STEP_BACKOFF_CAP_MS: i64 = 2_000;
@@ -178,7 +139,7 @@ impl Worker {
             shutdown,
             done_sink: None,
             next_shard,
-            floors: Floors::default(),
+            floors: Floors::new(FULL_POLL_EVERY),
             reported: HashSet::new(),
         }
     }
@@ -712,30 +673,5 @@ mod tests {
         let spread: std::collections::HashSet<i64> =
             (0..50).map(|_| retry_delay_ms(8, 100)).collect();
         assert!(spread.len() > 1, "jitter spreads retries out");
-    }
-
-    #[test]
-    fn polls_start_at_the_first_job_last_read_and_from_the_start_every_so_often() {
-        let start = Instant::now();
-        let mut floors = Floors::default();
-        assert_eq!(
-            floors.from(3, start),
-            None,
-            "an unknown shard is read whole"
-        );
-        floors.polled(3, true, Some("job-b".into()), start);
-        assert_eq!(floors.from(3, start).as_deref(), Some("job-b"));
-        assert_eq!(floors.from(4, start), None, "each shard has its own floor");
-        // A poll that read nothing keeps the floor; one that read a later job raises it.
-        floors.polled(3, false, None, start);
-        assert_eq!(floors.from(3, start).as_deref(), Some("job-b"));
-        floors.polled(3, false, Some("job-d".into()), start);
-        assert_eq!(floors.from(3, start).as_deref(), Some("job-d"));
-        // Jobs may appear below the floor: the shard is read whole again after a while,
-        // and that read sets the floor wherever its first job is.
-        let later = start + FULL_SCAN_EVERY;
-        assert_eq!(floors.from(3, later), None);
-        floors.polled(3, true, Some("job-a".into()), later);
-        assert_eq!(floors.from(3, later).as_deref(), Some("job-a"));
     }
 }
