@@ -18,6 +18,9 @@ use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
 
+#[cfg(test)]
+mod cost;
+
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default().routes(routes!(read_timeline))
 }
