@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::error::ErrorBody;
 use super::extract::{Json, Path, Query};
-use super::page::{PageParams, PageResponse};
+use super::page::{PageParams, PageResponse, PageWriter};
 use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::{Event, NewEvent, Posted};
@@ -100,7 +100,9 @@ async fn post_event(
     Ok(response.into_response())
 }
 
-/// The subject's own log, newest first.
+/// The subject's own log, newest first. The page is written by concatenating the stored
+/// events (see [`crate::timeline::TimelineEntry::write_json`]); its schema is
+/// `PageResponse<EventResponse>`.
 #[utoipa::path(
     get,
     path = "/v1/subjects/{subject}/events",
@@ -112,14 +114,23 @@ async fn list_events(
     State(state): State<AppState>,
     Path(author): Path<String>,
     Query(params): Query<PageParams>,
-) -> Result<axum::Json<PageResponse<EventResponse>>, ApiError> {
+) -> Result<Response, ApiError> {
     let author = subject(&author)?;
     let page = state
         .timelines
-        .events(&author, params.limit(), params.cursor.as_deref())
+        .event_log(&author, params.limit(), params.cursor.as_deref())
         .await?;
-    Ok(axum::Json(PageResponse::from_page(
-        page,
-        EventResponse::from,
-    )))
+    let item_bytes = page
+        .items
+        .iter()
+        .map(|item| item.json_len(SUBJECT_KEY) + 1)
+        .sum();
+    let mut writer = PageWriter::with_capacity(item_bytes);
+    for item in &page.items {
+        item.write_json(SUBJECT_KEY, writer.next_item());
+    }
+    Ok(writer.finish(page.next_cursor.as_deref(), None))
 }
+
+/// The field that names an event's author in its author's log.
+const SUBJECT_KEY: &str = "subject";

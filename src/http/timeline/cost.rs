@@ -87,10 +87,10 @@ fn get(writer: &mut TcpStream, reader: &mut BufReader<TcpStream>, path: &str, bo
         if line == "\r\n" {
             break;
         }
-        if let Some((name, value)) = line.split_once(':') {
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().expect("length");
-            }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().expect("length");
         }
     }
     body.resize(length, 0);
@@ -127,6 +127,60 @@ fn measure(address: std::net::SocketAddr, path: &str) -> (f64, f64, usize) {
     .expect("client thread")
 }
 
+/// Process CPU per call of `work`, run for [`RUN`] on this runtime (nothing else runs).
+async fn cpu_per_call<F: std::future::Future<Output = ()>>(mut work: impl FnMut() -> F) -> f64 {
+    for _ in 0..200 {
+        work().await;
+    }
+    let start = cpu_seconds("self");
+    let started = Instant::now();
+    let mut calls = 0usize;
+    while started.elapsed() < RUN {
+        work().await;
+        calls += 1;
+    }
+    (cpu_seconds("self") - start) / calls as f64 * 1e6
+}
+
+/// The parts of a timeline page without HTTP: the store query, and the domain read with the
+/// page writing.
+async fn measure_in_process(store: Arc<dyn Store>) {
+    let query = cpu_per_call(|| {
+        let store = store.clone();
+        async move {
+            let rows = store
+                .query(crate::store::Query::partition(
+                    Table::Timelines,
+                    "reader",
+                    251,
+                ))
+                .await
+                .expect("query");
+            assert_eq!(rows.len(), 251);
+        }
+    })
+    .await;
+    println!("    query: {query:.0} us CPU for 251 rows (one store query)");
+    let timelines = Arc::new(crate::timeline::Timelines::new(
+        store.clone(),
+        crate::cursor::CursorCodec::new(b"page cost"),
+        Config::defaults().timeline_settings(),
+        Arc::default(),
+    ));
+    let owner = SubjectId::parse("reader").expect("owner");
+    let page = cpu_per_call(|| {
+        let timelines = timelines.clone();
+        let owner = owner.clone();
+        async move {
+            let page = timelines.timeline(&owner, 250, None).await.expect("page");
+            let response = super::write_page(&page.items, page.next_cursor.as_deref(), false);
+            assert_eq!(response.status(), 200);
+        }
+    })
+    .await;
+    println!("   domain: {page:.0} us CPU for a timeline page read and written, without HTTP");
+}
+
 #[test]
 #[ignore = "a measurement: run in release mode with --ignored --nocapture"]
 fn page_cost_over_http() {
@@ -136,22 +190,24 @@ fn page_cost_over_http() {
         .build()
         .expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
-    let (address, shutdown) = runtime.block_on(async {
+    let (address, shutdown, store) = runtime.block_on(async {
         let store = Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
         fill(store.as_ref()).await;
+        let shared: Arc<dyn Store> = store.clone();
         let mut config = Config::defaults();
         config.listen = "127.0.0.1:0".parse().expect("addr");
         config.data_dir = dir.path().to_owned();
         config.admin_token = Some(ADMIN_TOKEN.to_owned());
         config.workers = 0;
-        let app = Application::build_with_store(config, OpenStore::uncounted(store))
+        let app = Application::build_with_store(config, OpenStore::uncounted(shared.clone()))
             .await
             .expect("build");
         let address = app.local_addr().expect("address");
         let shutdown = app.shutdown_token();
         tokio::spawn(app.run_until_stopped());
-        (address, shutdown)
+        (address, shutdown, shared)
     });
+    runtime.block_on(measure_in_process(store));
     for (name, path) in [
         ("timeline", "/v1/subjects/reader/timeline"),
         ("events", "/v1/subjects/author/events"),
