@@ -207,17 +207,15 @@ const MAX_REVERSE_TICKS: &[u8; 19] = b"3155378975999999999";
 /// escaping, and its last 36 bytes are its event id as a page item shows it.
 fn is_event_row_key(row: &str) -> bool {
     let bytes = row.as_bytes();
+    let is_lower_hex = |byte: &u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(byte);
     bytes.len() == 56
         && bytes[..19].iter().all(u8::is_ascii_digit)
         && bytes[..19] <= MAX_REVERSE_TICKS[..]
         && bytes[19] == b'_'
-        && bytes[20..]
-            .iter()
-            .enumerate()
-            .all(|(index, byte)| match index {
-                8 | 13 | 18 | 23 => *byte == b'-',
-                _ => byte.is_ascii_digit() || (b'a'..=b'f').contains(byte),
-            })
+        && [28, 33, 38, 43].iter().all(|&hyphen| bytes[hyphen] == b'-')
+        && [20..28, 29..33, 34..38, 39..43, 44..56]
+            .into_iter()
+            .all(|group| bytes[group].iter().all(is_lower_hex))
 }
 
 /// Whether `body` is in the current format that starts with `start`. Bodies are written by
