@@ -161,6 +161,16 @@ async fn measure_in_process(store: Arc<dyn Store>) {
     })
     .await;
     println!("    query: {query:.0} us CPU for 251 rows (one store query)");
+    let reverse = cpu_per_call(|| {
+        let store = store.clone();
+        async move {
+            let query = crate::store::Query::partition(Table::Timelines, "reader", 251).reverse();
+            let rows = store.query(query).await.expect("query");
+            assert_eq!(rows.len(), 251);
+        }
+    })
+    .await;
+    println!("  reverse: {reverse:.0} us CPU for 251 rows read in reverse (one store query)");
     let timelines = Arc::new(crate::timeline::Timelines::new(
         store.clone(),
         crate::cursor::CursorCodec::new(b"page cost"),
@@ -179,6 +189,20 @@ async fn measure_in_process(store: Arc<dyn Store>) {
     })
     .await;
     println!("   domain: {page:.0} us CPU for a timeline page read and written, without HTTP");
+    let catch_up = cpu_per_call(|| {
+        let timelines = timelines.clone();
+        let owner = owner.clone();
+        async move {
+            let caught_up = timelines
+                .catch_up(&owner, 250, "2020-01-01T00:00:00Z")
+                .await
+                .expect("caught up");
+            let response = super::write_page(&caught_up.items, Some(&caught_up.next_cursor), false);
+            assert_eq!(response.status(), 200);
+        }
+    })
+    .await;
+    println!("   domain: {catch_up:.0} us CPU for a catch-up page read and written, without HTTP");
 }
 
 #[test]
