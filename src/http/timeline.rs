@@ -125,3 +125,83 @@ fn write_page(items: &[TimelineEntry], next_cursor: Option<&str>, truncated: boo
 
 /// The field that names an item's author in a timeline.
 const AUTHOR_KEY: &str = "author";
+
+#[cfg(test)]
+mod tests {
+    use axum::body::to_bytes;
+    use serde_json::value::RawValue;
+
+    use super::*;
+    use crate::keys::{Ticks, event_row_key};
+    use crate::timeline::{Event, SubjectId};
+
+    fn event(author: &str, kind: &str, payload: &str, ticks: u64) -> Event {
+        let at = Ticks::new(ticks).expect("ticks");
+        let event_id = Uuid::now_v7();
+        Event {
+            event_id,
+            author: SubjectId::parse(author).expect("author"),
+            kind: kind.into(),
+            payload: RawValue::from_string(payload.into()).expect("payload"),
+            at,
+            row_key: event_row_key(at, event_id),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_written_timeline_page_is_the_page_serde_renders_of_the_response_types() {
+        let events = [
+            event(
+                "alice",
+                "post",
+                r#"{"text":"hi \"you\""}"#,
+                639_000_000_000_000_001,
+            ),
+            event("b\u{e9}b/\\", "like", "[1, 2]", 639_000_000_000_000_000),
+        ];
+        let entries: Vec<TimelineEntry> = events
+            .iter()
+            .map(|event| {
+                TimelineEntry::from_timeline_row(event.row_key.clone(), event.timeline_entry_body())
+                    .expect("an entry")
+            })
+            .collect();
+        for (next_cursor, truncated) in [(None, true), (Some("abc-_\"\\\u{1}"), false)] {
+            let response = write_page(&entries, next_cursor, truncated);
+            assert_eq!(
+                response.headers()[axum::http::header::CONTENT_TYPE],
+                "application/json"
+            );
+            let written = to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            let rendered = serde_json::to_vec(&PageResponse::<TimelineItemResponse, Truncated> {
+                items: events
+                    .iter()
+                    .map(|event| TimelineItemResponse {
+                        event_id: event.event_id,
+                        author: event.author.to_string(),
+                        kind: event.kind.clone(),
+                        payload: event.payload.clone(),
+                        at: event.at.to_string(),
+                        row_key: event.row_key.clone(),
+                    })
+                    .collect(),
+                next_cursor: next_cursor.map(str::to_owned),
+                extra: Truncated { truncated },
+            })
+            .expect("renders");
+            assert_eq!(
+                String::from_utf8_lossy(&written),
+                String::from_utf8_lossy(&rendered)
+            );
+        }
+        let empty = to_bytes(write_page(&[], None, false).into_body(), usize::MAX)
+            .await
+            .expect("body");
+        assert_eq!(
+            &empty[..],
+            br#"{"items":[],"next_cursor":null,"truncated":false}"#
+        );
+    }
+}
