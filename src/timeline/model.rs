@@ -1,8 +1,10 @@
 //! Domain types of the timeline service and how they are stored.
 //!
-//! Item bodies are compact JSON. An event's time and id are not stored in the body: the row
-//! key holds both (DESIGN.md §1). A payload is kept as raw JSON text, so it is never parsed
-//! again after the request that brought it.
+//! Item bodies are compact JSON. An event's id and time are the row key's (DESIGN.md §1);
+//! an event body holds the fields of the event's page item in their page order, its time as
+//! RFC 3339 text rendered once at posting, so a page is written by concatenating bodies
+//! (docs/architecture.md, "Stored events and pages"). A payload is kept as raw JSON text, so
+//! it is never parsed again after the request that brought it.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

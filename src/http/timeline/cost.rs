@@ -8,7 +8,9 @@
 //! log with 300 entries each, and has one client thread fetch 250-item pages over HTTP/1.1
 //! keep-alive for a few seconds per route. Server CPU per page is the process's CPU time
 //! (`/proc/self/stat`) less the client thread's own (`/proc/thread-self/stat`), divided by
-//! the pages served. It also times the domain read and the rendering of a page alone.
+//! the pages served. It also times the store query, and the domain read and the writing of a
+//! page alone. With `FANLINE_PAGE_COST_LOG=1` the server logs as `fanline serve` does by
+//! default (formatted, then discarded).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -208,6 +210,16 @@ async fn measure_in_process(store: Arc<dyn Store>) {
 #[test]
 #[ignore = "a measurement: run in release mode with --ignored --nocapture"]
 fn page_cost_over_http() {
+    if std::env::var_os("FANLINE_PAGE_COST_LOG").is_some() {
+        // What `fanline serve` logs by default, formatted and thrown away: the cost of the
+        // request log without the cost of the terminal.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,fjall=warn,lsm_tree=warn",
+            ))
+            .with_writer(std::io::sink)
+            .try_init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
