@@ -13,10 +13,10 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::error::ErrorBody;
 use super::extract::{Json, Path, Query};
-use super::page::{PageParams, PageResponse};
+use super::page::{PageParams, PageResponse, PageWriter};
 use super::schema::Name;
 use super::{AppState, subject};
-use crate::timeline::{Event, NewEvent, Posted};
+use crate::timeline::{Event, NewEvent, Posted, TimelineEntry};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default().routes(routes!(post_event, list_events))
@@ -100,7 +100,9 @@ async fn post_event(
     Ok(response.into_response())
 }
 
-/// The subject's own log, newest first.
+/// The subject's own log, newest first. The page is written by concatenating the stored
+/// events (see [`crate::timeline::TimelineEntry::write_json`]); its schema is
+/// `PageResponse<EventResponse>`.
 #[utoipa::path(
     get,
     path = "/v1/subjects/{subject}/events",
@@ -112,14 +114,81 @@ async fn list_events(
     State(state): State<AppState>,
     Path(author): Path<String>,
     Query(params): Query<PageParams>,
-) -> Result<axum::Json<PageResponse<EventResponse>>, ApiError> {
+) -> Result<Response, ApiError> {
     let author = subject(&author)?;
     let page = state
         .timelines
-        .events(&author, params.limit(), params.cursor.as_deref())
+        .event_log(&author, params.limit(), params.cursor.as_deref())
         .await?;
-    Ok(axum::Json(PageResponse::from_page(
-        page,
-        EventResponse::from,
-    )))
+    Ok(write_page(&page.items, page.next_cursor.as_deref()))
+}
+
+/// A page of an author log of `items`, written by concatenation.
+fn write_page(items: &[TimelineEntry], next_cursor: Option<&str>) -> Response {
+    let item_bytes = items
+        .iter()
+        .map(|item| item.json_len(SUBJECT_KEY) + 1)
+        .sum();
+    let mut page = PageWriter::with_capacity(item_bytes);
+    for item in items {
+        item.write_json(SUBJECT_KEY, page.next_item());
+    }
+    page.finish(next_cursor, None)
+}
+
+/// The field that names an event's author in its author's log.
+const SUBJECT_KEY: &str = "subject";
+
+#[cfg(test)]
+mod tests {
+    use axum::body::to_bytes;
+
+    use super::*;
+    use crate::keys::{Ticks, event_row_key};
+    use crate::timeline::SubjectId;
+
+    #[tokio::test]
+    async fn a_written_event_page_is_the_page_serde_renders_of_the_response_types() {
+        let events: Vec<Event> = [("post", r#"{"a" : "\u00e9"}"#), ("like\t", "null")]
+            .into_iter()
+            .enumerate()
+            .map(|(index, (kind, payload))| {
+                let at = Ticks::new(639_000_000_000_000_000 - index as u64).expect("ticks");
+                let event_id = Uuid::now_v7();
+                Event {
+                    event_id,
+                    author: SubjectId::parse("al\"ice").expect("author"),
+                    kind: kind.into(),
+                    payload: RawValue::from_string(payload.into()).expect("payload"),
+                    at,
+                    row_key: event_row_key(at, event_id),
+                }
+            })
+            .collect();
+        let entries: Vec<TimelineEntry> = events
+            .iter()
+            .map(|event| {
+                TimelineEntry::from_event_row(
+                    event.author.as_str(),
+                    event.row_key.clone(),
+                    event.encode(),
+                )
+                .expect("an entry")
+            })
+            .collect();
+        for next_cursor in [None, Some("next")] {
+            let written = to_bytes(write_page(&entries, next_cursor).into_body(), usize::MAX)
+                .await
+                .expect("body");
+            let rendered = serde_json::to_vec(&PageResponse::new(
+                events.iter().cloned().map(EventResponse::from).collect(),
+                next_cursor.map(str::to_owned),
+            ))
+            .expect("renders");
+            assert_eq!(
+                String::from_utf8_lossy(&written),
+                String::from_utf8_lossy(&rendered)
+            );
+        }
+    }
 }

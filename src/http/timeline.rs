@@ -4,6 +4,7 @@
 //! first.
 
 use axum::extract::State;
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
@@ -13,15 +14,21 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::{Path, Query};
-use super::page::{PageResponse, Truncated};
+use super::page::{PageResponse, PageWriter, Truncated};
 use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
+
+#[cfg(test)]
+mod cost;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default().routes(routes!(read_timeline))
 }
 
+/// The schema of a timeline page's items. Pages are written from the stored entries by
+/// [`TimelineEntry::write_json`], never through this type: a test checks that both give the
+/// same bytes.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct TimelineItemResponse {
     event_id: Uuid,
@@ -33,19 +40,6 @@ pub(crate) struct TimelineItemResponse {
     #[schema(format = DateTime)]
     at: String,
     row_key: String,
-}
-
-impl From<TimelineEntry> for TimelineItemResponse {
-    fn from(entry: TimelineEntry) -> Self {
-        TimelineItemResponse {
-            event_id: entry.event_id,
-            author: entry.author,
-            kind: entry.kind,
-            payload: entry.payload,
-            at: entry.at.to_string(),
-            row_key: entry.row_key,
-        }
-    }
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -75,10 +69,9 @@ struct TimelineParams {
 /// A timeline page: `{"items":[...],"next_cursor":string|null,"truncated":bool}`. A page
 /// that reaches the timeline cap has `next_cursor: null` and `truncated: true`. A catch-up
 /// page always has a `next_cursor`, to read on from next time.
-type TimelinePageResponse = PageResponse<TimelineItemResponse, Truncated>;
-
-/// The subject's timeline: the events of those it follows, newest first; or with `after`,
-/// the entries newer than what the client holds, oldest first.
+///
+/// The page is written by concatenating the stored entries (see [`write_page`]); its schema
+/// is `PageResponse<TimelineItemResponse, Truncated>`.
 #[utoipa::path(
     get,
     path = "/v1/subjects/{subject}/timeline",
@@ -90,37 +83,125 @@ async fn read_timeline(
     State(state): State<AppState>,
     Path(owner): Path<String>,
     Query(params): Query<TimelineParams>,
-) -> Result<axum::Json<TimelinePageResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let owner = subject(&owner)?;
     let limit = params.limit.unwrap_or(MAX_PAGE_SIZE);
-    let response = match (params.after, params.cursor) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::BadRequest {
-                code: "invalid_parameters",
-                message: "give either cursor (paging) or after (catch-up), not both".into(),
-            });
-        }
+    match (params.after, params.cursor) {
+        (Some(_), Some(_)) => Err(ApiError::BadRequest {
+            code: "invalid_parameters",
+            message: "give either cursor (paging) or after (catch-up), not both".into(),
+        }),
         (Some(after), None) => {
             let caught_up = state.timelines.catch_up(&owner, limit, &after).await?;
-            TimelinePageResponse {
-                items: caught_up.items.into_iter().map(Into::into).collect(),
-                next_cursor: Some(caught_up.next_cursor),
-                extra: Truncated { truncated: false },
-            }
+            Ok(write_page(
+                &caught_up.items,
+                Some(&caught_up.next_cursor),
+                false,
+            ))
         }
         (None, cursor) => {
             let page = state
                 .timelines
                 .timeline(&owner, limit, cursor.as_deref())
                 .await?;
-            TimelinePageResponse {
-                items: page.items.into_iter().map(Into::into).collect(),
-                next_cursor: page.next_cursor,
-                extra: Truncated {
-                    truncated: page.truncated,
-                },
-            }
+            Ok(write_page(
+                &page.items,
+                page.next_cursor.as_deref(),
+                page.truncated,
+            ))
         }
-    };
-    Ok(axum::Json(response))
+    }
+}
+
+/// A timeline page of `items`, written by concatenation.
+fn write_page(items: &[TimelineEntry], next_cursor: Option<&str>, truncated: bool) -> Response {
+    let item_bytes = items.iter().map(|item| item.json_len(AUTHOR_KEY) + 1).sum();
+    let mut page = PageWriter::with_capacity(item_bytes);
+    for item in items {
+        item.write_json(AUTHOR_KEY, page.next_item());
+    }
+    page.finish(next_cursor, Some(truncated))
+}
+
+/// The field that names an item's author in a timeline.
+const AUTHOR_KEY: &str = "author";
+
+#[cfg(test)]
+mod tests {
+    use axum::body::to_bytes;
+    use serde_json::value::RawValue;
+
+    use super::*;
+    use crate::keys::{Ticks, event_row_key};
+    use crate::timeline::{Event, SubjectId};
+
+    fn event(author: &str, kind: &str, payload: &str, ticks: u64) -> Event {
+        let at = Ticks::new(ticks).expect("ticks");
+        let event_id = Uuid::now_v7();
+        Event {
+            event_id,
+            author: SubjectId::parse(author).expect("author"),
+            kind: kind.into(),
+            payload: RawValue::from_string(payload.into()).expect("payload"),
+            at,
+            row_key: event_row_key(at, event_id),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_written_timeline_page_is_the_page_serde_renders_of_the_response_types() {
+        let events = [
+            event(
+                "alice",
+                "post",
+                r#"{"text":"hi \"you\""}"#,
+                639_000_000_000_000_001,
+            ),
+            event("b\u{e9}b/\\", "like", "[1, 2]", 639_000_000_000_000_000),
+        ];
+        let entries: Vec<TimelineEntry> = events
+            .iter()
+            .map(|event| {
+                TimelineEntry::from_timeline_row(event.row_key.clone(), event.timeline_entry_body())
+                    .expect("an entry")
+            })
+            .collect();
+        for (next_cursor, truncated) in [(None, true), (Some("abc-_\"\\\u{1}"), false)] {
+            let response = write_page(&entries, next_cursor, truncated);
+            assert_eq!(
+                response.headers()[axum::http::header::CONTENT_TYPE],
+                "application/json"
+            );
+            let written = to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            let rendered = serde_json::to_vec(&PageResponse::<TimelineItemResponse, Truncated> {
+                items: events
+                    .iter()
+                    .map(|event| TimelineItemResponse {
+                        event_id: event.event_id,
+                        author: event.author.to_string(),
+                        kind: event.kind.clone(),
+                        payload: event.payload.clone(),
+                        at: event.at.to_string(),
+                        row_key: event.row_key.clone(),
+                    })
+                    .collect(),
+                next_cursor: next_cursor.map(str::to_owned),
+                extra: Truncated { truncated },
+            })
+            .expect("renders");
+            assert_eq!(
+                String::from_utf8_lossy(&written),
+                String::from_utf8_lossy(&rendered)
+            );
+        }
+        let empty = to_bytes(write_page(&[], None, false).into_body(), usize::MAX)
+            .await
+            .expect("body");
+        assert_eq!(
+            &empty[..],
+            br#"{"items":[],"next_cursor":null,"truncated":false}"#
+        );
+    }
 }

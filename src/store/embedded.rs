@@ -319,20 +319,30 @@ fn read_range(keyspace: &Keyspace, query: &Query) -> StoreResult<Vec<Item>> {
         Direction::Forward => Box::new(range),
         Direction::Reverse => Box::new(range.rev()),
     };
-    let mut items = Vec::with_capacity(query.limit.min(1024));
+    // The values are copied into one buffer that the items share, rather than one allocation
+    // each: a page of a timeline is hundreds of small values. An item kept after the others
+    // keeps the buffer; a query is bounded by its limit.
+    let mut rows = Vec::with_capacity(query.limit.min(1024));
+    let mut values = Vec::new();
     for guard in guards.take(query.limit) {
         let (key, value) = guard.into_inner().map_err(map_fjall_error)?;
         let row = key
             .get(prefix.len()..)
             .and_then(|row| std::str::from_utf8(row).ok())
             .ok_or_else(|| StoreError::Other("stored key is not UTF-8".into()))?;
-        items.push(Item {
-            partition: query.partition.clone(),
-            row: row.to_owned(),
-            value: Bytes::copy_from_slice(&value),
-        });
+        let start = values.len();
+        values.extend_from_slice(&value);
+        rows.push((row.to_owned(), start..values.len()));
     }
-    Ok(items)
+    let values = Bytes::from(values);
+    Ok(rows
+        .into_iter()
+        .map(|(row, value)| Item {
+            partition: query.partition.clone(),
+            row,
+            value: values.slice(value),
+        })
+        .collect())
 }
 
 fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {

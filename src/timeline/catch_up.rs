@@ -59,11 +59,13 @@ struct Position {
     seen: Vec<(u64, [u8; 6])>,
 }
 
-fn short_id(entry: &TimelineEntry) -> [u8; 6] {
-    let bytes = entry.event_id.as_bytes();
+/// What a cursor remembers of an entry it returned: its `at` and the last 6 bytes of its
+/// event id, both from the row key.
+fn seen_key(entry: &TimelineEntry) -> (u64, [u8; 6]) {
+    let event_id = entry.event_id();
     let mut short = [0u8; 6];
-    short.copy_from_slice(&bytes[10..16]);
-    short
+    short.copy_from_slice(&event_id.as_bytes()[10..16]);
+    (entry.at().get(), short)
 }
 
 impl Position {
@@ -158,11 +160,12 @@ impl Position {
         })
     }
 
-    /// Takes in the entries just returned and moves the floor up behind them.
-    fn advance(&mut self, returned: &[TimelineEntry], window: Duration) {
-        for entry in returned {
-            self.newest = self.newest.max(entry.at.get());
-            self.seen.push((entry.at.get(), short_id(entry)));
+    /// Takes in the entries just returned (their [`seen_key`]s) and moves the floor up
+    /// behind them.
+    fn advance(&mut self, returned: &[(u64, [u8; 6])], window: Duration) {
+        for &(at, short_id) in returned {
+            self.newest = self.newest.max(at);
+            self.seen.push((at, short_id));
         }
         let window_ticks = u64::try_from(window.as_nanos() / 100).unwrap_or(u64::MAX);
         // Entries returned at the floor's own time are above a floor that is an entry, so
@@ -214,17 +217,18 @@ impl Timelines {
         let expected = limit + position.seen.len() + 1;
         let mut rows = Merged::open(store, &self.merged_hints, owner, &window, expected).await?;
         let mut items = Vec::with_capacity(limit);
+        let mut returned = Vec::with_capacity(limit);
         while items.len() < limit {
             let Some(entry) = rows.next(store).await? else {
                 break;
             };
-            let id = short_id(&entry);
-            let at = entry.at.get();
-            if !position.seen.contains(&(at, id)) {
+            let key = seen_key(&entry);
+            if !position.seen.contains(&key) {
                 items.push(entry);
+                returned.push(key);
             }
         }
-        position.advance(&items, self.settings.catch_up_window);
+        position.advance(&returned, self.settings.catch_up_window);
         let next_cursor = self.cursors.encode_bytes(&scope, &position.encode());
         Ok(CatchUp { items, next_cursor })
     }
@@ -261,6 +265,14 @@ impl Timelines {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// What a cursor remembers of a returned entry of time `at` and id `event_id`.
+    fn returned(at: Ticks, event_id: Uuid) -> (u64, [u8; 6]) {
+        let body = bytes::Bytes::from_static(br#"{"author":"a","kind":"k","payload":1,"at":""}"#);
+        let entry =
+            TimelineEntry::from_timeline_row(event_row_key(at, event_id), body).expect("an entry");
+        seen_key(&entry)
+    }
 
     proptest! {
         #[test]
@@ -312,14 +324,7 @@ mod tests {
         let at = Ticks::new(100 * 10_000_000).expect("ticks");
         let mut position =
             Position::starting_after_entry(&event_row_key(at, Uuid::from_u128(9))).expect("key");
-        let entry = |ticks: Ticks, byte: u8| TimelineEntry {
-            event_id: uuid::Uuid::from_bytes([byte; 16]),
-            author: "a".into(),
-            kind: "k".into(),
-            payload: serde_json::value::RawValue::from_string("1".into()).expect("json"),
-            at: ticks,
-            row_key: String::new(),
-        };
+        let entry = |ticks: Ticks, byte: u8| returned(ticks, Uuid::from_bytes([byte; 16]));
         position.advance(&[entry(at, 1)], Duration::from_secs(60));
         assert_eq!(position.seen, vec![(at.get(), [1; 6])]);
         assert_eq!(position.floor_id, Some(Uuid::from_u128(9)));
@@ -334,13 +339,11 @@ mod tests {
     #[test]
     fn the_floor_rises_to_the_window_below_the_newest_entry() {
         let mut position = Position::starting_at(Ticks::MIN);
-        let entry = |seconds: u64, byte: u8| TimelineEntry {
-            event_id: uuid::Uuid::from_bytes([byte; 16]),
-            author: "a".into(),
-            kind: "k".into(),
-            payload: serde_json::value::RawValue::from_string("1".into()).expect("json"),
-            at: Ticks::new(seconds * 10_000_000).expect("ticks"),
-            row_key: String::new(),
+        let entry = |seconds: u64, byte: u8| {
+            returned(
+                Ticks::new(seconds * 10_000_000).expect("ticks"),
+                Uuid::from_bytes([byte; 16]),
+            )
         };
         position.advance(&[entry(100, 1), entry(130, 2)], Duration::from_secs(60));
         assert_eq!(position.floor, 70 * 10_000_000);
@@ -353,19 +356,115 @@ mod tests {
     #[test]
     fn a_crowded_window_keeps_the_newest_entries_and_raises_the_floor() {
         let mut position = Position::starting_at(Ticks::MIN);
-        let entries: Vec<TimelineEntry> = (1..=(MAX_SEEN as u64 + 10))
-            .map(|tick| TimelineEntry {
-                event_id: uuid::Uuid::from_u128(u128::from(tick)),
-                author: "a".into(),
-                kind: "k".into(),
-                payload: serde_json::value::RawValue::from_string("1".into()).expect("json"),
-                at: Ticks::new(tick).expect("ticks"),
-                row_key: String::new(),
+        let entries: Vec<(u64, [u8; 6])> = (1..=(MAX_SEEN as u64 + 10))
+            .map(|tick| {
+                returned(
+                    Ticks::new(tick).expect("ticks"),
+                    Uuid::from_u128(u128::from(tick)),
+                )
             })
             .collect();
         position.advance(&entries, Duration::from_secs(60));
         assert_eq!(position.seen.len(), MAX_SEEN);
         assert_eq!(position.floor, 10);
         assert!(Position::decode(&position.encode()).is_ok());
+    }
+
+    /// A timeline entry at `seconds` by `author`, of `kind`; in the current format, or in the
+    /// first one when `first_format`. Returns its row key.
+    async fn deliver(
+        store: &dyn crate::store::Store,
+        seconds: u64,
+        author: &str,
+        kind: &str,
+        first_format: bool,
+    ) -> String {
+        let at = Ticks::new(639_000_000_000_000_000 + seconds * 10_000_000).expect("ticks");
+        let event = crate::timeline::Event {
+            event_id: Uuid::now_v7(),
+            author: SubjectId::parse(author).expect("author"),
+            kind: kind.into(),
+            payload: serde_json::value::RawValue::from_string("{}".into()).expect("payload"),
+            at,
+            row_key: String::new(),
+        };
+        let row_key = event_row_key(at, event.event_id);
+        let body = if first_format {
+            bytes::Bytes::from(format!(r#"{{"a":"{author}","k":"{kind}","p":{{}}}}"#))
+        } else {
+            event.timeline_entry_body()
+        };
+        store
+            .batch_write(vec![crate::store::Write::put(
+                crate::store::Table::Timelines,
+                crate::store::Item::new("reader", &row_key, body),
+            )])
+            .await
+            .expect("deliver");
+        row_key
+    }
+
+    fn kinds(caught_up: &CatchUp) -> Vec<String> {
+        caught_up
+            .items
+            .iter()
+            .map(|entry| {
+                let mut json = Vec::new();
+                entry.write_json("author", &mut json);
+                let item: serde_json::Value = serde_json::from_slice(&json).expect("an item");
+                assert_eq!(item["row_key"], entry.row_key.as_str());
+                format!(
+                    "{}/{}",
+                    item["author"].as_str().expect("author"),
+                    item["kind"]
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_catch_up_read_returns_entries_of_either_format_oldest_first_and_each_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = std::sync::Arc::new(
+            crate::store::EmbeddedStore::open_async(dir.path())
+                .await
+                .expect("open"),
+        );
+        let timelines = Timelines::new(
+            store.clone(),
+            crate::cursor::CursorCodec::new(b"a test key of thirty-two bytes!!"),
+            crate::timeline::Settings {
+                max_payload_bytes: 1024,
+                max_timeline_len: 800,
+                backfill: 100,
+                catch_up_window: Duration::from_secs(60),
+            },
+            std::sync::Arc::default(),
+        );
+        let owner = SubjectId::parse("reader").expect("owner");
+        deliver(store.as_ref(), 10, "ann", "new", false).await;
+        deliver(store.as_ref(), 20, "bob", "first", true).await;
+        let start = Ticks::new(639_000_000_000_000_000)
+            .expect("ticks")
+            .to_string();
+        let first = timelines
+            .catch_up(&owner, 250, &start)
+            .await
+            .expect("caught up");
+        assert_eq!(kinds(&first), [r#"ann/"new""#, r#"bob/"first""#]);
+
+        // A late entry inside the window and a newer one: each returned once, oldest first.
+        deliver(store.as_ref(), 15, "cat", "late", true).await;
+        deliver(store.as_ref(), 30, "dan", "newer", false).await;
+        let second = timelines
+            .catch_up(&owner, 250, &first.next_cursor)
+            .await
+            .expect("caught up");
+        assert_eq!(kinds(&second), [r#"cat/"late""#, r#"dan/"newer""#]);
+        let third = timelines
+            .catch_up(&owner, 250, &second.next_cursor)
+            .await
+            .expect("caught up");
+        assert!(third.items.is_empty());
     }
 }

@@ -260,7 +260,7 @@ impl Merged {
         }
     }
 
-    /// The next row, decoded; `None` when every source is exhausted.
+    /// The next row, as an entry; `None` when every source is exhausted.
     pub async fn next(&mut self, store: &dyn Store) -> DomainResult<Option<TimelineEntry>> {
         loop {
             // Sources that ran dry are read again together: merged authors whose events are
@@ -295,9 +295,9 @@ impl Merged {
                 continue;
             }
             let entry = match &self.sources[best].origin {
-                Origin::Timeline => TimelineEntry::decode(item.row, &item.value),
+                Origin::Timeline => TimelineEntry::from_timeline_row(item.row, item.value),
                 Origin::Events(author) => {
-                    TimelineEntry::decode_event(author.as_str(), item.row, &item.value)
+                    TimelineEntry::from_event_row(author.as_str(), item.row, item.value)
                 }
             };
             return entry.map(Some).map_err(DomainError::Corrupt);
@@ -411,5 +411,111 @@ mod tests {
             .await
             .expect("stop");
         assert!(read_all(&store, &hints, &owner).await.is_empty());
+    }
+
+    /// An item of `table` in the first stored format, at `seconds`; returns its row key.
+    async fn put_first_format(
+        store: &dyn Store,
+        table: Table,
+        partition: &str,
+        seconds: u64,
+        body: &'static [u8],
+    ) -> String {
+        let at = Ticks::new(1_000_000_000 + seconds * 10_000_000).expect("ticks");
+        let row_key = event_row_key(at, Uuid::now_v7());
+        store
+            .batch_write(vec![Write::put(
+                table,
+                Item::new(partition, &row_key, bytes::Bytes::from_static(body)),
+            )])
+            .await
+            .expect("put");
+        row_key
+    }
+
+    #[tokio::test]
+    async fn a_merged_read_yields_pushed_and_merged_entries_of_either_format_as_timeline_items() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let owner = SubjectId::parse("reader").expect("owner");
+        let hints = MergedHints::new(16);
+        // Pushed: a current entry (at 1 s) and one of the first format (at 3 s).
+        let pushed = {
+            let row = post(&store, "friend", 1).await;
+            let (_, body) = store
+                .query(Query::partition(Table::Events, "friend", 1))
+                .await
+                .expect("read")
+                .into_iter()
+                .map(|item| (item.row, item.value))
+                .next()
+                .expect("the friend's event");
+            let author = SubjectId::parse("friend").expect("author");
+            let event = Event::decode(&author, &row, &body).expect("event");
+            store
+                .batch_write(vec![Write::put(
+                    Table::Timelines,
+                    Item::new("reader", &row, event.timeline_entry_body()),
+                )])
+                .await
+                .expect("push");
+            row
+        };
+        let pushed_first = put_first_format(
+            &store,
+            Table::Timelines,
+            "reader",
+            3,
+            br#"{"a":"old-friend","k":"old","p":[1]}"#,
+        )
+        .await;
+        // Merged: the star's current event (at 2 s), one of the first format (at 4 s), and a
+        // deleted one still being removed (at 5 s).
+        let merged = post(&store, "star", 2).await;
+        let merged_first =
+            put_first_format(&store, Table::Events, "star", 4, br#"{"k":"like","p":2}"#).await;
+        let removed = post(&store, "star", 5).await;
+        let mut writes = vec![merged_authors::merge_into("reader", "star", None)];
+        writes.extend(removal::mark(&removed));
+        store.batch_write(writes).await.expect("merge");
+
+        let mut rows = Merged::open(&store, &hints, &owner, &Window::default(), 10)
+            .await
+            .expect("open");
+        let mut items = Vec::new();
+        while let Some(entry) = rows.next(&store).await.expect("next") {
+            let mut json = Vec::new();
+            entry.write_json("author", &mut json);
+            items.push(serde_json::from_slice::<serde_json::Value>(&json).expect("an item"));
+        }
+        let seen: Vec<(&str, &str, &str)> = items
+            .iter()
+            .map(|item| {
+                (
+                    item["row_key"].as_str().expect("row_key"),
+                    item["author"].as_str().expect("author"),
+                    item["kind"].as_str().expect("kind"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (merged_first.as_str(), "star", "like"),
+                (pushed_first.as_str(), "old-friend", "old"),
+                (merged.as_str(), "star", "post"),
+                (pushed.as_str(), "friend", "post"),
+            ],
+            "newest first, the removed event left out"
+        );
+        assert_eq!(items[0]["payload"], serde_json::json!(2));
+        assert_eq!(items[1]["payload"], serde_json::json!([1]));
+        for item in &items {
+            let row_key = item["row_key"].as_str().expect("row_key");
+            let (at, event_id) = crate::keys::parse_event_row_key(row_key).expect("row key");
+            assert_eq!(item["event_id"], event_id.to_string());
+            assert_eq!(item["at"], at.to_string());
+            assert_eq!(item.as_object().expect("object").len(), 6);
+        }
     }
 }

@@ -1,15 +1,17 @@
 //! Domain types of the timeline service and how they are stored.
 //!
-//! Item bodies are compact JSON. An event's time and id are not stored in the body: the row
-//! key holds both (DESIGN.md §1). A payload is kept as raw JSON text, so it is never parsed
-//! again after the request that brought it.
+//! Item bodies are compact JSON. An event's id and time are the row key's (DESIGN.md §1);
+//! an event body holds the fields of the event's page item in their page order, its time as
+//! RFC 3339 text rendered once at posting, so a page is written by concatenating bodies
+//! (docs/architecture.md, "Stored events and pages"). A payload is kept as raw JSON text, so
+//! it is never parsed again after the request that brought it.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use crate::keys::{Ticks, parse_event_row_key};
+use crate::keys::{MAX_TICKS, Ticks, parse_event_row_key};
 
 /// Longest subject id, in UTF-8 bytes.
 pub const MAX_SUBJECT_BYTES: usize = 256;
@@ -76,15 +78,16 @@ pub struct Event {
     pub row_key: String,
 }
 
-/// One event as delivered to a timeline.
+/// One event as a page item of a timeline or an author log: its row key and its stored body,
+/// checked once and kept as stored, so a page is written by concatenation (see
+/// [`TimelineEntry::write_json`]). Its time and id are those of the row key.
 #[derive(Clone, Debug)]
 pub struct TimelineEntry {
-    pub event_id: Uuid,
-    pub author: String,
-    pub kind: String,
-    pub payload: Box<RawValue>,
-    pub at: Ticks,
     pub row_key: String,
+    /// A body in the current format (an [`EntryBody`] or an [`EventBody`]).
+    body: Bytes,
+    /// Where the author's name starts in `body`: the quote just after its field's key.
+    name_at: usize,
 }
 
 /// A follow edge seen from one side: the other subject and when the edge was made.
@@ -103,23 +106,40 @@ pub struct Page<T> {
     pub truncated: bool,
 }
 
-/// Body of an `events` item.
-#[derive(Serialize, Deserialize)]
-struct StoredEvent<'a> {
-    #[serde(rename = "k", borrow)]
-    kind: std::borrow::Cow<'a, str>,
-    #[serde(rename = "p", borrow)]
+/// Body of an `events` item: the item of the author log (`GET /v1/subjects/{s}/events`)
+/// without `event_id` and `row_key`, fields in the order of that item.
+#[derive(Serialize)]
+struct EventBody<'a> {
+    subject: &'a str,
+    kind: &'a str,
     payload: &'a RawValue,
+    at: &'a str,
 }
 
-/// Body of a `timelines` item.
-#[derive(Serialize, Deserialize)]
-struct StoredEntry<'a> {
-    #[serde(rename = "a", borrow)]
-    author: std::borrow::Cow<'a, str>,
-    #[serde(rename = "k", borrow)]
+/// Body of a `timelines` item: the item of a timeline page without `event_id` and
+/// `row_key`, fields in the order of that item.
+#[derive(Serialize)]
+struct EntryBody<'a> {
+    author: &'a str,
+    kind: &'a str,
+    payload: &'a RawValue,
+    at: &'a str,
+}
+
+/// How a body in the current format starts, up to the quote that opens the author's name.
+const EVENT_BODY_START: &[u8] = br#"{"subject":""#;
+const ENTRY_BODY_START: &[u8] = br#"{"author":""#;
+
+/// Any stored body, read for its fields: the current formats, and the first ones, which
+/// `timelines` and `events` may still hold: `{"a":author,"k":kind,"p":payload}` and
+/// `{"k":kind,"p":payload}` (the author is the partition; the time is the row key's).
+#[derive(Deserialize)]
+struct StoredFields<'a> {
+    #[serde(alias = "a", alias = "subject", default)]
+    author: Option<String>,
+    #[serde(alias = "k", borrow)]
     kind: std::borrow::Cow<'a, str>,
-    #[serde(rename = "p", borrow)]
+    #[serde(alias = "p", borrow)]
     payload: &'a RawValue,
 }
 
@@ -139,17 +159,21 @@ fn corrupt(what: &str, row_key: &str) -> String {
 }
 
 impl Event {
+    /// The body of this event's `events` item.
     pub fn encode(&self) -> Bytes {
-        to_bytes(&StoredEvent {
-            kind: self.kind.as_str().into(),
+        to_bytes(&EventBody {
+            subject: self.author.as_str(),
+            kind: &self.kind,
             payload: &self.payload,
+            at: &self.at.to_string(),
         })
     }
 
+    /// Reads an `events` item, in the current format or the first.
     pub fn decode(author: &SubjectId, row_key: &str, body: &[u8]) -> Result<Event, String> {
         let (at, event_id) =
             parse_event_row_key(row_key).ok_or_else(|| corrupt("event", row_key))?;
-        let stored: StoredEvent<'_> =
+        let stored: StoredFields<'_> =
             serde_json::from_slice(body).map_err(|_| corrupt("event", row_key))?;
         Ok(Event {
             event_id,
@@ -161,51 +185,153 @@ impl Event {
         })
     }
 
-    /// The body of this event's entry in every timeline it reaches (same for all of them).
+    /// The body of this event's entry in every timeline it reaches (same for all of them): a
+    /// JSON object, `{"author":..,"kind":..,"payload":..,"at":..}`.
     pub fn timeline_entry_body(&self) -> Bytes {
-        to_bytes(&StoredEntry {
-            author: self.author.as_str().into(),
-            kind: self.kind.as_str().into(),
-            payload: &self.payload,
-        })
+        entry_body(self.author.as_str(), &self.kind, &self.payload, self.at)
     }
 }
 
+fn entry_body(author: &str, kind: &str, payload: &RawValue, at: Ticks) -> Bytes {
+    to_bytes(&EntryBody {
+        author,
+        kind,
+        payload,
+        at: &at.to_string(),
+    })
+}
+
+/// `MAX_TICKS` as the 19 digits of a row key: no row key's time part sorts above it.
+const MAX_REVERSE_TICKS: &[u8; 19] = b"3155378975999999999";
+
+/// Whether `row` is an event row key, spelled as [`crate::keys::event_row_key`] spells it:
+/// the same test as [`parse_event_row_key`], without parsing. Such a key needs no JSON
+/// escaping, and its last 36 bytes are its event id as a page item shows it.
+fn is_event_row_key(row: &str) -> bool {
+    let bytes = row.as_bytes();
+    let is_lower_hex = |byte: &u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(byte);
+    bytes.len() == 56
+        && bytes[..19].iter().all(u8::is_ascii_digit)
+        && bytes[..19] <= MAX_REVERSE_TICKS[..]
+        && bytes[19] == b'_'
+        && [28, 33, 38, 43].iter().all(|&hyphen| bytes[hyphen] == b'-')
+        && [20..28, 29..33, 34..38, 39..43, 44..56]
+            .into_iter()
+            .all(|group| bytes[group].iter().all(is_lower_hex))
+}
+
+/// Whether `body` is in the current format that starts with `start`. Bodies are written by
+/// this service only, so the ends are checked, not every byte between.
+fn is_current(body: &[u8], start: &[u8]) -> bool {
+    body.len() > start.len() + 1 && body.starts_with(start) && body.ends_with(b"\"}")
+}
+
 impl TimelineEntry {
-    /// An event of `author`'s log, read as its entry in a timeline (merged at read time).
-    pub fn decode_event(
-        author: &str,
-        row_key: String,
-        body: &[u8],
-    ) -> Result<TimelineEntry, String> {
-        let (at, event_id) =
-            parse_event_row_key(&row_key).ok_or_else(|| corrupt("event", &row_key))?;
-        let stored: StoredEvent<'_> =
-            serde_json::from_slice(body).map_err(|_| corrupt("event", &row_key))?;
-        Ok(TimelineEntry {
-            event_id,
-            author: author.to_owned(),
-            kind: stored.kind.into_owned(),
-            payload: stored.payload.to_owned(),
-            at,
+    /// A `timelines` item, in the current format or the first (converted once, here).
+    pub fn from_timeline_row(row_key: String, body: Bytes) -> Result<TimelineEntry, String> {
+        if !is_event_row_key(&row_key) {
+            return Err(corrupt("timeline entry", &row_key));
+        }
+        if is_current(&body, ENTRY_BODY_START) {
+            return Ok(TimelineEntry {
+                row_key,
+                body,
+                name_at: ENTRY_BODY_START.len() - 1,
+            });
+        }
+        let stored: StoredFields<'_> =
+            serde_json::from_slice(&body).map_err(|_| corrupt("timeline entry", &row_key))?;
+        let author = stored
+            .author
+            .ok_or_else(|| corrupt("timeline entry", &row_key))?;
+        Ok(TimelineEntry::converted(
             row_key,
-        })
+            &author,
+            &stored.kind,
+            stored.payload,
+        ))
     }
 
-    pub fn decode(row_key: String, body: &[u8]) -> Result<TimelineEntry, String> {
-        let (at, event_id) =
-            parse_event_row_key(&row_key).ok_or_else(|| corrupt("timeline entry", &row_key))?;
-        let stored: StoredEntry<'_> =
-            serde_json::from_slice(body).map_err(|_| corrupt("timeline entry", &row_key))?;
-        Ok(TimelineEntry {
-            event_id,
-            author: stored.author.into_owned(),
-            kind: stored.kind.into_owned(),
-            payload: stored.payload.to_owned(),
-            at,
+    /// An `events` item of `author`'s log, in the current format or the first (converted
+    /// once, here): an entry of the author log, or of a timeline that merges the author.
+    pub fn from_event_row(
+        author: &str,
+        row_key: String,
+        body: Bytes,
+    ) -> Result<TimelineEntry, String> {
+        if !is_event_row_key(&row_key) {
+            return Err(corrupt("event", &row_key));
+        }
+        if is_current(&body, EVENT_BODY_START) {
+            return Ok(TimelineEntry {
+                row_key,
+                body,
+                name_at: EVENT_BODY_START.len() - 1,
+            });
+        }
+        let stored: StoredFields<'_> =
+            serde_json::from_slice(&body).map_err(|_| corrupt("event", &row_key))?;
+        Ok(TimelineEntry::converted(
             row_key,
-        })
+            author,
+            &stored.kind,
+            stored.payload,
+        ))
     }
+
+    /// An entry read from a body of the first format, rewritten in the current one.
+    fn converted(row_key: String, author: &str, kind: &str, payload: &RawValue) -> TimelineEntry {
+        TimelineEntry {
+            body: entry_body(author, kind, payload, row_key_ticks(&row_key)),
+            row_key,
+            name_at: ENTRY_BODY_START.len() - 1,
+        }
+    }
+
+    /// The event's id, from the row key.
+    pub fn event_id(&self) -> Uuid {
+        // The row key was checked when the entry was made.
+        Uuid::try_parse(&self.row_key[20..]).unwrap_or_default()
+    }
+
+    /// The event's time, from the row key.
+    pub fn at(&self) -> Ticks {
+        row_key_ticks(&self.row_key)
+    }
+
+    /// Appends this entry as a page item, its author under `author_key` (`author` in a
+    /// timeline, `subject` in an author log): `{"event_id":..,"<author_key>":..,"kind":..,
+    /// "payload":..,"at":..,"row_key":..}`, byte for byte what serde renders of the
+    /// response types, with nothing parsed or escaped here.
+    pub fn write_json(&self, author_key: &str, out: &mut Vec<u8>) {
+        out.extend_from_slice(br#"{"event_id":""#);
+        out.extend_from_slice(&self.row_key.as_bytes()[20..]);
+        out.extend_from_slice(br#"",""#);
+        out.extend_from_slice(author_key.as_bytes());
+        out.extend_from_slice(br#"":"#);
+        out.extend_from_slice(&self.body[self.name_at..self.body.len() - 1]);
+        out.extend_from_slice(br#","row_key":""#);
+        out.extend_from_slice(self.row_key.as_bytes());
+        out.extend_from_slice(br#""}"#);
+    }
+
+    /// How many bytes [`TimelineEntry::write_json`] appends.
+    pub fn json_len(&self, author_key: &str) -> usize {
+        const PUNCTUATION: usize = r#"{"event_id":"","":,"row_key":""}"#.len();
+        PUNCTUATION
+            + author_key.len()
+            + (self.row_key.len() - 20)
+            + self.row_key.len()
+            + (self.body.len() - self.name_at - 1)
+    }
+}
+
+/// The time of a checked event row key.
+fn row_key_ticks(row_key: &str) -> Ticks {
+    let reverse = row_key.as_bytes()[..19]
+        .iter()
+        .fold(0u64, |value, digit| value * 10 + u64::from(digit - b'0'));
+    Ticks::clamped(MAX_TICKS.saturating_sub(reverse))
 }
 
 impl Edge {
@@ -244,6 +370,221 @@ mod tests {
         assert!(SubjectId::parse("v1.2/..x").is_ok());
     }
 
+    /// A timeline item as the response types render it (the rendering before pages were
+    /// written from stored bytes): the same fields, in the same order.
+    #[derive(Serialize)]
+    struct RenderedItem<'a> {
+        event_id: Uuid,
+        author: &'a str,
+        kind: &'a str,
+        payload: &'a RawValue,
+        at: String,
+        row_key: &'a str,
+    }
+
+    /// An author-log item as the response types render it.
+    #[derive(Serialize)]
+    struct RenderedEvent<'a> {
+        event_id: Uuid,
+        subject: &'a str,
+        kind: &'a str,
+        payload: &'a RawValue,
+        at: String,
+        row_key: &'a str,
+    }
+
+    fn rendered_item(event: &Event) -> String {
+        serde_json::to_string(&RenderedItem {
+            event_id: event.event_id,
+            author: event.author.as_str(),
+            kind: &event.kind,
+            payload: &event.payload,
+            at: event.at.to_string(),
+            row_key: &event.row_key,
+        })
+        .expect("renders")
+    }
+
+    fn rendered_event(event: &Event) -> String {
+        serde_json::to_string(&RenderedEvent {
+            event_id: event.event_id,
+            subject: event.author.as_str(),
+            kind: &event.kind,
+            payload: &event.payload,
+            at: event.at.to_string(),
+            row_key: &event.row_key,
+        })
+        .expect("renders")
+    }
+
+    /// `entry` as a page item, its author under `author_key`, checking its announced length.
+    fn written(entry: &TimelineEntry, author_key: &str) -> String {
+        let mut out = b"[".to_vec();
+        entry.write_json(author_key, &mut out);
+        assert_eq!(
+            out.len(),
+            1 + entry.json_len(author_key),
+            "json_len is exact"
+        );
+        String::from_utf8(out[1..].to_vec()).expect("UTF-8")
+    }
+
+    fn event_of(author: &str, kind: &str, payload: &str, at: Ticks, event_id: Uuid) -> Event {
+        Event {
+            event_id,
+            author: SubjectId(author.to_owned()),
+            kind: kind.to_owned(),
+            payload: RawValue::from_string(payload.to_owned()).expect("JSON payload"),
+            at,
+            row_key: crate::keys::event_row_key(at, event_id),
+        }
+    }
+
+    /// Payloads as clients send them, spacing and escapes kept.
+    const PAYLOADS: &[&str] = &[
+        "null",
+        "1e5",
+        r#""text""#,
+        "[]",
+        r#"{"text":"hi \"there\"","n":-1.50}"#,
+        "{ \"spaced\" : [ 1 , 2 ] ,\n \"é\":\"\\u00e9\\n\" }",
+        r#"{"nested":{"deep":[{"a":null},true,false]}}"#,
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn stored_entries_write_the_items_the_response_types_render(
+            author in ".{1,16}",
+            kind in proptest::prelude::any::<String>(),
+            payload in proptest::sample::select(PAYLOADS),
+            ticks in 0..=MAX_TICKS,
+            id in proptest::prelude::any::<u128>(),
+        ) {
+            let event = event_of(
+                &author,
+                &kind,
+                payload,
+                Ticks::new(ticks).expect("ticks"),
+                Uuid::from_u128(id),
+            );
+            let pushed =
+                TimelineEntry::from_timeline_row(event.row_key.clone(), event.timeline_entry_body())
+                    .expect("a timeline entry");
+            proptest::prop_assert_eq!(written(&pushed, "author"), rendered_item(&event));
+            let logged = TimelineEntry::from_event_row(&author, event.row_key.clone(), event.encode())
+                .expect("an event");
+            proptest::prop_assert_eq!(written(&logged, "subject"), rendered_event(&event));
+            // Merged at read time, an author's event is the item it would be if pushed.
+            proptest::prop_assert_eq!(written(&logged, "author"), rendered_item(&event));
+            proptest::prop_assert_eq!((logged.event_id(), logged.at()), (event.event_id, event.at));
+            // The stored bodies are JSON objects (fan-out embeds the entry body in its jobs).
+            let body: serde_json::Value =
+                serde_json::from_slice(&event.timeline_entry_body()).expect("JSON");
+            proptest::prop_assert!(body.is_object());
+            let decoded = Event::decode(&event.author, &event.row_key, &event.encode())
+                .expect("decodes");
+            proptest::prop_assert_eq!(decoded.kind, event.kind);
+            proptest::prop_assert_eq!(decoded.payload.get(), event.payload.get());
+        }
+
+        #[test]
+        fn the_row_key_check_agrees_with_the_row_key_parser(
+            row in "[0-9]{19}_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+            flip in 0..56usize,
+            to in proptest::sample::select(&['A', 'f', 'g', '-', '_', '0', '9', '{', 'é'][..]),
+        ) {
+            proptest::prop_assert_eq!(is_event_row_key(&row), parse_event_row_key(&row).is_some());
+            let mut changed: Vec<char> = row.chars().collect();
+            changed[flip] = to;
+            let changed: String = changed.into_iter().collect();
+            proptest::prop_assert_eq!(
+                is_event_row_key(&changed),
+                parse_event_row_key(&changed).is_some(),
+                "{}", changed
+            );
+        }
+    }
+
+    #[test]
+    fn the_highest_row_key_time_is_max_ticks() {
+        assert_eq!(
+            format!("{MAX_TICKS:019}").as_bytes(),
+            MAX_REVERSE_TICKS.as_slice()
+        );
+        let newest = crate::keys::event_row_key(Ticks::MIN, Uuid::nil());
+        assert!(is_event_row_key(&newest));
+        let past_the_end = newest.replacen("3155378975999999999", "3155378976000000000", 1);
+        assert!(!is_event_row_key(&past_the_end));
+        assert_eq!(row_key_ticks(&newest), Ticks::MIN);
+    }
+
+    #[test]
+    fn timeline_entries_of_the_first_format_read_back_as_items() {
+        let at = Ticks::new(639_000_000_123_456_789).expect("ticks");
+        let event_id = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001);
+        let row_key = crate::keys::event_row_key(at, event_id);
+        let first_format = br#"{"a":"al\"ice","k":"post","p":{ "x" : [1, 2] }}"#;
+        let entry =
+            TimelineEntry::from_timeline_row(row_key.clone(), Bytes::from_static(first_format))
+                .expect("reads");
+        assert_eq!(
+            written(&entry, "author"),
+            format!(
+                r#"{{"event_id":"{event_id}","author":"al\"ice","kind":"post","payload":{{ "x" : [1, 2] }},"at":"{at}","row_key":"{row_key}"}}"#
+            )
+        );
+        assert_eq!((entry.event_id(), entry.at()), (event_id, at));
+        // Missing the author, it is not a timeline entry.
+        assert!(
+            TimelineEntry::from_timeline_row(row_key, Bytes::from_static(br#"{"k":"post","p":1}"#))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn events_of_the_first_format_read_back_as_items_and_as_events() {
+        let at = Ticks::new(639_000_000_000_000_000).expect("ticks");
+        let event_id = Uuid::from_u128(42);
+        let row_key = crate::keys::event_row_key(at, event_id);
+        let first_format = br#"{"k":"like","p":"\u00e9"}"#;
+        let entry =
+            TimelineEntry::from_event_row("bob", row_key.clone(), Bytes::from_static(first_format))
+                .expect("reads");
+        let expected = |author_key: &str| {
+            format!(
+                r#"{{"event_id":"{event_id}","{author_key}":"bob","kind":"like","payload":"\u00e9","at":"{at}","row_key":"{row_key}"}}"#
+            )
+        };
+        assert_eq!(written(&entry, "subject"), expected("subject"));
+        assert_eq!(written(&entry, "author"), expected("author"));
+        let author = SubjectId::parse("bob").expect("subject");
+        let event = Event::decode(&author, &row_key, first_format).expect("decodes");
+        assert_eq!(
+            (event.kind.as_str(), event.payload.get(), event.at),
+            ("like", r#""\u00e9""#, at)
+        );
+    }
+
+    #[test]
+    fn unreadable_rows_are_refused() {
+        let event = event_of("a", "k", "1", Ticks::now(), Uuid::now_v7());
+        assert!(
+            TimelineEntry::from_timeline_row("bogus".into(), event.timeline_entry_body()).is_err()
+        );
+        assert!(TimelineEntry::from_event_row("a", "bogus".into(), event.encode()).is_err());
+        for body in [
+            &b"{}"[..],
+            b"",
+            b"not json",
+            br#"{"author":"#,
+            br#"{"subject":"#,
+        ] {
+            let body = Bytes::copy_from_slice(body);
+            assert!(TimelineEntry::from_timeline_row(event.row_key.clone(), body.clone()).is_err());
+            assert!(TimelineEntry::from_event_row("a", event.row_key.clone(), body).is_err());
+        }
+    }
+
     #[test]
     fn events_and_entries_round_trip_through_storage() {
         let author = SubjectId::parse("alice").expect("valid");
@@ -260,11 +601,9 @@ mod tests {
         let stored = Event::decode(&author, &event.row_key, &event.encode()).expect("decode");
         assert_eq!(stored.payload.get(), event.payload.get());
         assert_eq!((stored.event_id, stored.at), (event_id, at));
-        let entry = TimelineEntry::decode(event.row_key.clone(), &event.timeline_entry_body())
-            .expect("decode entry");
-        assert_eq!(entry.author, "alice");
-        assert_eq!(entry.kind, "post");
-        assert_eq!(entry.payload.get(), event.payload.get());
-        assert!(TimelineEntry::decode("bogus".into(), b"{}").is_err());
+        let entry =
+            TimelineEntry::from_timeline_row(event.row_key.clone(), event.timeline_entry_body())
+                .expect("decode entry");
+        assert_eq!((entry.event_id(), entry.at()), (event_id, at));
     }
 }

@@ -81,7 +81,21 @@ impl Timelines {
         })
     }
 
-    /// An author's own events, newest first.
+    /// An author's own events, newest first, as page items (see
+    /// [`TimelineEntry::write_json`]).
+    pub async fn event_log(
+        &self,
+        author: &SubjectId,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> DomainResult<Page<TimelineEntry>> {
+        self.page(Table::Events, author, limit, cursor, |item| {
+            TimelineEntry::from_event_row(author.as_str(), item.row, item.value)
+        })
+        .await
+    }
+
+    /// An author's own events, newest first, decoded.
     pub async fn events(
         &self,
         author: &SubjectId,
@@ -126,7 +140,7 @@ impl Timelines {
         partition: &SubjectId,
         limit: usize,
         cursor: Option<&str>,
-        decode: impl Fn(&Item) -> Result<T, String>,
+        decode: impl Fn(Item) -> Result<T, String>,
     ) -> DomainResult<Page<T>> {
         check_limit(limit)?;
         let scope = format!("{table}/{partition}");
@@ -146,8 +160,8 @@ impl Timelines {
             })
             .flatten();
         let items = rows
-            .iter()
-            .map(&decode)
+            .into_iter()
+            .map(decode)
             .collect::<Result<Vec<T>, String>>()
             .map_err(DomainError::Corrupt)?;
         Ok(Page {
