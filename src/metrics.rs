@@ -84,7 +84,7 @@ impl Metrics {
         let queue_depth = Gauge::default();
         registry.register(
             "fanline_jobs_queue_depth",
-            "Jobs in the queue, pending or leased (counted at scrape time, up to 10000 per shard)",
+            "Jobs in the queue, pending or leased (counted at scrape time, up to FANLINE_MAX_BACKLOG, or 1000 per shard without a bound)",
             queue_depth.clone(),
         );
         let backlog_age_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();

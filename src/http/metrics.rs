@@ -12,9 +12,6 @@ use utoipa_axum::routes;
 use super::AppState;
 use crate::metrics::HttpLabels;
 
-/// Jobs counted per queue shard for the depth gauge; a deeper queue shows as this cap.
-const QUEUE_DEPTH_CAP_PER_SHARD: usize = 10_000;
-
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default().routes(routes!(get_metrics))
 }
@@ -32,7 +29,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     ))
 )]
 async fn get_metrics(State(state): State<AppState>) -> Response {
-    match state.timelines.queue_depth(QUEUE_DEPTH_CAP_PER_SHARD).await {
+    match state.timelines.queue_depth().await {
         Ok(depth) => {
             state
                 .metrics

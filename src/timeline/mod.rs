@@ -148,9 +148,11 @@ impl Timelines {
         self.backlog.view()
     }
 
-    /// Jobs in the fan-out queue, counting at most `cap_per_shard` per shard (for metrics).
-    pub async fn queue_depth(&self, cap_per_shard: usize) -> Result<u64, StoreError> {
-        jobs::depth(self.store.as_ref(), cap_per_shard).await
+    /// Jobs in the queue, counted now the way the backlog counts them (up to its bound, or
+    /// 1,000 a shard without one), for metrics.
+    pub async fn queue_depth(&self) -> Result<u64, StoreError> {
+        self.backlog.refresh(self.store.as_ref()).await?;
+        Ok(self.backlog.view().pending)
     }
 
     /// Whether the store answers (for health checks).
