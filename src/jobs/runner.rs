@@ -15,7 +15,7 @@ use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
 use super::floors::Floors;
-use super::job::{Job, SHARDS, now_ms};
+use super::job::{Job, SHARDS, StatusKey, now_ms};
 use super::metrics::{JobMetrics, kind};
 use super::queue::{self, Claimed};
 use super::status::{self, RECORD_RACES, StatusRecord};
@@ -295,25 +295,29 @@ impl Worker {
             futures::future::join_all(chunks.into_iter().map(|chunk| self.finish_chunk(chunk)))
                 .await;
         let mut first_error = None;
-        // Expired records are swept once per partition of the batch, not once per job.
-        let mut finished_partitions = std::collections::BTreeSet::new();
+        // Expired records are swept at most once per partition of the batch.
+        let mut finished = std::collections::BTreeMap::new();
         for result in results {
             match result {
-                Ok(partitions) => finished_partitions.extend(partitions),
+                Ok(keys) => {
+                    for key in keys.into_iter().filter(|key| status::sweeps(&key.row)) {
+                        finished.entry(key.partition.clone()).or_insert(key);
+                    }
+                }
                 Err(err) => {
                     first_error.get_or_insert(err);
                 }
             }
         }
-        for partition in finished_partitions {
-            self.sweep_expired(&partition).await;
+        for key in finished.values() {
+            self.sweep_expired(key).await;
         }
         first_error.map_or(Ok(()), Err)
     }
 
     /// Ends one transaction's worth of done jobs (see [`Worker::finish_together`]); returns
-    /// the status partitions of the work it completed.
-    async fn finish_chunk(&self, chunk: Vec<(Claimed, Ending)>) -> JobResult<Vec<String>> {
+    /// the status records of the work it completed.
+    async fn finish_chunk(&self, chunk: Vec<(Claimed, Ending)>) -> JobResult<Vec<StatusKey>> {
         let retention_ms = millis(self.settings.status_retention);
         let keys: std::collections::HashSet<_> = chunk
             .iter()
@@ -377,7 +381,7 @@ impl Worker {
             }
             return first_error.map_or(Ok(Vec::new()), Err);
         }
-        let mut finished_partitions = Vec::new();
+        let mut finished = Vec::new();
         for ((job, _), record) in chunk.iter().zip(&records) {
             self.metrics
                 .completed
@@ -386,10 +390,10 @@ impl Worker {
             if self.report_done(job, record.as_ref())
                 && let Some(key) = &job.job.status
             {
-                finished_partitions.push(key.partition.clone());
+                finished.push(key.clone());
             }
         }
-        Ok(finished_partitions)
+        Ok(finished)
     }
 
     /// Ends a job the way its run ended.
@@ -504,7 +508,7 @@ impl Worker {
                     && self.report_done(&job, record.as_ref())
                     && let Some(key) = &snapshot.status
                 {
-                    self.sweep_expired(&key.partition).await;
+                    self.sweep_expired(key).await;
                 }
             }
             Ended::Done(_) => {
@@ -512,16 +516,20 @@ impl Worker {
                 if self.report_done(&job, record.as_ref())
                     && let Some(key) = &snapshot.status
                 {
-                    self.sweep_expired(&key.partition).await;
+                    self.sweep_expired(key).await;
                 }
             }
         }
         Ok(())
     }
 
-    /// Deletes expired status records of a partition in which work just ended, so records
-    /// never pile up.
-    async fn sweep_expired(&self, partition: &str) {
+    /// Deletes expired status records of a partition in which work just ended, if that work
+    /// is one of those that sweep (see [`status::sweeps`]).
+    async fn sweep_expired(&self, key: &StatusKey) {
+        if !status::sweeps(&key.row) {
+            return;
+        }
+        let partition = &key.partition;
         if let Err(err) = status::sweep_expired(self.store.as_ref(), partition).await {
             warn!(%partition, error = %err, "could not sweep expired status records");
         }

@@ -266,12 +266,31 @@ pub async fn lookup(
     })
 }
 
+/// One piece of work in this many sweeps its partition when it ends.
+const SWEEP_EVERY: u64 = 8;
+/// Records a sweep reads (and may delete): several times [`SWEEP_EVERY`], so sweeps keep up
+/// with the records work leaves.
+const SWEEP_ROWS: usize = 32;
+
+/// Whether the end of the work whose root job is `root_id` sweeps its partition: decided by
+/// the id, so it costs a small share of each piece of work (expired records are never read as
+/// live meanwhile: [`lookup`] skips them).
+pub(super) fn sweeps(root_id: &str) -> bool {
+    let hash = root_id
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    hash.is_multiple_of(SWEEP_EVERY)
+}
+
 /// Deletes expired done records at the head of a partition (oldest first, since the rows
-/// are UUIDv7 job ids). Called after work ends, so records never pile up.
+/// are UUIDv7 job ids). Called after some work ends (see [`sweeps`]), so records never pile
+/// up.
 pub(super) async fn sweep_expired(store: &dyn Store, partition: &str) -> JobResult<()> {
     let now = now_ms();
     let head = store
-        .query(Query::partition(Table::FanoutStatus, partition, 16))
+        .query(Query::partition(Table::FanoutStatus, partition, SWEEP_ROWS))
         .await?;
     let expired: Vec<Write> = head
         .iter()
@@ -282,4 +301,51 @@ pub(super) async fn sweep_expired(store: &dyn Store, partition: &str) -> JobResu
         store.batch_write(expired).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::EmbeddedStore;
+    use uuid::Uuid;
+
+    #[test]
+    fn about_one_piece_of_work_in_eight_sweeps_and_always_the_same_ones() {
+        let ids: Vec<String> = (0..8000).map(|_| Uuid::now_v7().to_string()).collect();
+        let sweeping = ids.iter().filter(|id| sweeps(id)).count();
+        assert!((800..=1200).contains(&sweeping), "{sweeping} of 8000");
+        assert!(ids.iter().all(|id| sweeps(id) == sweeps(&id.clone())));
+    }
+
+    #[tokio::test]
+    async fn a_sweep_deletes_the_expired_records_at_the_head_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let now = now_ms();
+        let record = |expires_at_ms: Option<i64>| StatusRecord {
+            expires_at_ms,
+            ..StatusRecord::default()
+        };
+        let rows = [
+            ("a-old", record(Some(now - 1000))),
+            ("b-old", record(Some(now - 1))),
+            ("c-live", record(Some(now + 60_000))),
+            ("d-running", record(None)),
+        ];
+        let writes = rows
+            .iter()
+            .map(|(row, record)| {
+                let body = serde_json::to_vec(record).expect("json");
+                Write::put(Table::FanoutStatus, Item::new("author", *row, body))
+            })
+            .collect();
+        store.batch_write(writes).await.expect("records");
+        sweep_expired(&store, "author").await.expect("sweep");
+        let left = store
+            .query(Query::partition(Table::FanoutStatus, "author", 10))
+            .await
+            .expect("read");
+        let left: Vec<&str> = left.iter().map(|item| item.row.as_str()).collect();
+        assert_eq!(left, ["c-live", "d-running"]);
+    }
 }
