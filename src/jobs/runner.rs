@@ -154,20 +154,34 @@ impl Worker {
         millis(self.settings.lease)
     }
 
+    /// Reads a shard for available jobs from its floor; if none are there, from its start
+    /// (jobs enqueued under older ids, such as a split's parts or a deleted event's removal,
+    /// sit below the floor).
+    async fn poll(&mut self, shard: u32) -> JobResult<queue::Poll> {
+        let from = self.floors.from(shard, Instant::now());
+        let mut poll =
+            queue::available(self.store.as_ref(), shard, from.as_deref(), now_ms()).await?;
+        self.floors
+            .polled(shard, from.is_none(), poll.first.clone(), Instant::now());
+        if from.is_some() && poll.available.is_empty() {
+            poll = queue::available(self.store.as_ref(), shard, None, now_ms()).await?;
+            self.floors
+                .polled(shard, true, poll.first.clone(), Instant::now());
+        }
+        Ok(poll)
+    }
+
     /// Claims available jobs of one kind (as many as its handler takes at once, from one
     /// shard), runs them and ends them.
     pub async fn try_process_one(&mut self) -> JobResult<Processed> {
         for _ in 0..SHARDS {
             let shard = self.next_shard;
             self.next_shard = (self.next_shard + 1) % SHARDS;
-            let from = self.floors.from(shard, Instant::now());
             let queue::Poll {
                 available: candidates,
                 unreadable,
-                first,
-            } = queue::available(self.store.as_ref(), shard, from.as_deref(), now_ms()).await?;
-            self.floors
-                .polled(shard, from.is_none(), first, Instant::now());
+                ..
+            } = self.poll(shard).await?;
             for (id, err) in unreadable {
                 if self.reported.insert(id.clone()) {
                     self.metrics.unreadable.inc();
