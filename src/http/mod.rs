@@ -13,7 +13,7 @@ mod page;
 pub mod rate_limit;
 mod schema;
 mod series;
-mod timeline;
+pub(crate) mod timeline;
 
 use std::sync::Arc;
 

@@ -5,6 +5,8 @@
 //! instead ([`series`]), `fanline bench social` a social workload over HTTP ([`social`]).
 
 mod lifecycle;
+#[cfg(test)]
+mod page_cost;
 mod series;
 mod server;
 mod social;

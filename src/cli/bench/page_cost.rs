@@ -185,7 +185,8 @@ async fn measure_in_process(store: Arc<dyn Store>) {
         let owner = owner.clone();
         async move {
             let page = timelines.timeline(&owner, 250, None).await.expect("page");
-            let response = super::write_page(&page.items, page.next_cursor.as_deref(), false);
+            let response =
+                crate::http::timeline::write_page(&page.items, page.next_cursor.as_deref(), false);
             assert_eq!(response.status(), 200);
         }
     })
@@ -199,7 +200,11 @@ async fn measure_in_process(store: Arc<dyn Store>) {
                 .catch_up(&owner, 250, "2020-01-01T00:00:00Z")
                 .await
                 .expect("caught up");
-            let response = super::write_page(&caught_up.items, Some(&caught_up.next_cursor), false);
+            let response = crate::http::timeline::write_page(
+                &caught_up.items,
+                Some(&caught_up.next_cursor),
+                false,
+            );
             assert_eq!(response.status(), 200);
         }
     })
