@@ -113,20 +113,36 @@ pub fn event_row_key(at: Ticks, event_id: Uuid) -> String {
     format!("{:019}_{}", MAX_TICKS - at.0, event_id.as_hyphenated())
 }
 
+/// `MAX_TICKS` as the 19 digits of a row key: no row key's time part sorts above it.
+const MAX_REVERSE_TICKS: &[u8; 19] = b"3155378975999999999";
+
+/// Whether `row_key` is an event row key spelled exactly as [`event_row_key`] spells it (only
+/// the canonical spelling is a key: the same event must always map to one row). Checks bytes
+/// and allocates nothing, so a page of 250 entries can check each: such a key needs no JSON
+/// escaping, and its last 36 bytes are its event id as a page item shows it.
+pub fn is_event_row_key(row_key: &str) -> bool {
+    let bytes = row_key.as_bytes();
+    let is_lower_hex = |byte: &u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(byte);
+    bytes.len() == 56
+        && bytes[..19].iter().all(u8::is_ascii_digit)
+        && bytes[..19] <= MAX_REVERSE_TICKS[..]
+        && bytes[19] == b'_'
+        && [28, 33, 38, 43].iter().all(|&hyphen| bytes[hyphen] == b'-')
+        && [20..28, 29..33, 34..38, 39..43, 44..56]
+            .into_iter()
+            .all(|group| bytes[group].iter().all(is_lower_hex))
+}
+
 /// Decodes an event row key back into its time and event id.
 pub fn parse_event_row_key(row_key: &str) -> Option<(Ticks, Uuid)> {
-    let (reverse, id) = row_key.split_once('_')?;
-    if reverse.len() != 19 || !reverse.bytes().all(|b| b.is_ascii_digit()) {
+    if !is_event_row_key(row_key) {
         return None;
     }
-    let reverse: u64 = reverse.parse().ok()?;
-    let ticks = MAX_TICKS.checked_sub(reverse)?;
-    let event_id = Uuid::try_parse(id).ok()?;
-    // Only the canonical spelling is a key: the same event must always map to one row.
-    if id != event_id.as_hyphenated().to_string() {
-        return None;
-    }
-    Some((Ticks(ticks), event_id))
+    let reverse = row_key.as_bytes()[..19]
+        .iter()
+        .fold(0u64, |value, digit| value * 10 + u64::from(digit - b'0'));
+    let event_id = Uuid::try_parse(&row_key[20..]).ok()?;
+    Some((Ticks(MAX_TICKS - reverse), event_id))
 }
 
 #[cfg(test)]
@@ -209,6 +225,32 @@ mod tests {
         assert!(parse_event_row_key("").is_none());
     }
 
+    #[test]
+    fn the_highest_row_key_time_is_max_ticks() {
+        assert_eq!(
+            format!("{MAX_TICKS:019}").as_bytes(),
+            MAX_REVERSE_TICKS.as_slice()
+        );
+        let newest = event_row_key(Ticks::MIN, Uuid::nil());
+        assert_eq!(
+            parse_event_row_key(&newest),
+            Some((Ticks::MIN, Uuid::nil()))
+        );
+        let past_the_end = newest.replacen("3155378975999999999", "3155378976000000000", 1);
+        assert!(!is_event_row_key(&past_the_end));
+    }
+
+    /// What an event row key is, said the slow way: split, parse, and spell the id again.
+    fn reference_parse(row_key: &str) -> Option<(Ticks, Uuid)> {
+        let (reverse, id) = row_key.split_once('_')?;
+        if reverse.len() != 19 || !reverse.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let ticks = MAX_TICKS.checked_sub(reverse.parse().ok()?)?;
+        let event_id = Uuid::try_parse(id).ok()?;
+        (id == event_id.as_hyphenated().to_string()).then_some((Ticks(ticks), event_id))
+    }
+
     fn any_ticks() -> impl Strategy<Value = Ticks> {
         prop_oneof![
             Just(0u64),
@@ -230,6 +272,20 @@ mod tests {
         fn row_keys_round_trip(ticks in any_ticks(), bytes in any::<[u8; 16]>()) {
             let id = Uuid::from_bytes(bytes);
             prop_assert_eq!(parse_event_row_key(&event_row_key(ticks, id)), Some((ticks, id)));
+        }
+
+        #[test]
+        fn the_byte_check_parses_what_the_slow_way_parses(
+            row in "[0-9]{19}_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+            flip in 0..56usize,
+            to in proptest::sample::select(&['A', 'f', 'g', '-', '_', '0', '9', '{', 'é'][..]),
+        ) {
+            prop_assert_eq!(parse_event_row_key(&row), reference_parse(&row));
+            let mut changed: Vec<char> = row.chars().collect();
+            changed[flip] = to;
+            let changed: String = changed.into_iter().collect();
+            prop_assert_eq!(parse_event_row_key(&changed), reference_parse(&changed), "{}", changed);
+            prop_assert_eq!(is_event_row_key(&changed), reference_parse(&changed).is_some());
         }
 
         #[test]
