@@ -634,16 +634,13 @@ async fn small_fanouts_are_claimed_written_and_ended_many_at_a_time_each_exactly
     assert_eq!(metrics.fanout.deliveries.get(), expected);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_write_failing_midway_retries_every_job_of_the_batch_and_loses_none() {
+/// Fails the first call that `calls` matches while a worker runs a batch of small fan-outs:
+/// every job of that batch must be kept, given back and counted as retried, then delivered
+/// once when the queue drains.
+async fn a_failed_batch_step_retries_every_job_and_loses_none(calls: Calls) {
     let small = small_fanouts().await;
     let failing = Arc::new(FaultyStore::new(Arc::new(small.store.clone())));
-    // The write of the first batch of entries fails: every job of that batch must be retried.
-    failing.fail_nth(
-        1,
-        Calls::on(Op::BatchWrite, Table::Timelines),
-        Fault::Unavailable,
-    );
+    failing.fail_nth(1, calls, Fault::Unavailable);
     let (mut worker, metrics) = worker(
         failing.clone(),
         settings(Duration::from_secs(30)),
@@ -674,6 +671,23 @@ async fn a_batch_write_failing_midway_retries_every_job_of_the_batch_and_loses_n
     );
     drain(&mut worker, &small.store).await;
     assert_small_fanouts_delivered_once(&small).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_write_failing_midway_retries_every_job_of_the_batch_and_loses_none() {
+    // The write of the first batch of entries fails.
+    a_failed_batch_step_retries_every_job_and_loses_none(Calls::on(
+        Op::BatchWrite,
+        Table::Timelines,
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_check_after_a_batch_write_retries_every_job_of_the_batch_and_loses_none() {
+    // Jobs carry their entries, so the first read of an event is the check, after the
+    // batch's entries were written, that no event of the batch was deleted meanwhile.
+    a_failed_batch_step_retries_every_job_and_loses_none(Calls::on(Op::Get, Table::Events)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -811,31 +825,4 @@ async fn an_event_deleted_before_its_small_fanout_ran_keeps_no_copy_carried_or_n
         assert_eq!(done.state, FanoutState::Done, "{author}: {done:?}");
         assert_eq!(done.followers_total, Some(0), "{author}: {done:?}");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_check_after_a_batch_write_retries_every_job_of_the_batch_and_loses_none() {
-    let small = small_fanouts().await;
-    let failing = Arc::new(FaultyStore::new(Arc::new(small.store.clone())));
-    // Jobs carry their entries, so the first read of an event is the check, after the
-    // batch's entries were written, that no event of the batch was deleted meanwhile.
-    failing.fail_nth(1, Calls::on(Op::Get, Table::Events), Fault::Unavailable);
-    let (mut worker, _) = worker(
-        failing.clone(),
-        settings(Duration::from_secs(30)),
-        CancellationToken::new(),
-    );
-    assert_eq!(
-        worker.try_process_one().await.expect("step"),
-        Processed::Job
-    );
-    assert_eq!(failing.injected(), 1);
-    let retried = jobs(&small.store)
-        .await
-        .into_iter()
-        .filter(|job| job.failures == 1)
-        .count();
-    assert!(retried > 0, "the batch's jobs are kept for a retry");
-    drain(&mut worker, &small.store).await;
-    assert_small_fanouts_delivered_once(&small).await;
 }
