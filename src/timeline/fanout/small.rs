@@ -55,18 +55,10 @@ impl FanoutHandler {
             .iter()
             .map(|state| merged_authors::flag_key(&state.author))
             .collect();
-        let uncarried: Vec<usize> = (0..states.len())
-            .filter(|index| states[*index].entry.is_none())
-            .collect();
-        let events = uncarried
+        let events = states
             .iter()
-            .map(|index| {
-                Key::new(
-                    Table::Events,
-                    &states[*index].author,
-                    &states[*index].row_key,
-                )
-            })
+            .filter(|state| state.entry.is_none())
+            .map(|state| Key::new(Table::Events, &state.author, &state.row_key))
             .collect();
         let (followers, flags, events) = futures::join!(
             store.query_many(queries),
@@ -79,24 +71,22 @@ impl FanoutHandler {
                 return states.iter().map(|_| Err(err.clone().into())).collect();
             }
         };
-        let mut events: Vec<Option<Option<Bytes>>> = {
-            let mut by_job = vec![None; states.len()];
-            for (index, body) in uncarried.into_iter().zip(events) {
-                by_job[index] = Some(body);
-            }
-            by_job
-        };
+        let mut uncarried_events = events.into_iter();
         states
             .iter()
             .zip(followers.into_iter().zip(flags))
-            .enumerate()
-            .map(|(index, (state, (followers, flag)))| {
+            .map(|(state, (followers, flag))| {
+                // Taken first, so that each job without an entry gets its own event's answer.
+                let event = match state.entry {
+                    Some(_) => None,
+                    None => uncarried_events.next().flatten(),
+                };
                 if flag.is_some() || followers.len() > limit {
                     return Ok(Found::Alone);
                 }
-                let entry = match (&state.entry, events[index].take()) {
+                let entry = match (&state.entry, event) {
                     (Some(carried), _) => carried.bytes(),
-                    (None, Some(Some(body))) => {
+                    (None, Some(body)) => {
                         Event::decode(&Self::author_id(&state.author)?, &state.row_key, &body)
                             .map_err(JobError::Corrupt)?
                             .timeline_entry_body()
