@@ -177,15 +177,14 @@ impl Claimed {
         lease_ms: i64,
         shutdown: CancellationToken,
     ) -> StoreResult<Vec<Claimed>> {
-        if candidates.len() == 1 {
-            let one = candidates.into_iter().next();
-            return Ok(match one {
-                Some(one) => Claimed::claim(store, one, owner, lease_ms, shutdown)
-                    .await?
-                    .into_iter()
-                    .collect(),
-                None => Vec::new(),
-            });
+        let mut candidates = candidates;
+        // A lone job is claimed by a conditional put: on DynamoDB half the write capacity of a
+        // transaction.
+        if candidates.len() == 1
+            && let Some(one) = candidates.pop()
+        {
+            let taken = Claimed::claim(store, one, owner, lease_ms, shutdown).await?;
+            return Ok(taken.into_iter().collect());
         }
         let mut chunks = Vec::with_capacity(candidates.len().div_ceil(CLAIM_CHUNK));
         let mut candidates = candidates.into_iter().peekable();
@@ -475,5 +474,92 @@ mod tests {
             .expect("job");
         let job = Job::decode(&key.id, &body).expect("job");
         assert_eq!(job.lease_owner.as_deref(), Some("worker-a"));
+    }
+
+    /// `count` jobs in shard 0, as a poll of it finds them.
+    async fn queued(store: &dyn Store, count: usize) -> Vec<Available> {
+        let writes = (0..count)
+            .map(|i| {
+                let (key, job) =
+                    NewJob::new(JobKey::new(Uuid::now_v7(), ""), "demo", &i).into_job(None);
+                Write::put(Table::Jobs, Item::new(shard_name(0), key.id, job.encode()))
+            })
+            .collect();
+        store.batch_write(writes).await.expect("jobs");
+        let mut found = Vec::new();
+        let mut from = None;
+        while found.len() < count {
+            let page = available(store, 0, from.as_deref(), now_ms())
+                .await
+                .expect("poll")
+                .available;
+            from = page.last().map(|last| format!("{}!", last.key.id));
+            assert!(!page.is_empty(), "every job is visible");
+            found.extend(page);
+        }
+        found
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_loses_a_claim_race_takes_none_of_the_chunk_and_no_job_twice() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let found = queued(store.as_ref(), CLAIM_CHUNK + 30).await;
+        let shutdown = CancellationToken::new();
+        let first = Claimed::claim_many(
+            store.clone(),
+            found.clone(),
+            "worker-a",
+            30_000,
+            shutdown.clone(),
+        )
+        .await
+        .expect("claim");
+        assert_eq!(first.len(), CLAIM_CHUNK + 30, "two chunks, both taken");
+        let second = Claimed::claim_many(store.clone(), found, "worker-b", 30_000, shutdown)
+            .await
+            .expect("claim");
+        assert!(
+            second.is_empty(),
+            "the jobs were read before worker-a took them"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claim_whose_chunk_fails_keeps_the_jobs_of_the_other_and_fails_only_if_none() {
+        use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let inner: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let found = queued(inner.as_ref(), CLAIM_CHUNK + 30).await;
+        let failing = Arc::new(FaultyStore::new(inner.clone()));
+        let shutdown = CancellationToken::new();
+        // The first chunk's transaction fails: the second chunk's jobs are still taken.
+        failing.fail_nth(1, Calls::on(Op::Transact, Table::Jobs), Fault::Unavailable);
+        let taken = Claimed::claim_many(
+            failing.clone(),
+            found.clone(),
+            "worker-a",
+            30_000,
+            shutdown.clone(),
+        )
+        .await
+        .expect("the jobs of the chunk that went through");
+        assert_eq!(failing.injected(), 1);
+        assert_eq!(taken.len(), 30);
+        // Every chunk fails: the store's error, not an empty claim.
+        failing.clear();
+        failing.fail_always(Calls::on(Op::Transact, Table::Jobs), Fault::Unavailable);
+        let rest: Vec<Available> = found
+            .into_iter()
+            .filter(|one| taken.iter().all(|held| held.id() != one.key.id))
+            .collect();
+        let failed = Claimed::claim_many(failing.clone(), rest, "worker-b", 30_000, shutdown).await;
+        assert!(
+            matches!(failed, Err(StoreError::Unavailable(_))),
+            "{:?}",
+            failed.map(|jobs| jobs.len())
+        );
     }
 }

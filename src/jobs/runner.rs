@@ -310,21 +310,21 @@ impl Worker {
                 .await;
         let mut first_error = None;
         // Expired records are swept at most once per partition of the batch.
-        let mut finished = std::collections::BTreeMap::new();
+        let mut sweeping = std::collections::BTreeSet::new();
         for result in results {
             match result {
-                Ok(keys) => {
-                    for key in keys.into_iter().filter(|key| status::sweeps(&key.row)) {
-                        finished.entry(key.partition.clone()).or_insert(key);
-                    }
-                }
+                Ok(keys) => sweeping.extend(
+                    keys.into_iter()
+                        .filter(|key| status::sweeps(&key.row))
+                        .map(|key| key.partition),
+                ),
                 Err(err) => {
                     first_error.get_or_insert(err);
                 }
             }
         }
-        for key in finished.values() {
-            self.sweep_expired(key).await;
+        for partition in &sweeping {
+            self.sweep_partition(partition).await;
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -537,13 +537,16 @@ impl Worker {
         Ok(())
     }
 
-    /// Deletes expired status records of a partition in which work just ended, if that work
+    /// Deletes expired status records of the partition of work that just ended, if that work
     /// is one of those that sweep (see [`status::sweeps`]).
     async fn sweep_expired(&self, key: &StatusKey) {
-        if !status::sweeps(&key.row) {
-            return;
+        if status::sweeps(&key.row) {
+            self.sweep_partition(&key.partition).await;
         }
-        let partition = &key.partition;
+    }
+
+    /// Deletes expired status records of `partition`.
+    async fn sweep_partition(&self, partition: &str) {
         if let Err(err) = status::sweep_expired(self.store.as_ref(), partition).await {
             warn!(%partition, error = %err, "could not sweep expired status records");
         }
