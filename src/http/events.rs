@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::error::ErrorBody;
 use super::extract::{Json, Path, Query};
-use super::page::{PageParams, PageResponse, PageWriter};
+use super::page::{PageParams, PageResponse, entry_page};
 use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::{Event, NewEvent, Posted, TimelineEntry};
@@ -125,15 +125,7 @@ async fn list_events(
 
 /// A page of an author log of `items`, written by concatenation.
 fn write_page(items: &[TimelineEntry], next_cursor: Option<&str>) -> Response {
-    let item_bytes = items
-        .iter()
-        .map(|item| item.json_len(SUBJECT_KEY) + 1)
-        .sum();
-    let mut page = PageWriter::with_capacity(item_bytes);
-    for item in items {
-        item.write_json(SUBJECT_KEY, page.next_item());
-    }
-    page.finish(next_cursor, None)
+    entry_page(items, SUBJECT_KEY, next_cursor, None)
 }
 
 /// The field that names an event's author in its author's log.

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::timeline::{MAX_PAGE_SIZE, Page};
+use crate::timeline::{MAX_PAGE_SIZE, Page, TimelineEntry};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -80,17 +80,33 @@ impl<T> PageResponse<T> {
     }
 }
 
+/// A page of stored entries, each written with its author under `author_key`, closed with
+/// `next_cursor` and, for a timeline, `truncated`.
+pub(crate) fn entry_page(
+    items: &[TimelineEntry],
+    author_key: &str,
+    next_cursor: Option<&str>,
+    truncated: Option<bool>,
+) -> Response {
+    let item_bytes = items.iter().map(|item| item.json_len(author_key) + 1).sum();
+    let mut page = PageWriter::with_capacity(item_bytes);
+    for item in items {
+        item.write_json(author_key, page.next_item());
+    }
+    page.finish(next_cursor, truncated)
+}
+
 /// A listing answer written by concatenation, for items already held as JSON (timeline and
 /// author-log entries): the same bytes serde writes of a [`PageResponse`], without a parse
 /// or a per-item allocation.
-pub(crate) struct PageWriter {
+struct PageWriter {
     body: Vec<u8>,
     empty: bool,
 }
 
 impl PageWriter {
     /// A page of items that take about `item_bytes` in all.
-    pub fn with_capacity(item_bytes: usize) -> Self {
+    fn with_capacity(item_bytes: usize) -> Self {
         // The envelope: `items` and up to a 2 kB cursor and the extra fields.
         let mut body = Vec::with_capacity(item_bytes + 2048);
         body.extend_from_slice(br#"{"items":["#);
@@ -98,7 +114,7 @@ impl PageWriter {
     }
 
     /// The buffer to append the next item to, after its separator.
-    pub fn next_item(&mut self) -> &mut Vec<u8> {
+    fn next_item(&mut self) -> &mut Vec<u8> {
         if !std::mem::take(&mut self.empty) {
             self.body.push(b',');
         }
@@ -107,7 +123,7 @@ impl PageWriter {
 
     /// Closes the page with `next_cursor` and, for a timeline, `truncated`; answers it as
     /// `application/json`.
-    pub fn finish(mut self, next_cursor: Option<&str>, truncated: Option<bool>) -> Response {
+    fn finish(mut self, next_cursor: Option<&str>, truncated: Option<bool>) -> Response {
         self.body.extend_from_slice(br#"],"next_cursor":"#);
         // A string (escaped as serde escapes it) or null: this cannot fail.
         let _ = serde_json::to_writer(&mut self.body, &next_cursor);

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::{Path, Query};
-use super::page::{PageResponse, PageWriter, Truncated};
+use super::page::{PageResponse, Truncated, entry_page};
 use super::schema::Name;
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
@@ -117,12 +117,7 @@ pub(crate) fn write_page(
     next_cursor: Option<&str>,
     truncated: bool,
 ) -> Response {
-    let item_bytes = items.iter().map(|item| item.json_len(AUTHOR_KEY) + 1).sum();
-    let mut page = PageWriter::with_capacity(item_bytes);
-    for item in items {
-        item.write_json(AUTHOR_KEY, page.next_item());
-    }
-    page.finish(next_cursor, Some(truncated))
+    entry_page(items, AUTHOR_KEY, next_cursor, Some(truncated))
 }
 
 /// The field that names an item's author in a timeline.
