@@ -199,7 +199,7 @@ fn created_ms(id: &str) -> Option<i64> {
 mod tests {
     use super::*;
     use crate::jobs::{JobKey, NewJob};
-    use crate::store::EmbeddedStore;
+    use crate::store::{EmbeddedStore, Write};
 
     #[tokio::test]
     async fn the_backlog_counts_up_to_its_bound_and_knows_its_oldest_job() {
@@ -232,6 +232,36 @@ mod tests {
         unbounded.refresh(&store).await.expect("count");
         assert_eq!(unbounded.view().pending, 7);
         assert!(!unbounded.is_full(), "no bound, never full");
+    }
+
+    #[tokio::test]
+    async fn a_count_from_the_floors_sees_jobs_done_and_jobs_added_since_the_last() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let backlog = Backlog::new(0);
+        let enqueue = |count: usize| -> (Vec<Write>, Vec<JobKey>) {
+            (0..count)
+                .map(|i| {
+                    let key = JobKey::new(Uuid::now_v7(), "");
+                    (NewJob::new(key.clone(), "demo", &i).write(), key)
+                })
+                .unzip()
+        };
+        let (writes, first) = enqueue(40);
+        store.transact(writes).await.expect("enqueue");
+        backlog.refresh(&store).await.expect("count");
+        assert_eq!(backlog.view().pending, 40);
+        // The oldest half is done, and more arrive: the next count starts at each shard's
+        // floor and still sees exactly what is there.
+        let done = first[..20]
+            .iter()
+            .map(|key| Write::delete(Table::Jobs, key.shard_name(), &key.id))
+            .collect();
+        store.batch_write(done).await.expect("done");
+        let (writes, _) = enqueue(5);
+        store.transact(writes).await.expect("enqueue");
+        backlog.refresh(&store).await.expect("count");
+        assert_eq!(backlog.view().pending, 25);
     }
 
     #[test]
