@@ -129,11 +129,7 @@ impl Store for EmbeddedStore {
         validate::key(partition, row)?;
         let keyspace = self.inner.keyspaces.of(table)?.clone();
         let key = encode_key(partition, row);
-        blocking(move || {
-            let value = keyspace.get(key).map_err(map_fjall_error)?;
-            Ok(value.map(|value| Bytes::copy_from_slice(&value)))
-        })
-        .await
+        blocking(move || read_value(&keyspace, &key)).await
     }
 
     async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>> {
@@ -147,10 +143,7 @@ impl Store for EmbeddedStore {
         blocking(move || {
             reads
                 .iter()
-                .map(|(keyspace, key)| {
-                    let value = keyspace.get(key).map_err(map_fjall_error)?;
-                    Ok(value.map(|value| Bytes::copy_from_slice(&value)))
-                })
+                .map(|(keyspace, key)| read_value(keyspace, key))
                 .collect()
         })
         .await
@@ -233,6 +226,12 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|err| StoreError::Other(format!("blocking read failed: {err}")))?
+}
+
+/// One item's value, by its encoded key.
+fn read_value(keyspace: &Keyspace, key: &[u8]) -> StoreResult<Option<Bytes>> {
+    let value = keyspace.get(key).map_err(map_fjall_error)?;
+    Ok(value.map(|value| Bytes::copy_from_slice(&value)))
 }
 
 fn map_fjall_error(err: fjall::Error) -> StoreError {
