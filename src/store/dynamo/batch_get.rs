@@ -10,7 +10,7 @@ use super::DynamoStore;
 use super::attribute::{PARTITION_KEY, ROW_KEY, key_attributes, take_data, take_string};
 use super::error::{build_error, map_sdk_error, retry_reason};
 use super::retry::{Operation, backoff};
-use crate::store::{Key, RetryReason, StoreError, StoreResult};
+use crate::store::{Key, RetryReason, StoreError, StoreResult, Table};
 
 /// `BatchGetItem` takes at most 100 keys.
 const BATCH_GET_KEYS: usize = 100;
@@ -31,7 +31,12 @@ impl DynamoStore {
                 distinct.push(key);
             }
         }
-        let mut found: HashMap<(String, String, String), Bytes> = HashMap::new();
+        // Answers name their table physically: each physical name, back to its table.
+        let tables: HashMap<String, Table> = distinct
+            .iter()
+            .map(|key| (self.table_name(key.table), key.table))
+            .collect();
+        let mut found: HashMap<Key, Bytes> = HashMap::with_capacity(distinct.len());
         for chunk in distinct.chunks(BATCH_GET_KEYS) {
             let mut request: HashMap<String, Vec<Attributes>> = HashMap::new();
             for key in chunk {
@@ -40,20 +45,14 @@ impl DynamoStore {
                     .or_default()
                     .push(key_attributes(&key.partition, &key.row));
             }
-            found.extend(self.get_chunk(request).await?);
+            for ((name, partition, row), value) in self.get_chunk(request).await? {
+                let table = tables.get(&name).copied().ok_or_else(|| {
+                    StoreError::Other(format!("BatchGetItem answered for table {name}"))
+                })?;
+                found.insert(Key::new(table, partition, row), value);
+            }
         }
-        Ok(keys
-            .iter()
-            .map(|key| {
-                found
-                    .get(&(
-                        self.table_name(key.table),
-                        key.partition.clone(),
-                        key.row.clone(),
-                    ))
-                    .cloned()
-            })
-            .collect())
+        Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
     }
 
     /// Sends one chunk, and its unprocessed keys again with backoff; returns the values found
