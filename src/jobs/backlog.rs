@@ -91,6 +91,10 @@ impl Backlog {
 
     /// Counts the queue now: up to `limit + 1` jobs (every job when unbounded, for the
     /// first [`COUNT_PAGE`] of each shard), and the age of the oldest.
+    ///
+    /// A shard with nothing past its floor is read again from its start: some jobs are
+    /// enqueued under older ids (a split's parts, a deleted event's removal) and would sit
+    /// unseen below the floor, so a queue counted empty is really empty.
     pub async fn refresh(&self, store: &dyn Store) -> StoreResult<()> {
         let budget = if self.limit > 0 {
             self.limit + 1
@@ -100,36 +104,21 @@ impl Backlog {
         let mut counted = 0u64;
         let mut oldest: Option<i64> = None;
         for shard in 0..SHARDS {
+            let room = budget.saturating_sub(counted);
             let from = self.lock_floors().from(shard, Instant::now());
-            let mut first_row = None;
-            let mut after = None;
-            loop {
-                let room = usize::try_from(budget.saturating_sub(counted)).unwrap_or(usize::MAX);
-                if room == 0 {
-                    break;
-                }
-                let page = store
-                    .query(
-                        Query::partition(Table::Jobs, shard_name(shard), room.min(COUNT_PAGE))
-                            .range(from.clone(), None)
-                            .after(after.take()),
-                    )
-                    .await?;
-                if let Some(first) = page.first().filter(|_| first_row.is_none()) {
-                    first_row = Some(first.row.clone());
-                    // Ids start with a UUIDv7, so a shard's first row is its oldest job.
-                    if let Some(created) = created_ms(&first.row) {
-                        oldest = Some(oldest.map_or(created, |seen| seen.min(created)));
-                    }
-                }
-                counted += page.len() as u64;
-                if page.len() < room.min(COUNT_PAGE) {
-                    break;
-                }
-                after = page.last().map(|item| item.row.clone());
-            }
+            let mut count = count_shard(store, shard, from.clone(), room).await?;
             self.lock_floors()
-                .polled(shard, from.is_none(), first_row, Instant::now());
+                .polled(shard, from.is_none(), count.first.clone(), Instant::now());
+            if from.is_some() && count.jobs == 0 && room > 0 {
+                count = count_shard(store, shard, None, room).await?;
+                self.lock_floors()
+                    .polled(shard, true, count.first.clone(), Instant::now());
+            }
+            counted += count.jobs;
+            // Ids start with a UUIDv7, so a shard's first row is its oldest job.
+            if let Some(created) = count.first.as_deref().and_then(created_ms) {
+                oldest = Some(oldest.map_or(created, |seen| seen.min(created)));
+            }
         }
         let shown = if self.limit > 0 {
             counted.min(self.limit)
@@ -185,6 +174,49 @@ impl Backlog {
         PAUSE_PER_JOB_COUNTED
             .saturating_mul(counted)
             .clamp(REFRESH, REFRESH_WHEN_FULL)
+    }
+}
+
+/// What one count of a shard read.
+struct ShardCount {
+    jobs: u64,
+    /// The first job read: every job before it (from where the count started) is gone.
+    first: Option<String>,
+}
+
+/// Counts up to `room` jobs of `shard`, from `from` (inclusive) or its start.
+async fn count_shard(
+    store: &dyn Store,
+    shard: u32,
+    from: Option<String>,
+    room: u64,
+) -> StoreResult<ShardCount> {
+    let mut count = ShardCount {
+        jobs: 0,
+        first: None,
+    };
+    let mut after = None;
+    loop {
+        let left = usize::try_from(room - count.jobs).unwrap_or(usize::MAX);
+        if left == 0 {
+            return Ok(count);
+        }
+        let page_size = left.min(COUNT_PAGE);
+        let page = store
+            .query(
+                Query::partition(Table::Jobs, shard_name(shard), page_size)
+                    .range(from.clone(), None)
+                    .after(after.take()),
+            )
+            .await?;
+        if count.first.is_none() {
+            count.first = page.first().map(|item| item.row.clone());
+        }
+        count.jobs += page.len() as u64;
+        if page.len() < page_size {
+            return Ok(count);
+        }
+        after = page.last().map(|item| item.row.clone());
     }
 }
 
@@ -262,6 +294,40 @@ mod tests {
         store.transact(writes).await.expect("enqueue");
         backlog.refresh(&store).await.expect("count");
         assert_eq!(backlog.view().pending, 25);
+    }
+
+    #[tokio::test]
+    async fn a_job_enqueued_below_a_drained_shards_floor_is_counted_at_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let backlog = Backlog::new(0);
+        // An old id, as a deleted event's removal job has, made before the floor's job.
+        let older = JobKey::new(Uuid::now_v7(), ".removal");
+        let newer = JobKey::new(Uuid::now_v7(), "");
+        let on_shard = |key: &JobKey| JobKey {
+            shard: 0,
+            id: key.id.clone(),
+        };
+        let (older, newer) = (on_shard(&older), on_shard(&newer));
+        let job = |key: &JobKey| NewJob::new(key.clone(), "demo", &0).write();
+        store.transact(vec![job(&newer)]).await.expect("enqueue");
+        backlog.refresh(&store).await.expect("count");
+        assert_eq!(backlog.view().pending, 1);
+        store
+            .batch_write(vec![Write::delete(
+                Table::Jobs,
+                newer.shard_name(),
+                &newer.id,
+            )])
+            .await
+            .expect("done");
+        store.transact(vec![job(&older)]).await.expect("enqueue");
+        backlog.refresh(&store).await.expect("count");
+        assert_eq!(
+            backlog.view().pending,
+            1,
+            "nothing past the floor: the shard is read from its start"
+        );
     }
 
     #[test]
