@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -15,7 +16,8 @@ use crate::auth::{Tokens, new_secret};
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
 use crate::http::rate_limit::RateLimits;
-use crate::http::{self, AppState};
+use crate::http::serve::{self, ConnectionLimits};
+use crate::http::{self, AppState, BodyLimits};
 use crate::jobs::{self, Backlog, Worker};
 use crate::metrics::Metrics;
 use crate::series::Series;
@@ -233,6 +235,8 @@ impl Workers {
 pub struct Application {
     listener: TcpListener,
     router: axum::Router,
+    limits: ConnectionLimits,
+    metrics: Arc<Metrics>,
     workers: Workers,
     /// Counted in the background while the server runs.
     backlog: Arc<Backlog>,
@@ -268,7 +272,13 @@ impl Application {
             &backlog,
         )
         .await?;
-        let router = http::router(state, config.max_payload_bytes + BODY_OVERHEAD_BYTES);
+        let router = http::router(
+            state,
+            BodyLimits {
+                max_event_body_bytes: config.max_payload_bytes + BODY_OVERHEAD_BYTES,
+                timeout: Duration::from_millis(config.body_timeout_ms),
+            },
+        );
         let workers = Workers::new(&config, &store, &wake, &metrics, &shutdown).await?;
         let listener = TcpListener::bind(config.listen)
             .await
@@ -276,6 +286,8 @@ impl Application {
         Ok(Application {
             listener,
             router,
+            limits: connection_limits(&config),
+            metrics,
             workers,
             backlog,
             store,
@@ -303,14 +315,18 @@ impl Application {
                 .clone()
                 .keep_counting(self.store.clone(), shutdown.clone()),
         );
-        let served = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-            .await;
-        shutdown.cancel();
+        serve::serve(
+            self.listener,
+            self.router,
+            self.limits,
+            self.metrics.connections.clone(),
+            shutdown.clone(),
+        )
+        .await;
         tracker.close();
         tracker.wait().await;
         info!("server stopped");
-        served.context("server failed")
+        Ok(())
     }
 }
 
@@ -335,6 +351,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
                 .clone()
                 .keep_counting(store.clone(), shutdown.clone()),
         );
+        let connections = metrics.connections.clone();
         let state = app_state(config, &store, &wake, metrics, &new_secret(), &backlog).await?;
         let listener = TcpListener::bind(address)
             .await
@@ -343,20 +360,31 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
             "fanline worker metrics on http://{}",
             listener.local_addr()?
         );
-        let stopped = shutdown.clone().cancelled_owned();
-        tracker.spawn(async move {
-            if let Err(err) = axum::serve(listener, http::ops_router(state))
-                .with_graceful_shutdown(stopped)
-                .await
-            {
-                tracing::error!(error = %err, "metrics server failed");
-            }
-        });
+        tracker.spawn(serve::serve(
+            listener,
+            http::ops_router(state),
+            connection_limits(config),
+            connections,
+            shutdown.clone(),
+        ));
     }
     tracker.close();
     info!(workers = config.workers, "job workers running");
     tracker.wait().await;
     Ok(())
+}
+
+/// The configured connection limits, the cap lowered to fit under the open-file limit,
+/// which is raised to its hard limit first.
+fn connection_limits(config: &Config) -> ConnectionLimits {
+    let limits = config.connection_limits();
+    match serve::raise_open_file_limit() {
+        Ok(open_file_limit) => limits.within(open_file_limit),
+        Err(err) => {
+            tracing::warn!(error = %err, "could not read or raise the open-file limit");
+            limits
+        }
+    }
 }
 
 /// Cancels `token` on SIGINT or SIGTERM.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::http::serve::ConnectionLimits;
 use crate::jobs::RunnerSettings;
 use crate::store::DynamoConfig;
 use crate::timeline::Settings;
@@ -25,6 +26,33 @@ pub struct Config {
     /// Address the HTTP server listens on (port 0 picks a free port).
     #[arg(long, env = "FANLINE_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+
+    /// Open HTTP connections at most (per listener); past it new ones are closed at once.
+    /// Capped below the open-file limit, which the server raises to its hard limit at start.
+    #[arg(long, env = "FANLINE_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
+    /// Milliseconds a client has to send a whole request head, from its first byte.
+    #[arg(long, env = "FANLINE_HEADER_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_ms: u64,
+
+    /// Milliseconds a client has to send a whole request body, from the end of its head.
+    #[arg(long, env = "FANLINE_BODY_TIMEOUT_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout_ms: u64,
+
+    /// Milliseconds a connection may sit idle, with no request in progress, before it is
+    /// closed.
+    #[arg(long, env = "FANLINE_IDLE_TIMEOUT_MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
+
+    /// Milliseconds a stopping server waits for requests in flight before it closes the
+    /// connections still open.
+    #[arg(long, env = "FANLINE_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
 
     /// Backend: `embedded` (fjall) or `dynamodb`.
     #[arg(long, env = "FANLINE_STORE", value_enum, default_value = "embedded")]
@@ -195,6 +223,15 @@ impl Config {
         }
     }
 
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: self.max_connections as usize,
+            header_timeout: Duration::from_millis(self.header_timeout_ms),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+        }
+    }
+
     pub fn dynamo_config(&self) -> DynamoConfig {
         DynamoConfig {
             endpoint: self.dynamodb_endpoint.clone(),
@@ -223,5 +260,10 @@ mod tests {
         assert_eq!(config.backfill, 100);
         assert_eq!(config.merge_threshold, 10_000);
         assert_eq!(config.catch_up_window_secs, 60);
+        assert_eq!(config.max_connections, 10_000);
+        assert_eq!(config.header_timeout_ms, 10_000);
+        assert_eq!(config.body_timeout_ms, 30_000);
+        assert_eq!(config.idle_timeout_ms, 60_000);
+        assert_eq!(config.shutdown_timeout_ms, 10_000);
     }
 }

@@ -49,11 +49,40 @@ impl HttpMetrics {
     }
 }
 
+/// A listener's connections: open now, refused at the cap, closed by a timeout.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionMetrics {
+    pub open: Gauge,
+    pub refused: Counter,
+    pub timed_out: Counter,
+}
+
+impl ConnectionMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "fanline_http_connections_open",
+            "HTTP connections open",
+            self.open.clone(),
+        );
+        registry.register(
+            "fanline_http_connections_refused",
+            "HTTP connections closed at once because FANLINE_MAX_CONNECTIONS were open",
+            self.refused.clone(),
+        );
+        registry.register(
+            "fanline_http_connections_timed_out",
+            "HTTP connections closed for sitting idle or sending a request head too slowly",
+            self.timed_out.clone(),
+        );
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub jobs: JobMetrics,
     pub fanout: FanoutMetrics,
     pub http: HttpMetrics,
+    pub connections: ConnectionMetrics,
     /// Jobs waiting or leased in the queue, read from the store at each scrape.
     pub queue_depth: Gauge,
     /// Age of the oldest job in the queue, as the backlog was last counted.
@@ -81,6 +110,8 @@ impl Metrics {
             "HTTP request latency by method, route and status",
             http.latency.clone(),
         );
+        let connections = ConnectionMetrics::default();
+        connections.register(&mut registry);
         let queue_depth = Gauge::default();
         registry.register(
             "fanline_jobs_queue_depth",
@@ -99,6 +130,7 @@ impl Metrics {
             jobs,
             fanout,
             http,
+            connections,
             queue_depth,
             backlog_age_seconds,
         }

@@ -23,6 +23,8 @@ pub enum ApiError {
     NotFound(String),
     /// 405: the route exists but not with this method.
     MethodNotAllowed,
+    /// 408: the request body did not arrive in time.
+    RequestTimeout(String),
     /// 409: the request conflicts with stored state (an idempotency key reused).
     Conflict(String),
     /// 413: the body or the payload is larger than allowed.
@@ -56,6 +58,7 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -78,6 +81,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => {
                 ("method_not_allowed", "method not allowed on this route")
             }
+            ApiError::RequestTimeout(message) => ("request_timeout", message),
             ApiError::Conflict(message) => ("conflict", message),
             ApiError::PayloadTooLarge(message) => ("payload_too_large", message),
             ApiError::UnsupportedMediaType(message) => ("unsupported_media_type", message),

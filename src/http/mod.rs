@@ -13,15 +13,20 @@ mod page;
 pub mod rate_limit;
 mod schema;
 mod series;
+pub mod serve;
 pub(crate) mod timeline;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::header::CONTENT_LENGTH;
+use axum::http::HeaderValue;
+use axum::http::header::{CONNECTION, CONTENT_LENGTH};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 use utoipa_axum::router::OpenApiRouter;
@@ -51,9 +56,16 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
 }
 
-/// The whole API, and its OpenAPI document at `/openapi.json`. `max_body_bytes` bounds
-/// request bodies before they are read.
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+/// How request bodies are received: how large they may be (event bodies are small; series
+/// batches have their own, larger bound) and how long a client has to send one.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    pub max_event_body_bytes: usize,
+    pub timeout: Duration,
+}
+
+/// The whole API, and its OpenAPI document at `/openapi.json`.
+pub fn router(state: AppState, bodies: BodyLimits) -> Router {
     let subjects = OpenApiRouter::default()
         .merge(events::router())
         .merge(following::router())
@@ -61,10 +73,15 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .merge(fanout::router())
         .merge(auth::router());
     let api = OpenApiRouter::default()
-        .merge(with_body_limit(subjects, max_body_bytes))
+        .merge(with_body_limit(
+            subjects,
+            bodies.max_event_body_bytes,
+            bodies.timeout,
+        ))
         .merge(with_body_limit(
             series::router(),
             series::MAX_SERIES_BODY_BYTES,
+            bodies.timeout,
         ))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -92,16 +109,17 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// Bounds the request bodies of `routes` at `max_body_bytes` (event bodies are small; series
-/// batches are not).
+/// Receives the request bodies of `routes` whole before their handlers run: at most
+/// `max_body_bytes`, within `timeout`.
 fn with_body_limit(
     routes: OpenApiRouter<AppState>,
     max_body_bytes: usize,
+    timeout: Duration,
 ) -> OpenApiRouter<AppState> {
     routes
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
-            refuse_declared_oversize(max_body_bytes, request, next)
+            receive_body(max_body_bytes, timeout, request, next)
         }))
 }
 
@@ -114,22 +132,59 @@ pub fn ops_router(state: AppState) -> Router {
     routes.with_state(state)
 }
 
-/// Answers 413 to a body whose declared length is over the limit before reading any of it,
-/// so the client gets a clean answer instead of a connection closed mid-upload. Bodies
-/// without a length are cut off at the limit by `DefaultBodyLimit`.
-async fn refuse_declared_oversize(max_body_bytes: usize, request: Request, next: Next) -> Response {
+/// Reads the request body whole before the handler runs, so a handler never waits on a slow
+/// client (and is never cut off half-way through its work by a timeout): 413 to a body
+/// declared or found larger than `max_body_bytes`, before reading more of it than that, and
+/// 408 to one that has not arrived within `timeout`; both close the connection.
+async fn receive_body(
+    max_body_bytes: usize,
+    timeout: Duration,
+    request: Request,
+    next: Next,
+) -> Response {
     let declared = request
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > max_body_bytes as u64) {
-        return ApiError::PayloadTooLarge(format!(
+    let too_large = || {
+        ApiError::PayloadTooLarge(format!(
             "request body is larger than the limit of {max_body_bytes} bytes"
         ))
-        .into_response();
+    };
+    if declared.is_some_and(|length| length > max_body_bytes as u64) {
+        return closing(too_large());
     }
-    next.run(request).await
+    let (parts, body) = request.into_parts();
+    let received = tokio::time::timeout(timeout, Limited::new(body, max_body_bytes).collect());
+    let body = match received.await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            return closing(too_large());
+        }
+        Ok(Err(err)) => {
+            return closing(ApiError::bad_request(
+                "body_not_received",
+                format!("the request body could not be read: {err}"),
+            ));
+        }
+        Err(_) => {
+            return closing(ApiError::RequestTimeout(format!(
+                "the request body did not arrive within {} ms",
+                timeout.as_millis()
+            )));
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(body))).await
+}
+
+/// An error answer after which the connection is closed: the rest of the body is not read.
+fn closing(error: ApiError) -> Response {
+    let mut response = error.into_response();
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// Parses a subject id from a path segment (already percent-decoded).

@@ -9,6 +9,7 @@ mod after;
 mod auth;
 mod backpressure;
 mod conformance;
+mod connections;
 mod envelope;
 mod errors;
 mod fanout;

@@ -1,0 +1,212 @@
+//! The HTTP listener: accepts connections up to a cap, closes those that sit idle or send a
+//! request head too slowly, and on shutdown waits a bounded time for requests in flight.
+//!
+//! axum's own `serve` has none of these limits, so a client holding sockets open could use
+//! up the process's file descriptors, or keep it from shutting down.
+
+mod activity;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt as _;
+use tracing::{debug, info, warn};
+
+use crate::metrics::ConnectionMetrics;
+use activity::{Activity, TrackedBody, Verdict, Watched};
+
+/// Limits on a listener's connections (the request body's deadline is the router's).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Open connections at most; past it new ones are closed at once.
+    pub max_connections: usize,
+    /// From the first byte of a request head to its end.
+    pub header_timeout: Duration,
+    /// With no request in progress, before the connection is closed.
+    pub idle_timeout: Duration,
+    /// How long a stopping server waits for requests in flight.
+    pub shutdown_timeout: Duration,
+}
+
+/// Pause after an accept error (out of file descriptors, most likely) before trying again,
+/// so that the loop does not spin while the condition lasts.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Serves `router` on `listener` until `shutdown` fires, then stops accepting, lets requests
+/// in flight finish for at most `limits.shutdown_timeout`, and closes what is left.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    metrics: ConnectionMetrics,
+    shutdown: CancellationToken,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let connections = TaskTracker::new();
+    let force = CancellationToken::new();
+    let mut accept_failing = false;
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                accept_failing = false;
+                stream
+            }
+            Err(err) => {
+                if !accept_failing {
+                    warn!(error = %err, "could not accept a connection; retrying");
+                }
+                accept_failing = true;
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            // Closed at once: at the cap, holding it open would only use a descriptor.
+            metrics.refused.inc();
+            debug!(
+                max = limits.max_connections,
+                "connection refused: at the cap"
+            );
+            continue;
+        };
+        connections.spawn(connection(
+            stream,
+            router.clone(),
+            limits,
+            metrics.clone(),
+            Stop {
+                graceful: shutdown.clone(),
+                force: force.clone(),
+            },
+            permit,
+        ));
+    }
+    drop(listener);
+    connections.close();
+    if tokio::time::timeout(limits.shutdown_timeout, connections.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            open = connections.len(),
+            "closing the connections still open at the shutdown deadline"
+        );
+        force.cancel();
+        connections.wait().await;
+    }
+    info!("listener closed");
+}
+
+/// When a connection must end: after its request in flight (`graceful`), or now (`force`).
+struct Stop {
+    graceful: CancellationToken,
+    force: CancellationToken,
+}
+
+/// Serves one connection until it ends, its watchdog closes it, or the server stops.
+async fn connection(
+    stream: TcpStream,
+    router: Router,
+    limits: ConnectionLimits,
+    metrics: ConnectionMetrics,
+    stop: Stop,
+    _permit: OwnedSemaphorePermit,
+) {
+    metrics.open.inc();
+    // Small responses go out at once rather than wait to fill a segment.
+    let _ = stream.set_nodelay(true);
+    let activity = Activity::new();
+    let service = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let in_flight = activity.request_started();
+            let router = router.clone();
+            async move {
+                let response = router.oneshot(request.map(Body::new)).await?;
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|body| TrackedBody::new(body, in_flight)),
+                )
+            }
+        })
+    };
+    let io = TokioIo::new(Watched::new(stream, activity.clone()));
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut stopping = false;
+    loop {
+        let wait_until = match activity.verdict(&limits, std::time::Instant::now()) {
+            Verdict::Close(reason) => {
+                metrics.timed_out.inc();
+                debug!(reason, "connection closed by its watchdog");
+                break;
+            }
+            Verdict::WaitUntil(deadline) => Some(deadline),
+            Verdict::Busy => None,
+        };
+        let deadline = async {
+            match wait_until {
+                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            served = conn.as_mut() => {
+                if let Err(err) = served {
+                    debug!(error = %err, "connection ended with an error");
+                }
+                break;
+            }
+            () = deadline => {}
+            () = activity.changed() => {}
+            () = stop.graceful.cancelled(), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = stop.force.cancelled() => break,
+        }
+    }
+    metrics.open.dec();
+}
+
+/// Raises this process's soft limit on open files to its hard limit, so that the connection
+/// cap, not the descriptor table, bounds what clients can open. Returns the limit now in
+/// force.
+pub fn raise_open_file_limit() -> io::Result<u64> {
+    rlimit::increase_nofile_limit(u64::MAX)
+}
+
+/// Descriptors kept for the store's files, the log and outgoing connections: the connection
+/// cap is lowered, if need be, to leave this many under the open-file limit.
+pub const RESERVED_DESCRIPTORS: u64 = 1024;
+
+impl ConnectionLimits {
+    /// These limits with the connection cap lowered, if need be, to fit under
+    /// `open_file_limit` with [`RESERVED_DESCRIPTORS`] to spare.
+    pub fn within(mut self, open_file_limit: u64) -> ConnectionLimits {
+        let room = open_file_limit.saturating_sub(RESERVED_DESCRIPTORS).max(1);
+        let room = usize::try_from(room).unwrap_or(usize::MAX);
+        if self.max_connections > room {
+            warn!(
+                configured = self.max_connections,
+                allowed = room,
+                open_file_limit,
+                "the connection cap is lowered to fit under the open-file limit"
+            );
+            self.max_connections = room;
+        }
+        self
+    }
+}
