@@ -278,3 +278,15 @@ fn metric(text: &str, name: &str) -> f64 {
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_larger_than_the_read_buffer_is_refused_with_431() {
+    let app = app_with_limits(100).await;
+    let mut stream = connect(&app).await;
+    let padding = "x".repeat(80 * 1024);
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: test\r\nX-Padding: {padding}\r\n\r\n");
+    // The server may close before reading it all; what it answers is what counts.
+    let _ = stream.write_all(request.as_bytes()).await;
+    let (sent, _) = read_until_closed(&mut stream).await;
+    assert!(sent.starts_with("HTTP/1.1 431"), "{sent}");
+}

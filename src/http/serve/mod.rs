@@ -37,6 +37,11 @@ pub struct ConnectionLimits {
     pub shutdown_timeout: Duration,
 }
 
+/// A connection's read buffer at most (hyper's default is about 400 KiB): a request head
+/// must fit in it (a larger one is answered 431), bodies stream through it. Bounds what
+/// each of up to `max_connections` clients can make the server hold.
+const MAX_READ_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Pause after an accept error (out of file descriptors, most likely) before trying again,
 /// so that the loop does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -143,7 +148,10 @@ async fn connection(
         })
     };
     let io = TokioIo::new(Watched::new(stream, activity.clone()));
-    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .max_buf_size(MAX_READ_BUFFER_BYTES)
+        .max_header_size(MAX_READ_BUFFER_BYTES)
+        .serve_connection(io, service);
     tokio::pin!(conn);
     let mut stopping = false;
     loop {
