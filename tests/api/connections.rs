@@ -290,3 +290,46 @@ async fn a_request_head_larger_than_the_read_buffer_is_refused_with_431() {
     let (sent, _) = read_until_closed(&mut stream).await;
     assert!(sent.starts_with("HTTP/1.1 431"), "{sent}");
 }
+
+/// Started with a low soft limit on open files, `serve` raises it to the hard limit, so that
+/// the connection cap, not the descriptor table, bounds what clients can open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_raises_its_open_file_soft_limit_to_the_hard_limit() {
+    let hard = open_file_limits("self").1;
+    let low = (hard / 2).clamp(64, 1024);
+    assert!(low < hard, "the hard limit ({hard}) leaves no room to test");
+    let store = TestStore::new(Backend::Embedded).await;
+    let plain = fanline("serve", &store, 0);
+    let mut command = std::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("ulimit -S -n {low} && exec \"$0\" serve"))
+        .arg(plain.get_program())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    for (name, value) in plain.get_envs() {
+        if let Some(value) = value {
+            command.env(name, value);
+        }
+    }
+    let (server, api) = serve_command(command);
+    let (soft, _) = open_file_limits(&server.id().to_string());
+    assert_eq!(soft, hard, "started with a soft limit of {low}");
+    assert_eq!(api.get("/healthz").await.status, reqwest::StatusCode::OK);
+    stop(server).await;
+}
+
+/// The soft and hard limits on open files of process `pid` (or `self`).
+fn open_file_limits(pid: &str) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .expect("an open-file limit");
+    let mut numbers = line
+        .split_whitespace()
+        .filter_map(|word| word.parse::<u64>().ok());
+    let soft = numbers.next().expect("soft limit");
+    let hard = numbers.next().expect("hard limit");
+    (soft, hard)
+}

@@ -85,6 +85,11 @@ impl Process {
         self.0.stderr.take()
     }
 
+    /// Its process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.0.id()
+    }
+
     /// Whether the process has not exited (yet).
     pub(crate) fn is_running(&mut self) -> bool {
         matches!(self.0.try_wait(), Ok(None))
