@@ -33,6 +33,8 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     /// 422: well-formed JSON of the wrong shape.
     Unprocessable(String),
+    /// 422: a series aggregate (sum or average) too large for a double; not "no points".
+    AggregateOverflow(String),
     /// 429: a token over its rate; retry after this many seconds.
     RateLimited { retry_after_secs: u64 },
     /// 503: the store is down, throttling, or not initialised; retry later.
@@ -62,7 +64,9 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unprocessable(_) | ApiError::AggregateOverflow(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::BacklogFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -86,6 +90,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(message) => ("payload_too_large", message),
             ApiError::UnsupportedMediaType(message) => ("unsupported_media_type", message),
             ApiError::Unprocessable(message) => ("invalid_body", message),
+            ApiError::AggregateOverflow(message) => ("aggregate_overflow", message),
             ApiError::RateLimited { .. } => (
                 "rate_limited",
                 "too many requests for this token; retry after the given seconds",
@@ -178,6 +183,7 @@ impl From<DomainError> for ApiError {
             DomainError::Store(store) => store.into(),
             DomainError::Corrupt(detail) => ApiError::Internal(detail),
             DomainError::BacklogFull { .. } => ApiError::BacklogFull(err.to_string()),
+            DomainError::AggregateOverflow(message) => ApiError::AggregateOverflow(message),
         }
     }
 }

@@ -248,7 +248,10 @@ fn point_response(at: u64, value: f64) -> PointResponse {
     path = "/v1/series/{series}/points",
     tag = "series",
     params(("series" = Name, Path, description = "The series name"), ReadParams),
-    responses((status = OK, description = "A page of points, or of buckets", body = PageResponse<PointResponse>))
+    responses(
+        (status = OK, description = "A page of points, or of buckets", body = PageResponse<PointResponse>),
+        (status = UNPROCESSABLE_ENTITY, description = "A bucket's sum or average is too large for a double (`aggregate_overflow`)", body = ErrorBody),
+    )
 )]
 async fn read_points(
     State(state): State<AppState>,
@@ -334,7 +337,10 @@ pub(crate) struct AlignedRow {
     path = "/v1/series:aligned",
     tag = "series",
     params(AlignedParams),
-    responses((status = OK, description = "A page of rows, `values` in the order of `names`", body = PageResponse<AlignedRow, Names>))
+    responses(
+        (status = OK, description = "A page of rows, `values` in the order of `names`", body = PageResponse<AlignedRow, Names>),
+        (status = UNPROCESSABLE_ENTITY, description = "A bucket's sum or average is too large for a double (`aggregate_overflow`)", body = ErrorBody),
+    )
 )]
 async fn read_aligned(
     State(state): State<AppState>,

@@ -5,6 +5,7 @@
 
 use super::scan::{END_OF_TIME, Scan};
 use super::{Point, Series, SeriesName};
+use crate::keys::Ticks;
 use crate::store::Store;
 use crate::timeline::{DomainError, DomainResult};
 
@@ -97,10 +98,19 @@ pub struct AlignedPage {
     pub next_cursor: Option<String>,
 }
 
+/// 2^-64. A sum of values scaled by it cannot overflow (a bucket holds fewer than 2^64
+/// points, each at most `f64::MAX`), and scaling by a power of two is exact above the
+/// subnormals, so it recovers a sum or an average that overflowed only on the way.
+const SUM_SCALE: f64 = 1.0 / (1u128 << 64) as f64;
+
 /// Running totals of one bucket.
 struct Totals {
     count: u64,
     sum: f64,
+    /// The values times [`SUM_SCALE`], added up: what the sum and the average come from
+    /// once `sum` has overflowed (`f64::MAX` twice averages to `f64::MAX`). Values under
+    /// 2^-958 lose precision in it, which shows only where huge values cancel out exactly.
+    scaled_sum: f64,
     min: f64,
     max: f64,
     first: f64,
@@ -112,6 +122,7 @@ impl Totals {
         Totals {
             count: 1,
             sum: point.value,
+            scaled_sum: point.value * SUM_SCALE,
             min: point.value,
             max: point.value,
             first: point.value,
@@ -122,26 +133,37 @@ impl Totals {
     fn add(&mut self, point: Point) {
         self.count += 1;
         self.sum += point.value;
+        self.scaled_sum += point.value * SUM_SCALE;
         self.min = self.min.min(point.value);
         self.max = self.max.max(point.value);
         self.last = point.value;
     }
 
-    fn value(&self, aggregate: Aggregate) -> f64 {
-        match aggregate {
-            Aggregate::Avg => self.sum / self.count as f64,
+    /// The bucket's `aggregate`, or `None` when no double holds it (a sum or an average
+    /// past `f64::MAX`; points are finite, so nothing else can be).
+    fn value(&self, aggregate: Aggregate) -> Option<f64> {
+        // A sum that never overflowed is finite: once infinite, it stays so.
+        let overflowed = !self.sum.is_finite();
+        let count = self.count as f64;
+        let value = match aggregate {
+            Aggregate::Avg if overflowed => self.scaled_sum / count / SUM_SCALE,
+            Aggregate::Avg => self.sum / count,
+            Aggregate::Sum if overflowed => self.scaled_sum / SUM_SCALE,
+            Aggregate::Sum => self.sum,
             Aggregate::Min => self.min,
             Aggregate::Max => self.max,
-            Aggregate::Sum => self.sum,
-            Aggregate::Count => self.count as f64,
+            Aggregate::Count => count,
             Aggregate::First => self.first,
             Aggregate::Last => self.last,
-        }
+        };
+        value.is_finite().then_some(value)
     }
 }
 
 /// One series' points folded into one value per step bucket.
 struct Buckets {
+    /// For errors: which series a bucket that overflows belongs to.
+    series: SeriesName,
     scan: Scan,
     step: u64,
     aggregate: Aggregate,
@@ -149,7 +171,8 @@ struct Buckets {
 }
 
 impl Buckets {
-    /// The next non-empty bucket: its start and its value.
+    /// The next non-empty bucket: its start and its value. A value no double holds is an
+    /// error rather than an infinity, which JSON would print as `null`, "no points".
     async fn next(&mut self, store: &dyn Store) -> DomainResult<Option<(u64, f64)>> {
         let first = match self.pending.take() {
             Some(point) => point,
@@ -167,7 +190,15 @@ impl Buckets {
             }
             totals.add(point);
         }
-        Ok(Some((bucket, totals.value(self.aggregate))))
+        let value = totals.value(self.aggregate).ok_or_else(|| {
+            DomainError::AggregateOverflow(format!(
+                "the {} of series {:?} in the bucket starting {} is too large for a 64-bit float",
+                self.aggregate.name(),
+                self.series.as_str(),
+                Ticks::clamped(bucket)
+            ))
+        })?;
+        Ok(Some((bucket, value)))
     }
 }
 
@@ -244,6 +275,7 @@ impl Series {
         let from = self.page_start(&scope, range, cursor)?;
         let store = self.store.as_ref();
         let mut buckets = Buckets {
+            series: series.clone(),
             scan: Scan::open(store, series.as_str(), from, range.to).await?,
             step,
             aggregate,
@@ -300,7 +332,9 @@ impl Series {
         .await?;
         let mut streams: Vec<Buckets> = scans
             .into_iter()
-            .map(|scan| Buckets {
+            .zip(names)
+            .map(|(scan, name)| Buckets {
+                series: name.clone(),
                 scan,
                 step,
                 aggregate,
@@ -337,5 +371,73 @@ impl Series {
             }
             rows.push((at, values));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn totals(values: &[f64]) -> Totals {
+        let mut points = values.iter().enumerate().map(|(at, value)| Point {
+            at: at as u64,
+            value: *value,
+        });
+        let mut totals = Totals::new(points.next().expect("a point"));
+        points.for_each(|point| totals.add(point));
+        totals
+    }
+
+    #[test]
+    fn an_average_of_values_whose_sum_overflows_is_still_answered() {
+        assert_eq!(
+            totals(&[f64::MAX, f64::MAX]).value(Aggregate::Avg),
+            Some(f64::MAX)
+        );
+        assert_eq!(
+            totals(&[-f64::MAX, -f64::MAX, -f64::MAX]).value(Aggregate::Avg),
+            Some(-f64::MAX)
+        );
+        assert_eq!(
+            totals(&[f64::MAX, f64::MAX, -f64::MAX]).value(Aggregate::Avg),
+            Some(f64::MAX / 3.0)
+        );
+        assert_eq!(
+            totals(&[f64::MAX, f64::MAX, -f64::MAX, -f64::MAX]).value(Aggregate::Avg),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn a_sum_past_the_largest_double_has_no_value_but_one_overflowing_on_the_way_has() {
+        assert_eq!(totals(&[f64::MAX, f64::MAX]).value(Aggregate::Sum), None);
+        assert_eq!(totals(&[-f64::MAX, -1e300]).value(Aggregate::Sum), None);
+        assert_eq!(
+            totals(&[f64::MAX, f64::MAX, -f64::MAX]).value(Aggregate::Sum),
+            Some(f64::MAX)
+        );
+        assert_eq!(
+            totals(&[f64::MAX, 1e300, -1e300]).value(Aggregate::Sum),
+            Some(f64::MAX)
+        );
+    }
+
+    #[test]
+    fn aggregates_that_cannot_overflow_answer_on_the_largest_values() {
+        let huge = totals(&[f64::MAX, -f64::MAX, f64::MAX]);
+        assert_eq!(huge.value(Aggregate::Min), Some(-f64::MAX));
+        assert_eq!(huge.value(Aggregate::Max), Some(f64::MAX));
+        assert_eq!(huge.value(Aggregate::First), Some(f64::MAX));
+        assert_eq!(huge.value(Aggregate::Last), Some(f64::MAX));
+        assert_eq!(huge.value(Aggregate::Count), Some(3.0));
+    }
+
+    #[test]
+    fn sums_and_averages_that_never_overflow_are_the_plain_ones() {
+        let values = [0.1, 0.2, 0.3, 1e-310, -7.25];
+        let sum: f64 = values.iter().sum();
+        let small = totals(&values);
+        assert_eq!(small.value(Aggregate::Sum), Some(sum));
+        assert_eq!(small.value(Aggregate::Avg), Some(sum / 5.0));
     }
 }

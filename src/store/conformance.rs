@@ -37,6 +37,7 @@ macro_rules! store_conformance_tests {
             create_if_absent_collides_without_changing_the_item,
             compare_and_swap_needs_the_exact_current_value,
             concurrent_creates_of_one_item_have_one_winner,
+            a_write_refused_by_a_condition_is_followed_by_reads_that_see_the_refusing_item,
             delete_is_idempotent_and_honours_conditions,
             transaction_writes_across_tables_and_partitions,
             transaction_with_a_failing_condition_writes_nothing,
@@ -250,6 +251,65 @@ pub async fn concurrent_creates_of_one_item_have_one_winner(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(all.len(), 5);
+}
+
+/// A write refused by a condition is answered only once the item that refused it can be read:
+/// a client that retries with the same idempotency key and then reads the key finds the
+/// first write, not nothing (the embedded store once answered before committing the group
+/// that held the winner). Large batches sent before and after the contenders make a backend
+/// that groups writes take them in one group and take its time committing it.
+pub async fn a_write_refused_by_a_condition_is_followed_by_reads_that_see_the_refusing_item(
+    store: &dyn Store,
+) {
+    let p = &partition("refused");
+    let bulk = |name: &str| {
+        (0..4)
+            .map(|i| {
+                Write::put(
+                    Table::Meta,
+                    item_of_size(p, &format!("{name}-{i}"), 250_000),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    for round in 0..10 {
+        let row = &format!("key-{round}");
+        let contenders = (0..16).map(|i| async move {
+            let value = format!("attempt-{i}");
+            let writes = vec![
+                Write::put_if_absent(Table::Idempotency, Item::new(p.as_str(), row, value)),
+                Write::put(
+                    Table::Events,
+                    Item::new(p.as_str(), format!("{row}-event-{i}"), "e"),
+                ),
+            ];
+            match store.transact(writes).await {
+                Ok(()) => None,
+                Err(StoreError::ConditionFailed) => {
+                    Some(store.get(Table::Idempotency, p, row).await.unwrap())
+                }
+                Err(err) => panic!("unexpected {err:?}"),
+            }
+        });
+        let (_, results, _) = futures::join!(
+            store.batch_write(bulk("before")),
+            futures::future::join_all(contenders),
+            store.batch_write(bulk("after")),
+        );
+        assert_eq!(
+            results.iter().filter(|seen| seen.is_none()).count(),
+            1,
+            "round {round}: {results:?}"
+        );
+        let winner = store.get(Table::Idempotency, p, row).await.unwrap();
+        assert!(winner.is_some(), "round {round}");
+        for seen in results.into_iter().flatten() {
+            assert_eq!(
+                seen, winner,
+                "round {round}: a refused write read no winner"
+            );
+        }
+    }
 }
 
 pub async fn delete_is_idempotent_and_honours_conditions(store: &dyn Store) {

@@ -5,7 +5,8 @@
 //!   with another write (fjall's lock on the directory keeps other processes out);
 //! - it takes every request that is waiting, applies them as one atomic fjall batch, and
 //!   fsyncs the journal once for all of them (group commit). A write is acknowledged only
-//!   after that fsync.
+//!   after that fsync, and so is a refusal by a condition: the write that refused it may be
+//!   in the same group, and whoever was refused must be able to read it.
 //!
 //! Reads run on tokio's blocking pool, never on executor threads.
 
@@ -379,6 +380,9 @@ fn commit_group(db: &Database, keyspaces: &Keyspaces, group: Vec<WriteRequest>) 
     let mut overlay: Overlay = HashMap::new();
     let mut batch = db.batch();
     let mut accepted = Vec::with_capacity(group.len());
+    // Refused by a condition: answered after the commit, so that whoever was refused can read
+    // the write that refused it (a retry answered with the first attempt's outcome).
+    let mut refused = Vec::new();
     // Only writes that a later condition in this group may look at need the overlay.
     let last_conditional = group.iter().rposition(|request| {
         request.atomic
@@ -395,7 +399,7 @@ fn commit_group(db: &Database, keyspaces: &Keyspaces, group: Vec<WriteRequest>) 
             Ok(())
         };
         if let Err(err) = checked {
-            let _ = request.reply.send(Err(err));
+            refused.push((request.reply, err));
             continue;
         }
         if let Err(err) = stage(
@@ -417,12 +421,14 @@ fn commit_group(db: &Database, keyspaces: &Keyspaces, group: Vec<WriteRequest>) 
             .and_then(|()| db.persist(PersistMode::SyncAll))
             .map_err(|err| err.to_string())
     };
+    let failed = |err: &String| StoreError::Unavailable(format!("commit failed: {err}"));
     for reply in accepted {
-        let _ = reply.send(
-            result
-                .clone()
-                .map_err(|err| StoreError::Unavailable(format!("commit failed: {err}"))),
-        );
+        let _ = reply.send(result.clone().map_err(|err| failed(&err)));
+    }
+    for (reply, refusal) in refused {
+        // A condition may have been judged against a write of this group: if the group did
+        // not land, neither did that write, and the answer is unknown rather than refused.
+        let _ = reply.send(Err(result.as_ref().map_or_else(failed, |()| refusal)));
     }
 }
 

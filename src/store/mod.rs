@@ -372,6 +372,8 @@ pub enum StoreError {
     #[error("not found: {0}")]
     NotFound(String),
     /// A write's condition did not hold; nothing of the write (or transaction) was applied.
+    /// Reads made after it see the state the condition was judged against (DynamoDB's strong
+    /// consistency; the embedded store answers a refusal after committing its group).
     #[error("condition failed")]
     ConditionFailed,
     /// The backend asked us to slow down; retrying later succeeds.

@@ -67,6 +67,10 @@ pub enum DomainError {
     /// The fan-out backlog is at its bound: nothing was written; retry after a while.
     #[error("the fan-out backlog is full ({pending} jobs waiting): retry later")]
     BacklogFull { pending: u64 },
+    /// A series aggregate (a sum or an average) that no double holds: the answer cannot be
+    /// given, and must not read as "no points".
+    #[error("{0}")]
+    AggregateOverflow(String),
 }
 
 impl From<JobError> for DomainError {

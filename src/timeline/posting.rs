@@ -109,13 +109,16 @@ impl Timelines {
             }
             Err(StoreError::ConditionFailed) => match &new.client_id {
                 Some(client_id) => self.replay(author, client_id, &new).await,
-                None => Err(DomainError::Conflict("event id collision, retry".into())),
+                None => Err(event_id_collision()),
             },
             Err(err) => Err(err.into()),
         }
     }
 
-    /// Answers a retried post with the event the first attempt created.
+    /// Answers a retried post with the event the first attempt created. A refused write is
+    /// answered only once the write that refused it can be read (the store's contract on
+    /// `ConditionFailed`), so the first attempt's record is there, however close the retry
+    /// came: without it, what refused the post was one of its other, server-made keys.
     async fn replay(
         &self,
         author: &SubjectId,
@@ -128,7 +131,7 @@ impl Timelines {
             .store
             .get(Table::Idempotency, author.as_str(), client_id)
             .await?
-            .ok_or_else(conflict)?;
+            .ok_or_else(event_id_collision)?;
         let record: IdempotencyRecord = serde_json::from_slice(&record)
             .map_err(|_| DomainError::Corrupt(format!("idempotency record {client_id:?}")))?;
         if record.request != request_digest(new) {
@@ -142,6 +145,11 @@ impl Timelines {
         let event = Event::decode(author, &record.row_key, &body).map_err(DomainError::Corrupt)?;
         Ok(Posted::Existing(event))
     }
+}
+
+/// A post refused by a key the server made (its event id), not by the client's `id`.
+fn event_id_collision() -> DomainError {
+    DomainError::Conflict("event id collision, retry".into())
 }
 
 /// The writes that post `event`, all create-if-absent: the event in its author's log, its

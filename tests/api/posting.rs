@@ -8,6 +8,7 @@ use crate::helpers::{Backend, spawn_app};
 on_both_backends!(
     posting_returns_the_stored_event,
     retrying_with_the_same_id_returns_the_first_event,
+    concurrent_identical_retries_get_one_created_and_the_same_event_for_the_rest,
     events_list_the_authors_own_log_newest_first,
     client_times_from_year_one_to_year_9999_are_accepted,
 );
@@ -67,6 +68,61 @@ async fn retrying_with_the_same_id_returns_the_first_event(backend: Backend) {
     // One event, one fan-out: bob has exactly one entry.
     let timeline = app.wait_for_timeline("bob", 1).await;
     assert_eq!(timeline[0]["event_id"], first.body["event_id"]);
+}
+
+/// How many identical posts a round sends at once, and how many other posts beside them.
+const CONCURRENT_RETRIES: usize = 20;
+
+/// Twenty posts with one body and one `id` at once, beside other authors' posts, for many
+/// rounds: the embedded store once answered the losers before the winner's write was
+/// committed, and a loser that found no first event answered 409.
+async fn concurrent_identical_retries_get_one_created_and_the_same_event_for_the_rest(
+    backend: Backend,
+) {
+    let app = spawn_app(backend).await;
+    let busy_authors: Vec<String> = (0..CONCURRENT_RETRIES)
+        .map(|i| format!("busy-{i}"))
+        .collect();
+    let rounds = match backend {
+        Backend::Embedded => 30,
+        // A round takes DynamoDB Local about half a second (the losers' transactions are
+        // canceled as conflicts and sent again).
+        Backend::Dynamo => 10,
+    };
+    for round in 0..rounds {
+        let id = format!("retry-{round}");
+        let body = json!({"id": id, "kind": "post", "payload": {"round": round}});
+        let posts = (0..CONCURRENT_RETRIES).map(|_| app.post_event("alice", body.clone()));
+        // Other authors' posts at the same time, as under load.
+        let load = busy_authors
+            .iter()
+            .map(|author| app.post_text(author, "busy"));
+        let (replies, _) = futures::join!(
+            futures::future::join_all(posts),
+            futures::future::join_all(load)
+        );
+
+        let created: Vec<_> = replies
+            .iter()
+            .filter(|reply| reply.status == StatusCode::CREATED)
+            .collect();
+        assert_eq!(created.len(), 1, "round {round}: {replies:?}");
+        let first = &created[0].body;
+        for reply in &replies {
+            if reply.status != StatusCode::CREATED {
+                assert_eq!(reply.status, StatusCode::OK, "round {round}: {reply:?}");
+                assert_eq!(&reply.body, first, "round {round}");
+            }
+        }
+
+        // The id stays taken for anything else.
+        let reused = app
+            .post_event("alice", json!({"id": id, "payload": {"other": round}}))
+            .await;
+        assert_eq!(reused.status, StatusCode::CONFLICT, "{reused:?}");
+        assert_eq!(reused.error_code(), "conflict");
+    }
+    assert_eq!(app.all_pages("alice", "events").await.len(), rounds);
 }
 
 async fn events_list_the_authors_own_log_newest_first(backend: Backend) {

@@ -18,6 +18,7 @@ on_both_backends!(
     a_write_past_one_transaction_is_visible_whole_or_not_at_all,
     a_write_after_a_batch_not_yet_applied_lands_after_it,
     step_aggregates_match_a_reference_computed_here,
+    a_sum_or_average_too_large_for_a_double_is_a_422_and_never_a_null,
     aligned_series_share_rows_with_null_for_missing_values,
     tags_are_replaced_as_a_set_and_list_series_by_tag,
     a_range_delete_across_buckets_removes_exactly_the_range,
@@ -457,6 +458,91 @@ async fn step_aggregates_match_a_reference_computed_here(backend: Backend) {
             }
         }
     }
+}
+
+/// `null` means "no points", so an aggregate that overflows must not print as one: a sum or
+/// average that no double holds is a 422 `aggregate_overflow` naming the aggregate and the
+/// bucket, while one that a double holds is answered even if adding up overflows on the way.
+async fn a_sum_or_average_too_large_for_a_double_is_a_422_and_never_a_null(backend: Backend) {
+    let app = app(backend).await;
+    let day = 86_400 * SECOND;
+    let start = ticks(ORIGIN);
+    let hour = |h: u64| text(start + h * 3600 * SECOND);
+    let at_day = |d: u64, h: u64| text(start + d * day + h * 3600 * SECOND);
+    let max = f64::MAX;
+    // Day 0: MAX twice. Day 1: MAX, MAX, -MAX. Day 2: -MAX twice.
+    let body = json!([
+        {"at": hour(1), "value": max},
+        {"at": hour(2), "value": max},
+        {"at": at_day(1, 1), "value": max},
+        {"at": at_day(1, 2), "value": max},
+        {"at": at_day(1, 3), "value": -max},
+        {"at": at_day(2, 1), "value": -max},
+        {"at": at_day(2, 2), "value": -max},
+    ]);
+    let written = write(&app, "huge", body.as_array().expect("points").clone()).await;
+    assert_eq!(written.status, StatusCode::CREATED, "{written:?}");
+    let days = |aggregate: &str, from: u64, to: u64| {
+        format!(
+            "{}?step=1d&agg={aggregate}&from={}&to={}",
+            points_path("huge"),
+            text(start + from * day),
+            text(start + to * day)
+        )
+    };
+    let one_row = |reply: &Reply| -> f64 {
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        let items = reply.body["items"].as_array().expect("items");
+        assert_eq!(items.len(), 1, "{reply:?}");
+        items[0]["value"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("a number: {reply:?}"))
+    };
+
+    // Averages a double holds are answered exactly, whatever the sum on the way.
+    assert_eq!(one_row(&app.get(&days("avg", 0, 1)).await), max);
+    assert_eq!(one_row(&app.get(&days("avg", 2, 3)).await), -max);
+    assert_eq!(one_row(&app.get(&days("avg", 1, 2)).await), max / 3.0);
+    // A sum that overflows only on the way is answered too.
+    assert_eq!(one_row(&app.get(&days("sum", 1, 2)).await), max);
+    // The aggregates that cannot overflow, on the same points.
+    for (aggregate, want) in [("min", max), ("max", max), ("first", max), ("count", 2.0)] {
+        assert_eq!(one_row(&app.get(&days(aggregate, 0, 1)).await), want);
+    }
+
+    // Sums no double holds: a 422 of their own, naming the aggregate and the bucket.
+    for (from, bucket) in [(0, text(start)), (2, text(start + 2 * day))] {
+        let reply = app.get(&days("sum", from, from + 1)).await;
+        assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{reply:?}");
+        assert_eq!(reply.error_code(), "aggregate_overflow", "{reply:?}");
+        let message = reply.body["error"]["message"].as_str().expect("message");
+        assert!(message.contains("sum"), "{message}");
+        assert!(message.contains(&bucket), "{message} names {bucket}");
+    }
+    // The whole range: the first bucket that overflows refuses the read.
+    let whole = app.get(&days("sum", 0, 3)).await;
+    assert_eq!(whole.status, StatusCode::UNPROCESSABLE_ENTITY, "{whole:?}");
+
+    // Aligned reads print `null` for "no points" too.
+    write(&app, "small", points(start, 3600 * SECOND, 2, |i| i as f64)).await;
+    let aligned = |aggregate: &str| {
+        format!(
+            "/v1/series:aligned?names=huge,small&step=1d&agg={aggregate}&to={}",
+            text(start + day)
+        )
+    };
+    let averaged = app.get(&aligned("avg")).await;
+    assert_eq!(averaged.status, StatusCode::OK, "{averaged:?}");
+    assert_eq!(averaged.body["items"][0]["values"], json!([max, 0.5]));
+    let summed = app.get(&aligned("sum")).await;
+    assert_eq!(
+        summed.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{summed:?}"
+    );
+    assert_eq!(summed.error_code(), "aggregate_overflow", "{summed:?}");
+    let message = summed.body["error"]["message"].as_str().expect("message");
+    assert!(message.contains("huge"), "{message} names the series");
 }
 
 async fn aligned_series_share_rows_with_null_for_missing_values(backend: Backend) {
