@@ -113,3 +113,19 @@ pub enum Aggregation {
     reason = "describes name lists in the OpenAPI document only"
 )]
 pub struct SeriesNames(String);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_aggregate_the_document_names_is_one_the_server_reads() {
+        let schema = serde_json::to_value(Aggregation::schema()).expect("json");
+        let names = schema["enum"].as_array().expect("an enum");
+        assert_eq!(names.len(), 7, "{schema}");
+        for name in names {
+            let name = name.as_str().expect("a name");
+            assert!(crate::series::Aggregate::parse(name).is_some(), "{name}");
+        }
+    }
+}

@@ -241,10 +241,7 @@ async fn the_document_admits_exactly_what_the_server_accepts(backend: Backend) {
     let mut checks = Vec::new();
     let mut accepted = Vec::new();
     for (template, name, value, path) in &probes {
-        let parameter = doc["paths"][*template]["get"]["parameters"]
-            .as_array()
-            .and_then(|all| all.iter().find(|parameter| parameter["name"] == *name))
-            .unwrap_or_else(|| panic!("GET {template} has {name}"));
+        let parameter = parameter_named(&doc["paths"][*template]["get"], name);
         checks.push((resolved(&doc, &parameter["schema"]), json!(value)));
         accepted.push(app.get(path).await.status.is_success());
     }
@@ -277,10 +274,7 @@ async fn the_document_admits_exactly_what_the_server_accepts(backend: Backend) {
     // A range delete needs both ends.
     let delete = &doc["paths"][points]["delete"];
     for end in ["from", "to"] {
-        let parameter = delete["parameters"]
-            .as_array()
-            .and_then(|all| all.iter().find(|parameter| parameter["name"] == end))
-            .unwrap_or_else(|| panic!("{end}: {delete}"));
+        let parameter = parameter_named(delete, end);
         assert_eq!(parameter["required"], true, "{parameter}");
     }
     assert_documents_400(delete, "`from` or `to` missing");
@@ -298,10 +292,7 @@ async fn the_document_admits_exactly_what_the_server_accepts(backend: Backend) {
     // A timeline read pages with `cursor` or catches up with `after`, not both.
     let timeline = &doc["paths"]["/v1/subjects/{subject}/timeline"]["get"];
     for (name, other) in [("cursor", "`after`"), ("after", "`cursor`")] {
-        let parameter = timeline["parameters"]
-            .as_array()
-            .and_then(|all| all.iter().find(|parameter| parameter["name"] == name))
-            .unwrap_or_else(|| panic!("{name}: {timeline}"));
+        let parameter = parameter_named(timeline, name);
         let description = parameter["description"].as_str().unwrap_or_default();
         let words: Vec<&str> = description.split_whitespace().collect();
         assert!(
@@ -330,6 +321,14 @@ async fn the_document_admits_exactly_what_the_server_accepts(backend: Backend) {
         itself.body["error"]["code"], "cannot_follow_self",
         "{itself:?}"
     );
+}
+
+/// The parameter `name` of `operation`.
+fn parameter_named<'a>(operation: &'a Value, name: &str) -> &'a Value {
+    operation["parameters"]
+        .as_array()
+        .and_then(|all| all.iter().find(|parameter| parameter["name"] == name))
+        .unwrap_or_else(|| panic!("no parameter {name}: {operation}"))
 }
 
 /// `operation` documents a 400 of its own, whose description names `rule`.
