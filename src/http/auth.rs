@@ -17,10 +17,9 @@ use super::AppState;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
 use super::page::PageResponse;
-use super::schema::Name;
+use super::schema::{Cursor, Name};
 use crate::auth::{Grant, MAX_TOKEN_PAGE, Principal, TokenInfo, TokenListError};
 use crate::series::SeriesName;
-use crate::timeline::SubjectId;
 
 /// What a route needs of the caller.
 #[derive(Debug, PartialEq, Eq)]
@@ -159,8 +158,7 @@ async fn issue_subject_token(
     State(state): State<AppState>,
     Path(subject): Path<String>,
 ) -> Result<Response, ApiError> {
-    let subject = SubjectId::parse(&subject)
-        .map_err(|message| ApiError::bad_request("invalid_subject", message))?;
+    let subject = super::subject(&subject)?;
     issue(&state, Grant::Subject(subject.as_str().to_owned())).await
 }
 
@@ -210,12 +208,15 @@ async fn revoke_token(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct ListParams {
-    /// The subject, or series, whose tokens to list.
+    /// The subject, or series, whose tokens to list: checked like every subject id (a 400
+    /// `invalid_subject` otherwise).
+    #[param(value_type = Name)]
     subject: String,
     /// Tokens a page: 1 to 1,000; 1,000 when absent.
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
-    /// The `next_cursor` of the page before.
+    /// The `next_cursor` of the page before (a cursor this listing issued).
+    #[param(value_type = Option<Cursor>)]
     cursor: Option<String>,
 }
 
@@ -279,10 +280,11 @@ async fn list_tokens(
     State(state): State<AppState>,
     Query(params): Query<ListParams>,
 ) -> Result<axum::Json<PageResponse<ListedToken>>, ApiError> {
+    let subject = super::subject(&params.subject)?;
     let page = state
         .tokens
         .list(
-            &params.subject,
+            subject.as_str(),
             params.limit.unwrap_or(MAX_TOKEN_PAGE),
             params.cursor.as_deref(),
         )

@@ -26,11 +26,19 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 struct PostEventRequest {
     /// Idempotency key chosen by the client, scoped to the author: posting the same `id`
-    /// again returns the first event. 1 to 256 bytes.
-    #[schema(min_length = 1, max_length = 256)]
+    /// again returns the first event. 1 to 256 bytes, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
+    )]
     id: Option<String>,
-    /// What the event is; `event` when absent. 1 to 128 bytes.
-    #[schema(min_length = 1, max_length = 128)]
+    /// What the event is; `event` when absent. 1 to 128 bytes, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
+    )]
     kind: Option<String>,
     /// Any JSON, kept as sent (at most `FANLINE_MAX_PAYLOAD_BYTES`, nested at most 64 deep).
     #[schema(value_type = serde_json::Value)]

@@ -7,7 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
 use super::page::{PageParams, PageResponse};
 use super::schema::Name;
@@ -44,7 +44,7 @@ struct EdgePath {
     /// The follower.
     #[param(value_type = Name)]
     subject: String,
-    /// The subject followed.
+    /// The subject followed; on `PUT`, not `subject` itself.
     #[param(value_type = Name)]
     target: String,
 }
@@ -62,7 +62,10 @@ impl EdgePath {
     path = "/v1/subjects/{subject}/following/{target}",
     tag = "following",
     params(EdgePath),
-    responses((status = NO_CONTENT, description = "`subject` follows `target`"))
+    responses(
+        (status = NO_CONTENT, description = "`subject` follows `target`"),
+        (status = BAD_REQUEST, description = "A malformed subject or target, or `target` equal to `subject` (`cannot_follow_self`)", body = ErrorBody),
+    )
 )]
 async fn follow_subject(
     State(state): State<AppState>,

@@ -24,6 +24,7 @@ use utoipa::openapi::{OpenApi as Document, Ref, RefOr};
 use super::AppState;
 use super::error::ErrorBody;
 use super::page::NoExtra;
+use super::schema::{After, Aggregation, Cursor, RowKey, SeriesNames, Step, Tag};
 
 /// The name of the security scheme in the document.
 const BEARER: &str = "bearer";
@@ -43,8 +44,19 @@ const PUBLIC_EVENTS_ROUTE: &str = "/v1/subjects/{subject}/events";
     ),
     paths(get_document),
     security(("bearer" = [])),
-    // `NoExtra` is the default of a generic parameter, which the routes do not register.
-    components(schemas(ErrorBody, NoExtra)),
+    // `NoExtra` is the default of a generic parameter, which the routes do not register;
+    // the routes do not register the schemas their parameters refer to either.
+    components(schemas(
+        ErrorBody,
+        NoExtra,
+        After,
+        Aggregation,
+        Cursor,
+        RowKey,
+        SeriesNames,
+        Step,
+        Tag
+    )),
     tags(
         (name = "events", description = "Subjects' event logs, their fan-out and deletes"),
         (name = "following", description = "Follow edges"),

@@ -19,7 +19,8 @@ pub struct PageParams {
     /// Items a page: 1 to 250; 250 when absent.
     #[param(minimum = 1, maximum = 250)]
     pub limit: Option<usize>,
-    /// The `next_cursor` of the page before.
+    /// The `next_cursor` of the page before (a cursor this listing issued).
+    #[param(value_type = Option<super::schema::Cursor>)]
     pub cursor: Option<String>,
 }
 

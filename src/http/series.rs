@@ -13,7 +13,7 @@ use super::AppState;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Json, Path, Query};
 use super::page::{Names, PageResponse};
-use super::schema::Name;
+use super::schema::{Aggregation, Cursor, Name, SeriesNames, Step, Tag};
 use crate::keys::Ticks;
 use crate::series::catalogue::DEFAULT_LIST_PAGE;
 use crate::series::reading::{DEFAULT_SERIES_PAGE, Range};
@@ -218,11 +218,14 @@ struct ReadParams {
     /// Points (or buckets) a page: 1 to 10,000; 1,000 when absent.
     #[param(minimum = 1, maximum = 10000)]
     limit: Option<usize>,
+    #[param(value_type = Option<Cursor>)]
     cursor: Option<String>,
     /// Bucket width, such as `60s`, `5m` or `1h`: one aggregate row per bucket.
-    #[param(min_length = 1)]
+    #[param(value_type = Option<Step>)]
     step: Option<String>,
-    /// With `step`: avg (default), min, max, sum, count, first or last.
+    /// Only with `step` (a 400 `invalid_parameters` without): avg (default), min, max, sum,
+    /// count, first or last.
+    #[param(value_type = Option<Aggregation>)]
     agg: Option<String>,
 }
 
@@ -250,6 +253,7 @@ fn point_response(at: u64, value: f64) -> PointResponse {
     params(("series" = Name, Path, description = "The series name"), ReadParams),
     responses(
         (status = OK, description = "A page of points, or of buckets", body = PageResponse<PointResponse>),
+        (status = BAD_REQUEST, description = "A malformed name, time, limit, cursor, `step` or `agg`; `from` after `to`; or `agg` without `step` (`invalid_parameters`)", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "A bucket's sum or average is too large for a double (`aggregate_overflow`)", body = ErrorBody),
     )
 )]
@@ -303,6 +307,7 @@ async fn read_points(
 #[into_params(parameter_in = Query)]
 struct AlignedParams {
     /// Comma-separated series names, at most 32.
+    #[param(value_type = SeriesNames)]
     names: String,
     /// Start of the range, RFC 3339, inclusive.
     #[param(format = DateTime)]
@@ -311,13 +316,15 @@ struct AlignedParams {
     #[param(format = DateTime)]
     to: Option<String>,
     /// Bucket width, such as `60s`, `5m` or `1h`.
-    #[param(min_length = 1)]
+    #[param(value_type = Step)]
     step: String,
     /// avg (default), min, max, sum, count, first or last.
+    #[param(value_type = Option<Aggregation>)]
     agg: Option<String>,
     /// Rows a page: 1 to 10,000; 1,000 when absent.
     #[param(minimum = 1, maximum = 10000)]
     limit: Option<usize>,
+    #[param(value_type = Option<Cursor>)]
     cursor: Option<String>,
 }
 
@@ -339,6 +346,7 @@ pub(crate) struct AlignedRow {
     params(AlignedParams),
     responses(
         (status = OK, description = "A page of rows, `values` in the order of `names`", body = PageResponse<AlignedRow, Names>),
+        (status = BAD_REQUEST, description = "A malformed name, time, limit, cursor, `step` or `agg`, or `from` after `to`", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "A bucket's sum or average is too large for a double (`aggregate_overflow`)", body = ErrorBody),
     )
 )]
@@ -386,11 +394,11 @@ async fn read_aligned(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct DeleteParams {
-    /// Start of the range, RFC 3339, inclusive; required.
-    #[param(format = DateTime)]
+    /// Start of the range, RFC 3339, inclusive; not after `to`.
+    #[param(format = DateTime, required = true)]
     from: Option<String>,
-    /// End of the range, RFC 3339, exclusive; required.
-    #[param(format = DateTime)]
+    /// End of the range, RFC 3339, exclusive.
+    #[param(format = DateTime, required = true)]
     to: Option<String>,
 }
 
@@ -406,7 +414,10 @@ struct DeletedResponse {
     path = "/v1/series/{series}/points",
     tag = "series",
     params(("series" = Name, Path, description = "The series name"), DeleteParams),
-    responses((status = OK, description = "Deleted", body = DeletedResponse))
+    responses(
+        (status = OK, description = "Deleted", body = DeletedResponse),
+        (status = BAD_REQUEST, description = "A malformed name or time, `from` or `to` missing, or `from` after `to` (`invalid_range`)", body = ErrorBody),
+    )
 )]
 async fn delete_points(
     State(state): State<AppState>,
@@ -449,7 +460,7 @@ async fn delete_series(
 #[serde(deny_unknown_fields)]
 struct Tags {
     /// At most 32, each 1 to 256 bytes.
-    #[schema(value_type = std::collections::BTreeSet<Name>, max_items = 32)]
+    #[schema(value_type = std::collections::BTreeSet<Tag>, max_items = 32)]
     tags: Vec<String>,
 }
 
@@ -502,10 +513,12 @@ struct ListParams {
     /// Names from this one on, in name order.
     start: Option<String>,
     /// Only the series with this tag.
+    #[param(value_type = Option<Tag>)]
     tag: Option<String>,
     /// Names a page: 1 to 1,000; 100 when absent.
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
+    #[param(value_type = Option<Cursor>)]
     cursor: Option<String>,
 }
 

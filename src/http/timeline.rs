@@ -12,10 +12,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
 use super::page::{PageResponse, Truncated, entry_page};
-use super::schema::Name;
+use super::schema::{After, Cursor, Name};
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
 
@@ -46,7 +46,9 @@ struct TimelineParams {
     /// Items a page: 1 to 250; 250 when absent.
     #[param(minimum = 1, maximum = 250)]
     limit: Option<usize>,
-    /// A page cursor (newest-first paging).
+    /// A page cursor (newest-first paging): the `next_cursor` of the page before. Not with
+    /// `after` (a 400 `invalid_parameters`).
+    #[param(value_type = Option<Cursor>)]
     cursor: Option<String>,
     /// Read the entries newer than a point, oldest first (a catch-up read), instead of
     /// paging newest first. The point is what a client holds, any of:
@@ -59,7 +61,9 @@ struct TimelineParams {
     ///   of the first page of that walk, that is, everything the walk has not seen.
     ///
     /// A catch-up page always has a `next_cursor`, a catch-up cursor to read on from. A
-    /// cursor of another timeline, or anything else, is a 400 `invalid_cursor`.
+    /// cursor of another timeline, or anything else, is a 400 `invalid_cursor`. Not with
+    /// `cursor` (a 400 `invalid_parameters`).
+    #[param(value_type = Option<After>)]
     after: Option<String>,
 }
 
@@ -74,7 +78,10 @@ struct TimelineParams {
     path = "/v1/subjects/{subject}/timeline",
     tag = "timeline",
     params(("subject" = Name, Path, description = "The reader"), TimelineParams),
-    responses((status = OK, description = "A page of the timeline", body = PageResponse<TimelineItemResponse, Truncated>))
+    responses(
+        (status = OK, description = "A page of the timeline", body = PageResponse<TimelineItemResponse, Truncated>),
+        (status = BAD_REQUEST, description = "A malformed subject, limit, cursor or `after`; a cursor or `after` this timeline did not issue; or `cursor` and `after` together (`invalid_parameters`)", body = ErrorBody),
+    )
 )]
 async fn read_timeline(
     State(state): State<AppState>,

@@ -13,6 +13,7 @@ on_both_backends!(
     every_route_admits_exactly_the_callers_it_should,
     event_logs_can_be_made_public_and_nothing_else_is,
     a_token_over_its_rate_is_told_to_retry_later,
+    the_tokens_filter_refuses_a_bad_subject_id_like_every_route,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,6 +369,52 @@ async fn every_route_admits_exactly_the_callers_it_should(backend: Backend) {
             )
             .await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{header}");
+    }
+}
+
+/// `GET /v1/admin/tokens?subject=` checks its subject as the routes that take one in their
+/// path do: a NUL, an empty id, a `..` segment and 5,000 bytes are each a 400
+/// `invalid_subject`, never an empty listing.
+async fn the_tokens_filter_refuses_a_bad_subject_id_like_every_route(backend: Backend) {
+    let app = spawn_app_with(TestStore::new(backend).await, |_| {}).await;
+    issue(&app, "/v1/admin/subjects/alice/tokens").await;
+    issue(
+        &app,
+        &format!("/v1/admin/series/{}/tokens", segment("dev-1/t")),
+    )
+    .await;
+    let long = "x".repeat(5000);
+    for encoded in ["%00", "", "a%2F..%2Fb", long.as_str()] {
+        let listed = app
+            .get(&format!("/v1/admin/tokens?subject={encoded}"))
+            .await;
+        assert_eq!(
+            listed.status,
+            StatusCode::BAD_REQUEST,
+            "{encoded:.20}: {listed:?}"
+        );
+        assert_eq!(
+            listed.body["error"]["code"], "invalid_subject",
+            "{encoded:.20}: {listed:?}"
+        );
+        // The same id in a path is refused alike (an empty segment matches no route).
+        if !encoded.is_empty() {
+            let issued = app
+                .post_json(&format!("/v1/admin/subjects/{encoded}/tokens"), &json!({}))
+                .await;
+            assert_eq!(
+                issued.body["error"]["code"], "invalid_subject",
+                "{issued:?}"
+            );
+        }
+    }
+    // Good ids, a subject's and a series name with a slash, still list their tokens.
+    for (subject, kind) in [("alice", "subject"), ("dev-1%2Ft", "device")] {
+        let listed = app
+            .get(&format!("/v1/admin/tokens?subject={subject}"))
+            .await;
+        assert_eq!(listed.status, StatusCode::OK, "{listed:?}");
+        assert_eq!(listed.body["items"][0]["kind"], kind, "{listed:?}");
     }
 }
 
