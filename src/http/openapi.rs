@@ -117,6 +117,7 @@ pub fn finish(document: &mut Document, public_events: bool) {
             ];
             if operation.request_body.is_some() {
                 shared.extend([
+                    Shared::RequestTimeout,
                     Shared::PayloadTooLarge,
                     Shared::UnsupportedMediaType,
                     Shared::Unprocessable,
@@ -152,6 +153,7 @@ enum Shared {
     BadRequest,
     Unauthorized,
     Forbidden,
+    RequestTimeout,
     PayloadTooLarge,
     UnsupportedMediaType,
     Unprocessable,
@@ -160,10 +162,11 @@ enum Shared {
 }
 
 impl Shared {
-    const ALL: [Shared; 8] = [
+    const ALL: [Shared; 9] = [
         Shared::BadRequest,
         Shared::Unauthorized,
         Shared::Forbidden,
+        Shared::RequestTimeout,
         Shared::PayloadTooLarge,
         Shared::UnsupportedMediaType,
         Shared::Unprocessable,
@@ -176,6 +179,7 @@ impl Shared {
             Shared::BadRequest => "BadRequest",
             Shared::Unauthorized => "Unauthorized",
             Shared::Forbidden => "Forbidden",
+            Shared::RequestTimeout => "RequestTimeout",
             Shared::PayloadTooLarge => "PayloadTooLarge",
             Shared::UnsupportedMediaType => "UnsupportedMediaType",
             Shared::Unprocessable => "Unprocessable",
@@ -189,6 +193,7 @@ impl Shared {
             Shared::BadRequest => "400",
             Shared::Unauthorized => "401",
             Shared::Forbidden => "403",
+            Shared::RequestTimeout => "408",
             Shared::PayloadTooLarge => "413",
             Shared::UnsupportedMediaType => "415",
             Shared::Unprocessable => "422",
@@ -204,6 +209,10 @@ impl Shared {
             }
             Shared::Unauthorized => "No token, or an unknown or revoked one",
             Shared::Forbidden => "A valid token acting outside its rights",
+            Shared::RequestTimeout => {
+                "The body did not arrive whole within FANLINE_BODY_TIMEOUT_MS \
+                 (`request_timeout`); the connection is closed"
+            }
             Shared::PayloadTooLarge => "The body, or a payload in it, is over its limit",
             Shared::UnsupportedMediaType => "The body is not `application/json`",
             Shared::Unprocessable => "Well-formed JSON of the wrong shape",

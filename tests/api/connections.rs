@@ -165,6 +165,13 @@ async fn a_body_sent_too_slowly_is_answered_408_and_the_connection_closed() {
     // Nothing was posted.
     let events = app.get("/v1/subjects/alice/events").await;
     assert_eq!(events.body["items"].as_array().map(Vec::len), Some(0));
+    // And the API description says so.
+    let document = app.get("/openapi.json").await.body;
+    let answers = &document["paths"]["/v1/subjects/{subject}/events"]["post"]["responses"];
+    assert_eq!(
+        answers["408"]["$ref"], "#/components/responses/RequestTimeout",
+        "{answers}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
