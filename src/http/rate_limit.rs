@@ -115,17 +115,26 @@ mod tests {
         format!("fl_{index:032x}_secret")
     }
 
-    #[test]
-    fn the_buckets_of_tokens_gone_idle_are_dropped_while_busy_ones_keep_their_limit() {
+    /// Limits of 10 requests a second on a fake clock, after one request from each of
+    /// `tokens` tokens.
+    fn limits_after_one_request_each(
+        tokens: usize,
+    ) -> (FakeRelativeClock, RateLimits<FakeRelativeClock>, Principal) {
         let clock = FakeRelativeClock::default();
         let limits = RateLimits::with_clock(10, clock.clone());
         let subject = Principal::Subject("alice".into());
-        for index in 0..1_000 {
+        for index in 0..tokens {
             limits
                 .check(&subject, &token(index))
                 .expect("under the rate");
         }
-        assert_eq!(limits.tracked_tokens(), 1_000);
+        assert_eq!(limits.tracked_tokens(), tokens);
+        (clock, limits, subject)
+    }
+
+    #[test]
+    fn the_buckets_of_tokens_gone_idle_are_dropped_while_busy_ones_keep_their_limit() {
+        let (clock, limits, subject) = limits_after_one_request_each(1_000);
 
         // A sweep is due: the next request drops every idle bucket but its own.
         clock.advance(SWEEP_EVERY);
@@ -146,14 +155,7 @@ mod tests {
 
     #[test]
     fn no_sweep_runs_before_it_is_due() {
-        let clock = FakeRelativeClock::default();
-        let limits = RateLimits::with_clock(10, clock.clone());
-        let subject = Principal::Subject("alice".into());
-        for index in 0..100 {
-            limits
-                .check(&subject, &token(index))
-                .expect("under the rate");
-        }
+        let (clock, limits, subject) = limits_after_one_request_each(100);
         clock.advance(SWEEP_EVERY - Duration::from_millis(1));
         limits.check(&subject, &token(100)).expect("under the rate");
         assert_eq!(limits.tracked_tokens(), 101);
