@@ -48,7 +48,7 @@ impl OpenStore {
 pub async fn open_store(config: &Config) -> anyhow::Result<OpenStore> {
     Ok(match config.store {
         StoreKind::Embedded => OpenStore::uncounted(Arc::new(
-            EmbeddedStore::open_async(&config.data_dir)
+            EmbeddedStore::open_with(&config.data_dir, config.embedded_settings())
                 .await
                 .with_context(|| {
                     format!("failed to open the store in {}", config.data_dir.display())
@@ -112,6 +112,7 @@ async fn app_state(
             store.clone(),
             CursorCodec::new(&key),
             admin_token,
+            config.token_cache_entries(),
         )),
         rate_limits: Arc::new(RateLimits::new(config.rate_limit)),
         public_events: config.public_events,

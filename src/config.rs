@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 
 use crate::http::serve::ConnectionLimits;
 use crate::jobs::RunnerSettings;
-use crate::store::DynamoConfig;
+use crate::store::{DynamoConfig, EmbeddedSettings};
 use crate::timeline::Settings;
 use crate::timeline::fanout::FanoutSettings;
 
@@ -158,6 +158,24 @@ pub struct Config {
     /// Requests a second each token may make (in bursts of as many); 0 turns limits off.
     #[arg(long, env = "FANLINE_RATE_LIMIT", default_value_t = 1000)]
     pub rate_limit: u32,
+
+    // Memory bounds: what the process keeps in memory, whatever its load (see "Memory" in
+    // docs/operations.md).
+    /// Megabytes of the embedded store's block cache, shared by every table.
+    #[arg(long, env = "FANLINE_CACHE_MB", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub cache_mb: u64,
+
+    /// Megabytes the embedded store's tables may hold in memory, in all, before the biggest
+    /// table's writes are flushed to disk.
+    #[arg(long, env = "FANLINE_WRITE_BUFFER_MB", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(8..=1_048_576))]
+    pub write_buffer_mb: u64,
+
+    /// Token lookups the server caches (each for at most 500 ms).
+    #[arg(long, env = "FANLINE_TOKEN_CACHE_ENTRIES", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub token_cache_entries: u64,
 }
 
 /// Settings renamed since an earlier release: (old variable, new variable). An old name left
@@ -240,6 +258,23 @@ impl Config {
     }
 }
 
+/// Bytes in a megabyte of the memory settings (MiB, as fjall counts them).
+const MEGABYTE: u64 = 1024 * 1024;
+
+/// The memory bounds, as the parts that keep them take them.
+impl Config {
+    pub fn embedded_settings(&self) -> EmbeddedSettings {
+        EmbeddedSettings {
+            cache_bytes: self.cache_mb.saturating_mul(MEGABYTE),
+            write_buffer_bytes: self.write_buffer_mb.saturating_mul(MEGABYTE),
+        }
+    }
+
+    pub fn token_cache_entries(&self) -> usize {
+        usize::try_from(self.token_cache_entries).unwrap_or(usize::MAX)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +300,12 @@ mod tests {
         assert_eq!(config.body_timeout_ms, 30_000);
         assert_eq!(config.idle_timeout_ms, 60_000);
         assert_eq!(config.shutdown_timeout_ms, 10_000);
+        assert_eq!(config.cache_mb, 32);
+        assert_eq!(config.write_buffer_mb, 32);
+        assert_eq!(config.token_cache_entries, 10_000);
+        let embedded = config.embedded_settings();
+        assert_eq!(embedded.cache_bytes, 32 * 1024 * 1024);
+        assert_eq!(embedded.write_buffer_bytes, 32 * 1024 * 1024);
+        assert_eq!(embedded, EmbeddedSettings::default());
     }
 }

@@ -8,7 +8,8 @@
 //! A token is `fl_{id}_{secret}`. Only the SHA-256 of the secret is stored (the secret is 256
 //! random bits, so a plain hash is enough) and it is compared in constant time. Lookups are
 //! cached for at most [`CACHE_TTL`], so a revocation reaches every process sharing the
-//! store within that time.
+//! store within that time; the cache holds at most `--token-cache-entries` lookups (known
+//! and unknown tokens alike), the least used going first.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -152,13 +153,25 @@ pub struct Tokens {
 }
 
 impl Tokens {
-    pub fn new(store: Arc<dyn Store>, cursors: CursorCodec, admin_token: &str) -> Tokens {
+    /// The token service on `store`, caching at most `cache_entries` lookups.
+    pub fn new(
+        store: Arc<dyn Store>,
+        cursors: CursorCodec,
+        admin_token: &str,
+        cache_entries: usize,
+    ) -> Tokens {
         Tokens {
             store,
             cursors,
             admin_hash: sha256(admin_token.as_bytes()),
-            cache: quick_cache::sync::Cache::new(100_000),
+            cache: quick_cache::sync::Cache::new(cache_entries.max(1)),
         }
+    }
+
+    /// Token lookups held in the cache.
+    #[cfg(test)]
+    pub fn cached_lookups(&self) -> usize {
+        self.cache.len()
     }
 
     /// Who `token` acts as; `None` for an unknown, malformed or revoked token.
@@ -288,6 +301,30 @@ fn decode_hex(text: &str) -> Option<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_token_cache_holds_at_most_its_capacity() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::store::EmbeddedStore::open_async(dir.path())
+            .await
+            .expect("open");
+        let tokens = Tokens::new(Arc::new(store), CursorCodec::new(b"key"), "admin", 100);
+        let issued = tokens
+            .issue(Grant::Subject("alice".into()))
+            .await
+            .expect("issue");
+        // Unknown tokens are cached too (as unknown): a flood of made-up ids stays bounded.
+        for index in 0..1_000 {
+            let made_up = format!("fl_{index:032x}_secret");
+            assert_eq!(tokens.authenticate(&made_up).await.expect("lookup"), None);
+        }
+        let cached = tokens.cached_lookups();
+        assert!((1..=100).contains(&cached), "{cached} lookups cached");
+        assert_eq!(
+            tokens.authenticate(&issued.token).await.expect("lookup"),
+            Some(Principal::Subject("alice".into()))
+        );
+    }
 
     #[test]
     fn tokens_parse_only_in_their_one_shape() {

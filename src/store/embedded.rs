@@ -9,6 +9,12 @@
 //!   in the same group, and whoever was refused must be able to read it.
 //!
 //! Reads run on tokio's blocking pool, never on executor threads.
+//!
+//! Memory is bounded by [`EmbeddedSettings`]: fjall's block cache has a size, and the writer
+//! thread keeps the tables' memtables (writes not yet flushed to disk) within the write
+//! buffer by flushing the biggest one whenever they outgrow it (fjall 3.1 takes a
+//! `max_write_buffer_size` but does not enforce it; its own bound is 64 MiB per table, and
+//! there are 18 tables).
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -27,6 +33,29 @@ use super::{
 /// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
 const MAX_GROUP_WRITES: usize = 32 * 1024;
 
+/// Bytes a memtable holds for a write beyond its key and value (fjall counts about this).
+const MEMTABLE_ENTRY_OVERHEAD: u64 = 64;
+
+/// What the embedded store may keep in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmbeddedSettings {
+    /// Bytes of the block cache, shared by every table.
+    pub cache_bytes: u64,
+    /// Bytes of writes the tables hold in memory in all (their memtables, active and sealed)
+    /// past which the biggest memtable is flushed.
+    pub write_buffer_bytes: u64,
+}
+
+impl Default for EmbeddedSettings {
+    /// The configuration's defaults (`--cache-mb 32`, `--write-buffer-mb 32`).
+    fn default() -> Self {
+        EmbeddedSettings {
+            cache_bytes: 32 * 1024 * 1024,
+            write_buffer_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
 /// A fjall database shared by the tables; cheap to clone.
 #[derive(Clone)]
 pub struct EmbeddedStore {
@@ -34,6 +63,8 @@ pub struct EmbeddedStore {
 }
 
 struct Inner {
+    /// The database, for its memory figures (the writer thread holds it too).
+    db: Database,
     keyspaces: Keyspaces,
     /// Requests for the writer thread; dropping the last store handle stops that thread.
     writer: mpsc::Sender<WriteRequest>,
@@ -59,9 +90,10 @@ struct WriteRequest {
 
 impl EmbeddedStore {
     /// Opens (or creates) the store in `path`. Blocking: call it off the executor.
-    fn open(path: &Path) -> StoreResult<Self> {
+    fn open(path: &Path, settings: EmbeddedSettings) -> StoreResult<Self> {
         let db = Database::builder(path)
             .manual_journal_persist(true)
+            .cache_size(settings.cache_bytes)
             .open()
             .map_err(map_fjall_error)?;
         let mut keyspaces = HashMap::new();
@@ -74,26 +106,44 @@ impl EmbeddedStore {
         let keyspaces = Keyspaces(keyspaces);
         let (sender, receiver) = mpsc::channel();
         let writer_keyspaces = keyspaces.clone();
+        let write_buffer = WriteBuffer::new(settings.write_buffer_bytes);
+        let writer_db = db.clone();
         std::thread::Builder::new()
             .name("fanline-writer".into())
-            .spawn(move || run_writer(&db, &writer_keyspaces, &receiver))
+            .spawn(move || run_writer(&writer_db, &writer_keyspaces, write_buffer, &receiver))
             .map_err(|err| {
                 StoreError::Other(format!("failed to start the writer thread: {err}"))
             })?;
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
+                db,
                 keyspaces,
                 writer: sender,
             }),
         })
     }
 
-    /// Opens the store on the blocking pool.
+    /// Opens the store on the blocking pool, with the default memory bounds.
     pub async fn open_async(path: &Path) -> StoreResult<Self> {
+        Self::open_with(path, EmbeddedSettings::default()).await
+    }
+
+    /// Opens the store on the blocking pool, within `settings`' memory bounds.
+    pub async fn open_with(path: &Path, settings: EmbeddedSettings) -> StoreResult<Self> {
         let path = path.to_owned();
-        tokio::task::spawn_blocking(move || EmbeddedStore::open(&path))
+        tokio::task::spawn_blocking(move || EmbeddedStore::open(&path, settings))
             .await
             .map_err(|err| StoreError::Other(format!("open task failed: {err}")))?
+    }
+
+    /// Bytes the block cache may hold.
+    pub fn cache_capacity(&self) -> u64 {
+        self.inner.db.cache_capacity()
+    }
+
+    /// Bytes of writes held in memory (memtables, active and sealed) not yet on disk.
+    pub fn write_buffer_size(&self) -> u64 {
+        self.inner.db.write_buffer_size()
     }
 
     /// Bytes a table takes on disk once its memtable is flushed (for the benchmark).
@@ -354,9 +404,72 @@ fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
     }
 }
 
+/// The writer thread's account of the memtables, to keep them within the write buffer.
+struct WriteBuffer {
+    limit: u64,
+    /// Bytes written to each table since the writer last flushed its memtable: an estimate
+    /// of the memtable's size (fjall may have flushed it since on its own, which only makes
+    /// the estimate high).
+    written: HashMap<Table, u64>,
+}
+
+impl WriteBuffer {
+    fn new(limit: u64) -> Self {
+        WriteBuffer {
+            limit,
+            written: HashMap::new(),
+        }
+    }
+
+    fn record(&mut self, table: Table, key: &[u8], value_len: usize) {
+        let bytes = (key.len() + value_len) as u64 + MEMTABLE_ENTRY_OVERHEAD;
+        *self.written.entry(table).or_default() += bytes;
+    }
+
+    /// The table whose memtable to flush now, if the memtables are over the bound
+    /// (`buffered` bytes, as fjall counts them: active and sealed, not yet on disk): the one
+    /// written most since its last flush. When flushes already under way hold most of the
+    /// bound, no table has written enough to be worth another (an eighth of the bound) and
+    /// nothing is flushed, so small memtables are not flushed one after another while the big
+    /// ones are being written out; unless the memtables being written hold the whole bound
+    /// between them.
+    fn table_to_flush(&mut self, buffered: u64) -> Option<Table> {
+        if buffered <= self.limit {
+            return None;
+        }
+        let (&table, &bytes) = self.written.iter().max_by_key(|(_, bytes)| **bytes)?;
+        let active: u64 = self.written.values().sum();
+        if bytes == 0 || (bytes < self.limit / 8 && active <= self.limit) {
+            return None;
+        }
+        self.written.insert(table, 0);
+        Some(table)
+    }
+
+    /// Flushes the biggest memtable if the memtables are over the bound.
+    fn enforce(&mut self, db: &Database, keyspaces: &Keyspaces) {
+        let Some(table) = self.table_to_flush(db.write_buffer_size()) else {
+            return;
+        };
+        // Sealing the memtable queues its flush on fjall's workers; this thread goes on.
+        let rotated = keyspaces
+            .of(table)
+            .and_then(|keyspace| keyspace.rotate_memtable().map_err(map_fjall_error));
+        if let Err(err) = rotated {
+            tracing::warn!(%table, error = %err, "failed to flush a memtable over the write buffer");
+        }
+    }
+}
+
 /// The writer thread: takes every waiting request, checks their conditions in arrival order,
-/// commits the accepted ones as one batch and fsyncs once.
-fn run_writer(db: &Database, keyspaces: &Keyspaces, requests: &mpsc::Receiver<WriteRequest>) {
+/// commits the accepted ones as one batch and fsyncs once; then keeps the memtables within
+/// the write buffer.
+fn run_writer(
+    db: &Database,
+    keyspaces: &Keyspaces,
+    mut write_buffer: WriteBuffer,
+    requests: &mpsc::Receiver<WriteRequest>,
+) {
     while let Ok(first) = requests.recv() {
         let mut total = first.writes.len();
         let mut group = vec![first];
@@ -369,13 +482,19 @@ fn run_writer(db: &Database, keyspaces: &Keyspaces, requests: &mpsc::Receiver<Wr
                 Err(_) => break,
             }
         }
-        commit_group(db, keyspaces, group);
+        commit_group(db, keyspaces, &mut write_buffer, group);
+        write_buffer.enforce(db, keyspaces);
     }
 }
 
 type Overlay = HashMap<(Table, Vec<u8>), Option<Bytes>>;
 
-fn commit_group(db: &Database, keyspaces: &Keyspaces, group: Vec<WriteRequest>) {
+fn commit_group(
+    db: &Database,
+    keyspaces: &Keyspaces,
+    write_buffer: &mut WriteBuffer,
+    group: Vec<WriteRequest>,
+) {
     // Values written earlier in this group, so later conditions see them.
     let mut overlay: Overlay = HashMap::new();
     let mut batch = db.batch();
@@ -406,6 +525,7 @@ fn commit_group(db: &Database, keyspaces: &Keyspaces, group: Vec<WriteRequest>) 
             keyspaces,
             needs_overlay.then_some(&mut overlay),
             &mut batch,
+            write_buffer,
             request.writes,
         ) {
             let _ = request.reply.send(Err(err));
@@ -465,6 +585,7 @@ fn stage(
     keyspaces: &Keyspaces,
     mut overlay_opt: Option<&mut Overlay>,
     batch: &mut fjall::OwnedWriteBatch,
+    write_buffer: &mut WriteBuffer,
     writes: Vec<Write>,
 ) -> StoreResult<()> {
     // Resolve every keyspace first so a bad table leaves the batch untouched.
@@ -478,6 +599,7 @@ fn stage(
             Write::Put { item, .. } => (encode_key(&item.partition, &item.row), Some(item.value)),
             Write::Delete { partition, row, .. } => (encode_key(&partition, &row), None),
         };
+        write_buffer.record(table, &key, value.as_ref().map_or(0, Bytes::len));
         let write_to_batch = |batch: &mut fjall::OwnedWriteBatch, key: Vec<u8>| match &value {
             Some(value) => batch.insert(keyspace, key, value.to_vec()),
             None => batch.remove(keyspace, key),
@@ -531,6 +653,79 @@ mod tests {
         };
         let value = reopened.get(Table::Events, "p", "r").await.expect("get");
         assert_eq!(value.as_deref(), Some(&b"v"[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_block_cache_has_the_configured_size() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let settings = EmbeddedSettings {
+            cache_bytes: 4 * 1024 * 1024,
+            ..EmbeddedSettings::default()
+        };
+        let store = EmbeddedStore::open_with(dir.path(), settings)
+            .await
+            .expect("open");
+        assert_eq!(store.cache_capacity(), 4 * 1024 * 1024);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_held_in_memory_are_flushed_down_to_the_write_buffer() {
+        const LIMIT: u64 = 8 * 1024 * 1024;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let settings = EmbeddedSettings {
+            write_buffer_bytes: LIMIT,
+            ..EmbeddedSettings::default()
+        };
+        let store = EmbeddedStore::open_with(dir.path(), settings)
+            .await
+            .expect("open");
+        // 32 MiB into one table: half of fjall's own bound of one memtable, four times ours.
+        let value = Bytes::from(vec![7u8; 4096]);
+        for batch in 0..32 {
+            let writes = (0..256)
+                .map(|row| {
+                    Write::put(
+                        Table::Timelines,
+                        Item::new("owner", format!("{batch:04}-{row:04}"), value.clone()),
+                    )
+                })
+                .collect();
+            store.batch_write(writes).await.expect("write");
+        }
+        // Flushes run on fjall's workers: what is over the bound goes to disk soon after.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while store.write_buffer_size() > LIMIT {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} bytes still in memory, bound {LIMIT}",
+                store.write_buffer_size()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let last = store
+            .get(Table::Timelines, "owner", "0031-0255")
+            .await
+            .expect("read");
+        assert_eq!(last.as_deref(), Some(&value[..]));
+    }
+
+    #[test]
+    fn over_the_write_buffer_the_memtable_written_most_is_flushed_but_not_a_small_one() {
+        // Each write counts its key, its value and 64 bytes; an eighth of the bound is 1,000.
+        let mut buffer = WriteBuffer::new(8_000);
+        buffer.record(Table::Timelines, &[0; 936], 3_000);
+        buffer.record(Table::Events, &[0; 836], 0);
+        assert_eq!(buffer.table_to_flush(8_000), None, "within the bound");
+        assert_eq!(buffer.table_to_flush(8_001), Some(Table::Timelines));
+        // Flushes under way hold the bound; what is being written is too small to flush.
+        assert_eq!(buffer.table_to_flush(9_000), None);
+        // Unless what is being written holds the bound between many small memtables.
+        for table in Table::ALL {
+            let key_len = if table == Table::Events { 26 } else { 926 };
+            buffer.record(table, &vec![0; key_len], 0);
+        }
+        let flushed = buffer.table_to_flush(9_000).expect("one flushed");
+        assert_eq!(buffer.written.get(&flushed), Some(&0));
     }
 
     #[test]

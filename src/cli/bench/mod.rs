@@ -2,9 +2,12 @@
 //! speed and bytes on disk (embedded store in a temporary directory), or requests and write
 //! capacity per 1,000 deliveries (`--store dynamodb`, on fresh tables of its own); then the
 //! timeline-lifecycle figures ([`lifecycle`]). `fanline bench series` measures sensor series
-//! instead ([`series`]), `fanline bench social` a social workload over HTTP ([`social`]).
+//! instead ([`series`]), `fanline bench social` a social workload over HTTP ([`social`]),
+//! `fanline bench mixed` every kind of request at once, on a running server or its own
+//! ([`mixed`]).
 
 mod lifecycle;
+mod mixed;
 #[cfg(test)]
 mod page_cost;
 mod series;
@@ -30,6 +33,7 @@ use crate::store::{
 use crate::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 
+pub use mixed::MixedBenchArgs;
 pub use series::SeriesBenchArgs;
 pub use social::SocialBenchArgs;
 
@@ -88,6 +92,10 @@ pub enum BenchKind {
     /// answers), fixed points of 1 to 10,000 followers per event, a raw fjall loop to compare
     /// the biggest with, and page reads over HTTP.
     Social(SocialBenchArgs),
+    /// Every kind of request at once from many clients (posts, follows, timeline pages,
+    /// series writes and reads), against a running server (`--server`) or one of its own:
+    /// requests/s and latency per kind.
+    Mixed(MixedBenchArgs),
 }
 
 /// One bench store: the backend, its traffic counters, and what must go when done.
@@ -262,6 +270,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         Some(BenchKind::Series(series_args)) => return series::run(series_args).await,
         Some(BenchKind::Social(social_args)) => return social::run(social_args).await,
+        Some(BenchKind::Mixed(mixed_args)) => return mixed::run(mixed_args).await,
         None => {}
     }
     let parent = tempfile::tempdir().context("failed to create a temp dir")?;
