@@ -95,7 +95,10 @@ impl Backlog {
     /// A shard with nothing past its floor is read again from its start: some jobs are
     /// enqueued under older ids (a split's parts, a deleted event's removal) and would sit
     /// unseen below the floor, so a queue counted empty is really empty.
-    pub async fn refresh(&self, store: &dyn Store) -> StoreResult<()> {
+    ///
+    /// Returns this count: another count running at the same time (the background one) may
+    /// store an older one last, so [`Backlog::view`] right after need not show it.
+    pub async fn refresh(&self, store: &dyn Store) -> StoreResult<u64> {
         let budget = if self.limit > 0 {
             self.limit + 1
         } else {
@@ -128,7 +131,7 @@ impl Backlog {
         self.pending.store(shown, Ordering::Relaxed);
         self.oldest_ms.store(oldest.unwrap_or(0), Ordering::Relaxed);
         self.counted.store(true, Ordering::Relaxed);
-        Ok(())
+        Ok(shown)
     }
 
     /// Counts the queue every [`REFRESH`], less often the deeper it is (see
@@ -141,7 +144,7 @@ impl Backlog {
         let mut failing = false;
         loop {
             match self.refresh(store.as_ref()).await {
-                Ok(()) => failing = false,
+                Ok(_) => failing = false,
                 Err(err) if !failing => {
                     failing = true;
                     tracing::warn!(error = %err, "could not count the job backlog; keeping the last count");

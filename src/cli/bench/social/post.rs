@@ -522,8 +522,7 @@ pub(in crate::cli::bench) async fn wait_until_drained(
     let counter = crate::jobs::Backlog::new(1);
     let mut polls = 1;
     loop {
-        counter.refresh(store).await?;
-        if counter.view().pending == 0 && crate::jobs::depth(store, 1).await? == 0 {
+        if counter.refresh(store).await? == 0 && crate::jobs::depth(store, 1).await? == 0 {
             break;
         }
         anyhow::ensure!(
