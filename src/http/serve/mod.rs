@@ -218,3 +218,24 @@ impl ConnectionLimits {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_cap_is_lowered_to_fit_under_the_open_file_limit() {
+        let limits = ConnectionLimits {
+            max_connections: 10_000,
+            header_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(1),
+        };
+        assert_eq!(limits.within(1_000_000).max_connections, 10_000);
+        assert_eq!(
+            limits.within(4_096).max_connections,
+            4_096 - RESERVED_DESCRIPTORS as usize
+        );
+        assert_eq!(limits.within(100).max_connections, 1, "never zero");
+    }
+}
