@@ -20,6 +20,7 @@ use crate::http::serve::{self, ConnectionLimits};
 use crate::http::{self, AppState, BodyLimits};
 use crate::jobs::{self, Backlog, Worker};
 use crate::metrics::Metrics;
+use crate::notices::Notices;
 use crate::series::Series;
 use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
 use crate::timeline::{Timelines, cursor_key};
@@ -90,6 +91,7 @@ async fn app_state(
     config: &Config,
     store: &Arc<dyn Store>,
     wake: &Arc<Notify>,
+    notices: &Notices,
     metrics: Arc<Metrics>,
     admin_token: &str,
     backlog: &Arc<Backlog>,
@@ -103,8 +105,10 @@ async fn app_state(
         config.timeline_settings(),
         wake.clone(),
     )
-    .with_backlog(backlog.clone());
-    let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone());
+    .with_backlog(backlog.clone())
+    .with_notices(notices.clone());
+    let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
+        .with_notices(notices.clone());
     Ok(AppState {
         timelines: Arc::new(timelines),
         series: Arc::new(series),
@@ -197,6 +201,7 @@ impl Workers {
         config: &Config,
         store: &Arc<dyn Store>,
         wake: &Arc<Notify>,
+        notices: &Notices,
         metrics: &Metrics,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Self> {
@@ -208,6 +213,7 @@ impl Workers {
             config.fanout_settings(),
             metrics.fanout.clone(),
             wake,
+            notices,
         )
         .extend(crate::series::job_handlers(store));
         let workers = (0..config.workers)
@@ -260,6 +266,7 @@ impl Application {
     ) -> anyhow::Result<Application> {
         let OpenStore { store, stats } = opened;
         let wake = Arc::new(Notify::new());
+        let notices = Notices::local();
         let metrics = Arc::new(Metrics::new(stats));
         let shutdown = CancellationToken::new();
         let admin_token = resolve_admin_token(&config)?;
@@ -268,6 +275,7 @@ impl Application {
             &config,
             &store,
             &wake,
+            &notices,
             metrics.clone(),
             &admin_token,
             &backlog,
@@ -280,7 +288,7 @@ impl Application {
                 timeout: Duration::from_millis(config.body_timeout_ms),
             },
         );
-        let workers = Workers::new(&config, &store, &wake, &metrics, &shutdown).await?;
+        let workers = Workers::new(&config, &store, &wake, &notices, &metrics, &shutdown).await?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
@@ -339,9 +347,10 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     let OpenStore { store, stats } = open_store(config).await?;
     store.ping().await.context("the store does not answer")?;
     let wake = Arc::new(Notify::new());
+    let notices = Notices::local();
     let metrics = Arc::new(Metrics::new(stats));
     let tracker = TaskTracker::new();
-    Workers::new(config, &store, &wake, &metrics, &shutdown)
+    Workers::new(config, &store, &wake, &notices, &metrics, &shutdown)
         .await?
         .spawn_on(&tracker);
     if let Some(address) = config.metrics_listen {
@@ -353,7 +362,16 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
                 .keep_counting(store.clone(), shutdown.clone()),
         );
         let connections = metrics.connections.clone();
-        let state = app_state(config, &store, &wake, metrics, &new_secret(), &backlog).await?;
+        let state = app_state(
+            config,
+            &store,
+            &wake,
+            &notices,
+            metrics,
+            &new_secret(),
+            &backlog,
+        )
+        .await?;
         let listener = TcpListener::bind(address)
             .await
             .with_context(|| format!("failed to listen on {address}"))?;

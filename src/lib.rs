@@ -23,6 +23,7 @@ mod http;
 pub mod jobs;
 pub mod keys;
 mod metrics;
+pub mod notices;
 pub mod series;
 pub mod store;
 pub mod timeline;

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::cursor::CursorCodec;
+use crate::notices::Notices;
 use crate::store::Store;
 use crate::timeline::{check_no_dot_segments, check_printable};
 
@@ -81,6 +82,8 @@ pub struct Series {
     cursors: CursorCodec,
     /// Wakes an idle in-process worker when a write posts an event or stages a batch.
     wake_workers: Arc<Notify>,
+    /// Tells live tails of the points written.
+    notices: Notices,
 }
 
 impl Series {
@@ -89,7 +92,14 @@ impl Series {
             store,
             cursors,
             wake_workers,
+            notices: Notices::local(),
         }
+    }
+
+    /// Tells `notices` of every write accepted, for live tails.
+    pub fn with_notices(mut self, notices: Notices) -> Self {
+        self.notices = notices;
+        self
     }
 }
 

@@ -139,10 +139,15 @@ pub enum Table {
     /// Token id -> `token` (the hash of its secret and what it may do); `owner/{name}` ->
     /// token id (the tokens issued for a subject or series, for listing).
     Tokens,
+    /// Subject id -> `marker`: how far the subject has read its timeline, with a version.
+    Markers,
+    /// `log/{process}` -> sequence number: the notices one process published, for the live
+    /// streams of the others (see `notices`); `processes` -> process id: who publishes.
+    Notices,
 }
 
 impl Table {
-    pub(crate) const ALL: [Table; 18] = [
+    pub(crate) const ALL: [Table; 20] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -161,6 +166,8 @@ impl Table {
         Table::SeriesBatches,
         Table::SeriesPending,
         Table::Tokens,
+        Table::Markers,
+        Table::Notices,
     ];
 
     /// The logical table name, as in DESIGN.md; backends prepend their prefix.
@@ -184,6 +191,8 @@ impl Table {
             Table::SeriesBatches => "seriesBatches",
             Table::SeriesPending => "seriesPending",
             Table::Tokens => "tokens",
+            Table::Markers => "readMarkers",
+            Table::Notices => "notices",
         }
     }
 }

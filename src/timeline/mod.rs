@@ -4,6 +4,7 @@ mod catch_up;
 mod deleting;
 pub mod fanout;
 mod following;
+pub(crate) mod live;
 mod merge;
 pub(crate) mod merged_authors;
 mod model;
@@ -20,6 +21,7 @@ use tokio::sync::Notify;
 
 use crate::cursor::{CursorCodec, InvalidCursor};
 use crate::jobs::{self, Backlog, Handlers, JobError};
+use crate::notices::Notices;
 use crate::store::{Condition, Item, Store, StoreError, Table};
 
 pub use model::{
@@ -122,6 +124,8 @@ pub struct Timelines {
     merged_hints: merge::MergedHints,
     /// The job queue's size as last counted: posts wait while it is at its bound.
     backlog: Arc<Backlog>,
+    /// Tells live streams what changed (see `live`).
+    notices: Notices,
 }
 
 impl Timelines {
@@ -138,7 +142,14 @@ impl Timelines {
             wake_workers,
             merged_hints: merge::MergedHints::new(MERGED_HINT_OWNERS),
             backlog: Backlog::new(0),
+            notices: Notices::local(),
         }
+    }
+
+    /// Tells `notices` of every change to a timeline, for live streams.
+    pub fn with_notices(mut self, notices: Notices) -> Self {
+        self.notices = notices;
+        self
     }
 
     /// Bounds posting by `backlog`: a post is refused while it is full.
@@ -195,18 +206,17 @@ pub fn job_handlers(
     settings: fanout::FanoutSettings,
     metrics: fanout::FanoutMetrics,
     wake: &Arc<Notify>,
+    notices: &Notices,
 ) -> Handlers {
     let edges = reconcile::EdgeSettings {
         backfill: settings.backfill,
         max_timeline_len: settings.max_timeline_len,
     };
     Handlers::default()
-        .with(Arc::new(fanout::FanoutHandler::new(
-            store.clone(),
-            settings,
-            metrics,
-            wake.clone(),
-        )))
+        .with(Arc::new(
+            fanout::FanoutHandler::new(store.clone(), settings, metrics, wake.clone())
+                .with_notices(notices.clone()),
+        ))
         .with(Arc::new(reconcile::ReconcileHandler {
             store: store.clone(),
             settings: edges,

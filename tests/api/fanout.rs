@@ -461,8 +461,13 @@ impl FanoutRun {
             merge_threshold: usize::MAX,
             ..FanoutSettings::default()
         };
-        let handlers =
-            fanline::timeline::job_handlers(&self.store, fanout, FanoutMetrics::default(), &wake);
+        let handlers = fanline::timeline::job_handlers(
+            &self.store,
+            fanout,
+            FanoutMetrics::default(),
+            &wake,
+            &fanline::notices::Notices::local(),
+        );
         let tasks: Vec<_> = (0..workers)
             .map(|_| {
                 let worker = Worker::new(

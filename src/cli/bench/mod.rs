@@ -199,9 +199,14 @@ impl Rig {
             ..FanoutSettings::default()
         };
         let metrics = FanoutMetrics::default();
-        let handlers =
-            crate::timeline::job_handlers(&bench_store.store, settings, metrics.clone(), &wake)
-                .extend(crate::series::job_handlers(&bench_store.store));
+        let handlers = crate::timeline::job_handlers(
+            &bench_store.store,
+            settings,
+            metrics.clone(),
+            &wake,
+            &crate::notices::Notices::local(),
+        )
+        .extend(crate::series::job_handlers(&bench_store.store));
         Ok(Rig {
             bench_store,
             timelines,

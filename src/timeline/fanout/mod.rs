@@ -37,6 +37,7 @@ use uuid::Uuid;
 use super::{Event, SubjectId, merged_authors, removal, trim};
 use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::keys::Ticks;
+use crate::notices::Notices;
 use crate::store::{Item, Query, Store, Table, Write};
 
 pub use metrics::FanoutMetrics;
@@ -276,6 +277,8 @@ pub struct FanoutHandler {
     /// small fan-outs, back to 1 after one that held a big one, so big fan-outs are not
     /// claimed in numbers only to be given back.
     batch_hint: std::sync::atomic::AtomicUsize,
+    /// Tells live streams of the timelines written.
+    notices: Notices,
 }
 
 #[async_trait]
@@ -361,7 +364,14 @@ impl FanoutHandler {
             settings,
             metrics,
             wake,
+            notices: Notices::local(),
         }
+    }
+
+    /// Tells `notices` of every timeline written, for live streams.
+    pub fn with_notices(mut self, notices: Notices) -> Self {
+        self.notices = notices;
+        self
     }
 
     fn author_id(author: &str) -> JobResult<SubjectId> {
