@@ -17,6 +17,7 @@ use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
 use crate::http::rate_limit::RateLimits;
 use crate::http::serve::{self, ConnectionLimits};
+use crate::http::stream::Streams;
 use crate::http::{self, AppState, BodyLimits};
 use crate::jobs::{self, Backlog, Worker};
 use crate::metrics::Metrics;
@@ -95,6 +96,7 @@ async fn app_state(
     metrics: Arc<Metrics>,
     admin_token: &str,
     backlog: &Arc<Backlog>,
+    shutdown: &CancellationToken,
 ) -> anyhow::Result<AppState> {
     let key = cursor_key(store.as_ref())
         .await
@@ -120,6 +122,11 @@ async fn app_state(
         )),
         rate_limits: Arc::new(RateLimits::new(config.rate_limit)),
         public_events: config.public_events,
+        streams: Streams::new(
+            config.stream_limits(),
+            metrics.streams.clone(),
+            shutdown.clone(),
+        ),
         metrics,
     })
 }
@@ -279,6 +286,7 @@ impl Application {
             metrics.clone(),
             &admin_token,
             &backlog,
+            &shutdown,
         )
         .await?;
         let router = http::router(
@@ -370,6 +378,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
             metrics,
             &new_secret(),
             &backlog,
+            &shutdown,
         )
         .await?;
         let listener = TcpListener::bind(address)

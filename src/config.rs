@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::http::serve::ConnectionLimits;
+use crate::http::stream::StreamLimits;
 use crate::jobs::RunnerSettings;
 use crate::store::{DynamoConfig, EmbeddedSettings};
 use crate::timeline::Settings;
@@ -53,6 +54,29 @@ pub struct Config {
     /// connections still open.
     #[arg(long, env = "FANLINE_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
+
+    /// Milliseconds between heartbeats (SSE comment lines) on a live stream with nothing to
+    /// send.
+    #[arg(long, env = "FANLINE_STREAM_HEARTBEAT_MS", default_value_t = 15_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_heartbeat_ms: u64,
+
+    /// Live streams open at most in this process; past it a new one is a 429.
+    #[arg(long, env = "FANLINE_MAX_STREAMS", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams: u32,
+
+    /// Live streams open at most with one token (in this process); past it a new one is a
+    /// 429.
+    #[arg(long, env = "FANLINE_MAX_STREAMS_PER_TOKEN", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_token: u32,
+
+    /// Events a live stream holds for a client that reads slowly; past it the client is sent
+    /// `lagged` with a cursor to resume from, and the stream is closed.
+    #[arg(long, env = "FANLINE_STREAM_BUFFER", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(2..=65_536))]
+    pub stream_buffer: u32,
 
     /// Backend: `embedded` (fjall) or `dynamodb`.
     #[arg(long, env = "FANLINE_STORE", value_enum, default_value = "embedded")]
@@ -250,6 +274,15 @@ impl Config {
         }
     }
 
+    pub fn stream_limits(&self) -> StreamLimits {
+        StreamLimits {
+            heartbeat: Duration::from_millis(self.stream_heartbeat_ms),
+            max_streams: self.max_streams as usize,
+            max_per_token: self.max_streams_per_token as usize,
+            buffer: self.stream_buffer as usize,
+        }
+    }
+
     pub fn dynamo_config(&self) -> DynamoConfig {
         DynamoConfig {
             endpoint: self.dynamodb_endpoint.clone(),
@@ -296,6 +329,10 @@ mod tests {
         assert_eq!(config.merge_threshold, 10_000);
         assert_eq!(config.catch_up_window_secs, 60);
         assert_eq!(config.max_connections, 10_000);
+        assert_eq!(config.stream_heartbeat_ms, 15_000);
+        assert_eq!(config.max_streams, 5_000);
+        assert_eq!(config.max_streams_per_token, 8);
+        assert_eq!(config.stream_buffer, 256);
         assert_eq!(config.header_timeout_ms, 10_000);
         assert_eq!(config.body_timeout_ms, 30_000);
         assert_eq!(config.idle_timeout_ms, 60_000);

@@ -77,12 +77,47 @@ impl ConnectionMetrics {
     }
 }
 
+/// Live streams: open now, events pushed, closed for lagging, refused at a limit.
+#[derive(Clone, Debug, Default)]
+pub struct StreamMetrics {
+    pub open: Gauge,
+    pub pushed: Counter,
+    pub lagged: Counter,
+    pub refused: Counter,
+}
+
+impl StreamMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "fanline_streams_open",
+            "Live streams (timelines and series tails) open",
+            self.open.clone(),
+        );
+        registry.register(
+            "fanline_stream_events_pushed",
+            "Events sent on live streams (entries, removals, markers, points), heartbeats not counted",
+            self.pushed.clone(),
+        );
+        registry.register(
+            "fanline_streams_lagged",
+            "Live streams closed because their client fell behind (sent `lagged`)",
+            self.lagged.clone(),
+        );
+        registry.register(
+            "fanline_streams_refused",
+            "Live streams refused (429) at FANLINE_MAX_STREAMS or FANLINE_MAX_STREAMS_PER_TOKEN",
+            self.refused.clone(),
+        );
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub jobs: JobMetrics,
     pub fanout: FanoutMetrics,
     pub http: HttpMetrics,
     pub connections: ConnectionMetrics,
+    pub streams: StreamMetrics,
     /// Jobs waiting or leased in the queue, read from the store at each scrape.
     pub queue_depth: Gauge,
     /// Age of the oldest job in the queue, as the backlog was last counted.
@@ -112,6 +147,8 @@ impl Metrics {
         );
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
+        let streams = StreamMetrics::default();
+        streams.register(&mut registry);
         let queue_depth = Gauge::default();
         registry.register(
             "fanline_jobs_queue_depth",
@@ -131,6 +168,7 @@ impl Metrics {
             fanout,
             http,
             connections,
+            streams,
             queue_depth,
             backlog_age_seconds,
         }

@@ -5,7 +5,7 @@
 //! forgets a check and the whole matrix is in one `match`.
 
 use axum::extract::{MatchedPath, RawPathParams, Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -46,7 +46,8 @@ fn need(method: &Method, template: &str, param: impl Fn(&str) -> String) -> Need
         | "/v1/subjects/{subject}/following/{target}"
         | "/v1/subjects/{subject}/following"
         | "/v1/subjects/{subject}/followers"
-        | "/v1/subjects/{subject}/timeline" => Need::Subject(param("subject")),
+        | "/v1/subjects/{subject}/timeline"
+        | "/v1/subjects/{subject}/timeline/stream" => Need::Subject(param("subject")),
         "/v1/series/{series}/points" if method == Method::POST => {
             Need::SeriesWrite(param("series"))
         }
@@ -68,12 +69,8 @@ fn allows(principal: &Principal, need: &Need, public_events: bool) -> bool {
 }
 
 /// The bearer token of a request, if it has one.
-fn bearer(request: &Request) -> Option<&str> {
-    let value = request
-        .headers()
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
@@ -97,7 +94,7 @@ pub async fn authorize(
             .unwrap_or_default()
     };
     let need = need(request.method(), template, param);
-    let token = bearer(&request);
+    let token = bearer(request.headers());
     if token.is_none() && matches!(need, Need::PublicRead(_)) && state.public_events {
         return next.run(request).await;
     }

@@ -37,6 +37,8 @@ pub enum ApiError {
     AggregateOverflow(String),
     /// 429: a token over its rate; retry after this many seconds.
     RateLimited { retry_after_secs: u64 },
+    /// 429: as many live streams open as the process, or the token, may hold.
+    TooManyStreams(String),
     /// 503: the store is down, throttling, or not initialised; retry later.
     Unavailable(String),
     /// 503: the fan-out backlog is at its bound; nothing was written; retry later.
@@ -67,9 +69,22 @@ impl ApiError {
             ApiError::Unprocessable(_) | ApiError::AggregateOverflow(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
-            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited { .. } | ApiError::TooManyStreams(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::Unavailable(_) | ApiError::BacklogFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The JSON body of this error.
+    pub fn body(&self) -> ErrorBody {
+        let (code, message) = self.code_and_message();
+        ErrorBody {
+            error: ErrorDetail {
+                code: code.to_owned(),
+                message: message.to_owned(),
+            },
         }
     }
 
@@ -95,6 +110,7 @@ impl ApiError {
                 "rate_limited",
                 "too many requests for this token; retry after the given seconds",
             ),
+            ApiError::TooManyStreams(message) => ("too_many_streams", message),
             ApiError::Unavailable(message) => ("unavailable", message),
             ApiError::BacklogFull(message) => ("backlog_full", message),
             ApiError::Internal(_) => ("internal", "internal error"),
@@ -130,13 +146,7 @@ impl IntoResponse for ApiError {
             error!(%detail, "internal error");
         }
         let status = self.status_code();
-        let (code, message) = self.code_and_message();
-        let body = Json(ErrorBody {
-            error: ErrorDetail {
-                code: code.to_owned(),
-                message: message.to_owned(),
-            },
-        });
+        let body = Json(self.body());
         match self {
             ApiError::Unauthorized => {
                 (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response()
@@ -149,6 +159,10 @@ impl IntoResponse for ApiError {
                 .into_response(),
             ApiError::Unavailable(_) | ApiError::BacklogFull(_) => {
                 (status, [(header::RETRY_AFTER, "1")], body).into_response()
+            }
+            // A stream ends when its client goes; there is no telling when a slot frees.
+            ApiError::TooManyStreams(_) => {
+                (status, [(header::RETRY_AFTER, "5")], body).into_response()
             }
             _ => (status, body).into_response(),
         }

@@ -14,6 +14,7 @@ pub mod rate_limit;
 mod schema;
 mod series;
 pub mod serve;
+pub mod stream;
 pub(crate) mod timeline;
 
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub struct AppState {
     /// Whether subjects' event logs may be read without a token.
     pub public_events: bool,
     pub metrics: Arc<Metrics>,
+    /// Live streams: their limits and slots, and the shutdown that ends them.
+    pub streams: Arc<stream::Streams>,
 }
 
 /// How request bodies are received: how large they may be (event bodies are small; series
@@ -71,6 +74,7 @@ pub fn router(state: AppState, bodies: BodyLimits) -> Router {
         .merge(following::router())
         .merge(timeline::router())
         .merge(fanout::router())
+        .merge(stream::router())
         .merge(auth::router());
     let api = OpenApiRouter::default()
         .merge(with_body_limit(

@@ -32,7 +32,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(read_tags, write_tags))
 }
 
-fn series_name(text: &str) -> Result<SeriesName, ApiError> {
+pub(super) fn series_name(text: &str) -> Result<SeriesName, ApiError> {
     SeriesName::parse(text).map_err(|message| ApiError::bad_request("invalid_series", message))
 }
 
@@ -238,7 +238,7 @@ pub(crate) struct PointResponse {
     pub(crate) value: f64,
 }
 
-fn point_response(at: u64, value: f64) -> PointResponse {
+pub(super) fn point_response(at: u64, value: f64) -> PointResponse {
     PointResponse {
         at: Ticks::clamped(at).to_string(),
         value,

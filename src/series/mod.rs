@@ -16,6 +16,7 @@ pub mod codec;
 mod deleting;
 mod journal;
 pub mod layout;
+pub(crate) mod live;
 mod plan;
 pub(crate) mod reading;
 mod scan;

@@ -176,11 +176,13 @@ impl Series {
             if writes.len() > MAX_TRANSACTION_WRITES || bytes > MAX_TRANSACTION_BYTES {
                 journal::stage_and_commit(store, &prepared).await?;
                 self.wake_workers.notify_one();
+                self.tell_tails(&prepared);
                 return Ok(written);
             }
             match store.transact(writes).await {
                 Ok(()) => {
                     self.wake_workers.notify_one();
+                    self.tell_tails(&prepared);
                     return Ok(written);
                 }
                 Err(StoreError::ConditionFailed) => {
@@ -193,5 +195,12 @@ impl Series {
         Err(DomainError::Conflict(
             "the series kept changing under this write; retry".into(),
         ))
+    }
+
+    /// Tells the live tails of each series written its points.
+    fn tell_tails(&self, prepared: &[Prepared]) {
+        for one in prepared {
+            super::live::tell(&self.notices, &one.series, &one.points);
+        }
     }
 }

@@ -44,6 +44,21 @@ pub struct CatchUp {
     pub next_cursor: String,
 }
 
+/// A catch-up read for a live stream.
+#[derive(Debug)]
+pub(super) struct CaughtUpEach {
+    /// Each entry with the cursor that resumes right after it.
+    pub items: Vec<(TimelineEntry, String)>,
+    pub next_cursor: String,
+    /// The authors the timeline merged at read time.
+    pub merged_authors: Vec<String>,
+}
+
+/// What a catch-up cursor is signed for: the catch-up reads of one timeline.
+fn catch_up_scope(owner: &SubjectId) -> String {
+    format!("catch-up/{owner}")
+}
+
 /// What a catch-up cursor holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Position {
@@ -203,8 +218,39 @@ impl Timelines {
         limit: usize,
         after: &str,
     ) -> DomainResult<CatchUp> {
+        let read = self.read_after(owner, limit, after, false).await?;
+        Ok(CatchUp {
+            items: read.items.into_iter().map(|(entry, _)| entry).collect(),
+            next_cursor: read.next_cursor,
+        })
+    }
+
+    /// A catch-up read for a live stream: each entry with the cursor that resumes right after
+    /// it, and the authors the timeline merges at read time (whose posts the stream watches).
+    pub(super) async fn catch_up_each(
+        &self,
+        owner: &SubjectId,
+        limit: usize,
+        after: &str,
+    ) -> DomainResult<CaughtUpEach> {
+        self.read_after(owner, limit, after, true).await
+    }
+
+    /// Checks that `after` is a point a catch-up read of `owner` can start from.
+    pub(super) fn check_after(&self, owner: &SubjectId, after: &str) -> DomainResult<()> {
+        self.position_after(&catch_up_scope(owner), owner, after)
+            .map(drop)
+    }
+
+    async fn read_after(
+        &self,
+        owner: &SubjectId,
+        limit: usize,
+        after: &str,
+        cursor_each: bool,
+    ) -> DomainResult<CaughtUpEach> {
         check_limit(limit)?;
-        let scope = format!("catch-up/{owner}");
+        let scope = catch_up_scope(owner);
         let mut position = self.position_after(&scope, owner, after)?;
         let store = self.store.as_ref();
         // Row keys of entries newer than the floor sort below this bound; a reverse read
@@ -224,13 +270,24 @@ impl Timelines {
             };
             let key = seen_key(&entry);
             if !position.seen.contains(&key) {
-                items.push(entry);
-                returned.push(key);
+                let cursor = if cursor_each {
+                    // Entries come oldest first, so taking them in one at a time moves the
+                    // floor exactly as taking in the whole read does.
+                    position.advance(&[key], self.settings.catch_up_window);
+                    self.cursors.encode_bytes(&scope, &position.encode())
+                } else {
+                    returned.push(key);
+                    String::new()
+                };
+                items.push((entry, cursor));
             }
         }
         position.advance(&returned, self.settings.catch_up_window);
-        let next_cursor = self.cursors.encode_bytes(&scope, &position.encode());
-        Ok(CatchUp { items, next_cursor })
+        Ok(CaughtUpEach {
+            items,
+            next_cursor: self.cursors.encode_bytes(&scope, &position.encode()),
+            merged_authors: rows.merged_authors(),
+        })
     }
 
     /// Where a catch-up read from `after` starts; see [`Timelines::catch_up`].

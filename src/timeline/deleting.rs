@@ -11,9 +11,11 @@ use uuid::Uuid;
 
 use super::fanout::removal_job;
 use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
+use super::live::{self, LiveMessage};
 use super::removal;
 use super::{DomainError, DomainResult, SubjectId, Timelines};
 use crate::keys::Ticks;
+use crate::notices::Notice;
 use crate::store::{Condition, Item, StoreError, Table, Write};
 
 /// Body of an `eventIds` item: where an event lives, and whether it was deleted.
@@ -75,7 +77,15 @@ impl Timelines {
             ];
             writes.extend(removal::mark(&index.row_key));
             match store.transact(writes).await {
-                Ok(()) => self.wake_workers.notify_one(),
+                Ok(()) => {
+                    self.wake_workers.notify_one();
+                    // Timelines that merge the author drop it now; pushed copies are told
+                    // as the removal job deletes them.
+                    self.notices.publish(
+                        &live::author_topic(author.as_str()),
+                        Notice::Message(LiveMessage::Removed { event_id }.encode()),
+                    );
+                }
                 // A concurrent delete won: its removal is the one to report.
                 Err(StoreError::ConditionFailed) => {}
                 Err(err) => return Err(err.into()),

@@ -3,6 +3,7 @@
 //! enqueues, in the same transaction, a job that backfills or cleans up the follower's
 //! timeline (`timeline::reconcile`), so the call answers without waiting for it.
 
+use super::live::{self, LiveMessage};
 use super::{DomainError, DomainResult, Edge, SubjectId, Timelines};
 use super::{merged_authors, reconcile};
 use crate::keys::Ticks;
@@ -58,6 +59,13 @@ impl Timelines {
         ];
         self.store.transact(writes).await?;
         self.wake_workers.notify_one();
+        live::tell(
+            &self.notices,
+            follower,
+            &LiveMessage::Unfollowed {
+                author: target.as_str().to_owned(),
+            },
+        );
         Ok(())
     }
 }

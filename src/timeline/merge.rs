@@ -252,6 +252,17 @@ impl Merged {
         })
     }
 
+    /// The authors merged into this read.
+    pub fn merged_authors(&self) -> Vec<String> {
+        self.sources
+            .iter()
+            .filter_map(|source| match &source.origin {
+                Origin::Events(author) => Some(author.as_str().to_owned()),
+                Origin::Timeline => None,
+            })
+            .collect()
+    }
+
     /// Whether row `a` comes before row `b` in this merge's order.
     fn before(&self, a: &str, b: &str) -> bool {
         match self.direction {

@@ -12,6 +12,7 @@ pub(crate) mod posting;
 pub(crate) mod reading;
 pub(crate) mod reconcile;
 pub mod removal;
+pub(crate) mod stream;
 mod trim;
 
 use std::sync::Arc;

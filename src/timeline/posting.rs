@@ -9,9 +9,11 @@ use uuid::Uuid;
 
 use super::deleting::EventIndex;
 use super::fanout::delivery_job;
+use super::live;
 use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
 use crate::keys::{Ticks, event_row_key};
+use crate::notices::Notice;
 use crate::store::{Item, StoreError, Table, Write};
 
 /// An event as a client posts it.
@@ -105,6 +107,9 @@ impl Timelines {
         match self.store.transact(writes).await {
             Ok(()) => {
                 self.wake_workers.notify_one();
+                // Timelines that merge the author read its new event now.
+                self.notices
+                    .publish(&live::author_topic(author.as_str()), Notice::Changed);
                 Ok(Posted::Created(event))
             }
             Err(StoreError::ConditionFailed) => match &new.client_id {

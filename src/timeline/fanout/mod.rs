@@ -34,10 +34,11 @@ use tokio::sync::Notify;
 use tracing::info;
 use uuid::Uuid;
 
+use super::live::{self, LiveMessage};
 use super::{Event, SubjectId, merged_authors, removal, trim};
 use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
-use crate::keys::Ticks;
-use crate::notices::Notices;
+use crate::keys::{Ticks, parse_event_row_key};
+use crate::notices::{Notice, Notices};
 use crate::store::{Item, Query, Store, Table, Write};
 
 pub use metrics::FanoutMetrics;
@@ -537,6 +538,8 @@ impl FanoutHandler {
                 Item::new(&state.author, &state.row_key, entry.clone()),
             )])
             .await?;
+        self.notices
+            .publish(&live::timeline_topic(&state.author), Notice::Changed);
         self.metrics.deliveries.inc();
         job.add_progress(1);
         Ok(())
@@ -567,6 +570,13 @@ impl FanoutHandler {
                     .map(|owner| Write::delete(Table::Timelines, *owner, &row_key))
                     .collect();
                 self.store.batch_write(deletes).await?;
+                if let Some((_, event_id)) = parse_event_row_key(&row_key) {
+                    let removed = Notice::Message(LiveMessage::Removed { event_id }.encode());
+                    for owner in &owners {
+                        self.notices
+                            .publish(&live::timeline_topic(owner), removed.clone());
+                    }
+                }
                 owners.len()
             }
             (Action::Merge { since_row }, _) => {

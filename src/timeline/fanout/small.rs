@@ -16,8 +16,9 @@ use bytes::Bytes;
 use super::{Action, FanoutHandler, FanoutJob};
 use crate::jobs::{Claimed, Ending, Handler as _, JobError, JobResult, Outcome};
 use crate::keys::parse_event_row_key;
+use crate::notices::Notice;
 use crate::store::{Item, Key, Query, Table, Write};
-use crate::timeline::{Event, merged_authors, trim};
+use crate::timeline::{Event, live, merged_authors, trim};
 
 /// Most followers of a small fan-out: one page of them.
 pub(super) const SMALL_FOLLOWERS: usize = 1000;
@@ -212,6 +213,11 @@ impl FanoutHandler {
             })
             .collect();
         store.batch_write(puts).await?;
+        // Readable now: live streams of these timelines may read them.
+        for owner in deliveries.iter().flat_map(|delivery| &delivery.owners) {
+            self.notices
+                .publish(&live::timeline_topic(owner), Notice::Changed);
+        }
         let trimmed: Vec<&str> = deliveries
             .iter()
             .filter(|delivery| {

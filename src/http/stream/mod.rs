@@ -1,0 +1,399 @@
+//! Live streams over server-sent events: `GET /v1/subjects/{subject}/timeline/stream` (a
+//! timeline's entries as they land, resumable with no gap) and `GET /v1/series/{series}/stream`
+//! (the points of each write to a series).
+//!
+//! Each stream is a task that writes events into a bounded [`sse::Sink`], the response body
+//! reading from the other end. The task ends when the client goes, when the client falls
+//! behind (it is sent `lagged` with a cursor to resume from), when its token is revoked, and
+//! at shutdown. Everything that can be refused (bad input, rights, limits) is refused before
+//! the stream starts, with the usual JSON error.
+
+pub mod slots;
+mod sse;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde::Deserialize;
+use tokio::time::{Instant, Interval, interval_at};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::bearer;
+use super::error::{ApiError, ErrorBody};
+use super::extract::{Path, Query};
+use super::schema::{After, Name};
+use super::series::{point_response, series_name};
+use super::{AppState, subject};
+use crate::auth::Principal;
+use crate::metrics::StreamMetrics;
+use crate::series::live::{SeriesTail, TailEvent};
+use crate::timeline::MAX_PAGE_SIZE;
+use crate::timeline::stream::{StreamEvent, TimelineStream};
+use slots::{Slot, StreamSlots};
+use sse::{Sent, Sink};
+
+/// How often a stream checks that its token is still valid: revocation reaches every
+/// process's token cache within [`crate::auth::CACHE_TTL`], so a revoked token's streams
+/// close within about a second.
+const TOKEN_CHECK: Duration = Duration::from_millis(500);
+
+/// The limits of live streams.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamLimits {
+    /// Between heartbeats on a quiet stream.
+    pub heartbeat: Duration,
+    /// Streams open at most in this process.
+    pub max_streams: usize,
+    /// Streams open at most with one token.
+    pub max_per_token: usize,
+    /// Events held for a slow client before it is told it lagged.
+    pub buffer: usize,
+}
+
+/// What every stream shares: its limits, the slots, the metrics and the shutdown signal.
+pub struct Streams {
+    limits: StreamLimits,
+    slots: Arc<StreamSlots>,
+    metrics: StreamMetrics,
+    shutdown: CancellationToken,
+}
+
+impl Streams {
+    pub fn new(
+        limits: StreamLimits,
+        metrics: StreamMetrics,
+        shutdown: CancellationToken,
+    ) -> Arc<Streams> {
+        Arc::new(Streams {
+            slots: StreamSlots::new(
+                limits.max_streams,
+                limits.max_per_token,
+                metrics.open.clone(),
+            ),
+            limits,
+            metrics,
+            shutdown,
+        })
+    }
+
+    /// A slot for a stream of the request's token; a 429 past either limit.
+    fn take_slot(&self, headers: &HeaderMap) -> Result<(Slot, String), ApiError> {
+        // The policy let the request through, so it has a token.
+        let token = bearer(headers).unwrap_or_default().to_owned();
+        match self.slots.take(&token) {
+            Ok(slot) => Ok((slot, token)),
+            Err(refused) => {
+                self.metrics.refused.inc();
+                Err(ApiError::TooManyStreams(refused.to_string()))
+            }
+        }
+    }
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(stream_timeline))
+        .routes(routes!(stream_series))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct TimelineStreamParams {
+    /// Start after this point, first sending every entry newer than it (oldest first), then
+    /// live ones: any form `after` takes on the timeline (a catch-up cursor, an entry's
+    /// `row_key`, a page's `next_cursor`, an RFC 3339 time). A `Last-Event-ID` header, which
+    /// a reconnecting client sends, wins over it. Without either, the stream starts after
+    /// the newest entry the timeline holds when it opens.
+    #[param(value_type = Option<After>)]
+    after: Option<String>,
+}
+
+/// A timeline's entries as they land, as server-sent events (`text/event-stream`):
+///
+/// - `event: entry`: `data` is the item of a timeline page, `id` a cursor that resumes right
+///   after this entry (send it back as `Last-Event-ID`, or as `after`);
+/// - `event: removed`, `data: {"event_id"}`: drop that entry (its event was deleted);
+/// - `event: unfollowed`, `data: {"author"}`: drop that author's entries;
+/// - `event: marker`: the subject's read marker moved, `data` is the marker;
+/// - `event: lagged`, `data: {"after"}` and `id`: the client read too slowly; the stream
+///   closes, resume from `after`;
+/// - `event: error`, `data` an error body: the stream failed (the store, say) and closes;
+///   resume from the last `id`;
+/// - `: heartbeat` comment lines when nothing else is sent.
+///
+/// Entries are sent oldest first, once each across reconnects, and only once they show in a
+/// page read. The stream is refused before it starts with the usual JSON errors; past the
+/// stream limits it is a 429 `too_many_streams`.
+#[utoipa::path(
+    get,
+    path = "/v1/subjects/{subject}/timeline/stream",
+    tag = "timeline",
+    params(
+        ("subject" = Name, Path, description = "The reader"),
+        TimelineStreamParams,
+        ("Last-Event-ID" = Option<String>, Header, description = "The `id` of the last event received: resume right after it (wins over `after`)"),
+    ),
+    responses(
+        (status = OK, description = "The live stream", content_type = "text/event-stream", body = String),
+        (status = BAD_REQUEST, description = "A malformed subject, or an `after` or `Last-Event-ID` this timeline did not issue (`invalid_cursor`)", body = ErrorBody),
+    )
+)]
+async fn stream_timeline(
+    State(state): State<AppState>,
+    Path(owner): Path<String>,
+    Query(params): Query<TimelineStreamParams>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let owner = subject(&owner)?;
+    let resume = match headers.get("last-event-id") {
+        Some(value) => Some(value.to_str().map_err(|_| {
+            ApiError::bad_request("invalid_cursor", "Last-Event-ID is not a cursor")
+        })?),
+        None => None,
+    };
+    let after = resume.or(params.after.as_deref());
+    let streams = state.streams.clone();
+    let (slot, token) = streams.take_slot(&headers)?;
+    let principal = state.tokens.authenticate(&token).await?;
+    let stream = state
+        .timelines
+        .open_stream(&owner, after, streams.limits.buffer)
+        .await?;
+    let (sink, response) = Sink::open(streams.limits.buffer);
+    let watch = Watch {
+        state: state.clone(),
+        token,
+        principal,
+        _slot: slot,
+    };
+    tokio::spawn(pump_timeline(watch, stream, sink));
+    Ok(response)
+}
+
+/// The points of each write to a series, as server-sent events: `event: points`, `data:
+/// {"points":[{"at","value"}]}` (a write of more than 1,000 points comes as several);
+/// `event: lagged` when the client read too slowly (then the stream closes: read the range
+/// it missed); `: heartbeat` comment lines when quiet.
+#[utoipa::path(
+    get,
+    path = "/v1/series/{series}/stream",
+    tag = "series",
+    params(("series" = Name, Path)),
+    responses(
+        (status = OK, description = "The live tail", content_type = "text/event-stream", body = String),
+        (status = NOT_FOUND, description = "No such series", body = ErrorBody),
+    )
+)]
+async fn stream_series(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let series = series_name(&series)?;
+    let streams = state.streams.clone();
+    let (slot, token) = streams.take_slot(&headers)?;
+    let principal = state.tokens.authenticate(&token).await?;
+    let tail = state
+        .series
+        .open_tail(&series, streams.limits.buffer)
+        .await?;
+    let (sink, response) = Sink::open(streams.limits.buffer);
+    let watch = Watch {
+        state: state.clone(),
+        token,
+        principal,
+        _slot: slot,
+    };
+    tokio::spawn(pump_series(watch, tail, sink));
+    Ok(response)
+}
+
+/// What a stream's task keeps an eye on besides its data: its token and the process.
+struct Watch {
+    state: AppState,
+    token: String,
+    principal: Option<Principal>,
+    /// Given back when the task ends.
+    _slot: Slot,
+}
+
+/// Why a stream's wait ended.
+enum Woken {
+    /// Something may have changed: read.
+    Notice,
+    /// Quiet for a heartbeat: read anyway (a safety net for a lost notice).
+    Heartbeat,
+    /// The stream is over.
+    End,
+}
+
+impl Watch {
+    fn streams(&self) -> &Streams {
+        &self.state.streams
+    }
+
+    fn timers(&self) -> (Interval, Interval) {
+        let heartbeat = self.streams().limits.heartbeat;
+        (
+            interval_at(Instant::now() + heartbeat, heartbeat),
+            interval_at(Instant::now() + TOKEN_CHECK, TOKEN_CHECK),
+        )
+    }
+
+    /// Whether the token still acts as it did when the stream opened.
+    async fn token_still_valid(&self) -> bool {
+        match self.state.tokens.authenticate(&self.token).await {
+            Ok(principal) => principal == self.principal,
+            // The store is down: keep the stream; revocation is checked again soon.
+            Err(_) => true,
+        }
+    }
+
+    /// Waits for `notice` (a cancel-safe wait for the stream's next notice), a heartbeat,
+    /// the client's going, a revoked token or shutdown.
+    async fn wait(
+        &self,
+        sink: &Sink,
+        timers: &mut (Interval, Interval),
+        notice: impl std::future::Future<Output = ()>,
+    ) -> Woken {
+        let shutdown = self.streams().shutdown.clone();
+        tokio::pin!(notice);
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Woken::End,
+                () = sink.closed() => return Woken::End,
+                () = &mut notice => return Woken::Notice,
+                _ = timers.0.tick() => {
+                    return match sink.send(sse::heartbeat()) {
+                        Sent::Queued => Woken::Heartbeat,
+                        // A client that does not take a heartbeat is not reading at all.
+                        Sent::Full | Sent::Closed => Woken::End,
+                    };
+                }
+                _ = timers.1.tick() => {
+                    if !self.token_still_valid().await {
+                        return Woken::End;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues `frame`; `false` if the stream must end (the client is gone, or lagged: then
+    /// it is told where to resume, `after`).
+    fn send(&self, sink: &Sink, frame: bytes::Bytes, after: Option<&str>) -> bool {
+        match sink.send(frame) {
+            Sent::Queued => {
+                self.streams().metrics.pushed.inc();
+                true
+            }
+            Sent::Full => {
+                self.lagged(sink, after);
+                false
+            }
+            Sent::Closed => false,
+        }
+    }
+
+    fn lagged(&self, sink: &Sink, after: Option<&str>) {
+        self.streams().metrics.lagged.inc();
+        let data = serde_json::json!({ "after": after }).to_string();
+        sink.send_last(sse::event("lagged", after, data.as_bytes()));
+    }
+
+    /// Tells the client the stream failed, and why.
+    fn failed(&self, sink: &Sink, err: ApiError) {
+        if let ApiError::Internal(detail) = &err {
+            warn!(%detail, "a live stream failed");
+        }
+        let body = serde_json::to_vec(&err.body()).unwrap_or_default();
+        sink.send_last(sse::event("error", None, &body));
+    }
+}
+
+/// Sends a timeline's events until the stream ends.
+async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
+    let mut timers = watch.timers();
+    loop {
+        let mut resume = stream.cursor().to_owned();
+        let events = match stream.read(&watch.state.timelines).await {
+            Ok(events) => events,
+            Err(err) => return watch.failed(&sink, err.into()),
+        };
+        let mut entries = 0;
+        for event in events {
+            let (frame, cursor) = match event {
+                StreamEvent::Entry { entry, cursor } => {
+                    entries += 1;
+                    let mut data = Vec::with_capacity(entry.json_len("author"));
+                    entry.write_json("author", &mut data);
+                    (sse::event("entry", Some(&cursor), &data), Some(cursor))
+                }
+                StreamEvent::Removed { event_id } => {
+                    let data = serde_json::json!({ "event_id": event_id }).to_string();
+                    (sse::event("removed", None, data.as_bytes()), None)
+                }
+                StreamEvent::Unfollowed { author } => {
+                    let data = serde_json::json!({ "author": author }).to_string();
+                    (sse::event("unfollowed", None, data.as_bytes()), None)
+                }
+                StreamEvent::Marker { marker } => (
+                    sse::event("marker", None, marker.to_string().as_bytes()),
+                    None,
+                ),
+                StreamEvent::Lagged { cursor } => {
+                    return watch.lagged(&sink, Some(&cursor));
+                }
+            };
+            if !watch.send(&sink, frame, Some(&resume)) {
+                return;
+            }
+            if let Some(cursor) = cursor {
+                resume = cursor;
+            }
+        }
+        if entries == MAX_PAGE_SIZE {
+            continue;
+        }
+        if let Woken::End = watch.wait(&sink, &mut timers, stream.wait()).await {
+            return;
+        }
+    }
+}
+
+/// Sends a series' points until the tail ends.
+async fn pump_series(watch: Watch, tail: SeriesTail, sink: Sink) {
+    let mut timers = watch.timers();
+    loop {
+        match watch.wait(&sink, &mut timers, tail.wait()).await {
+            Woken::End => return,
+            Woken::Heartbeat => continue,
+            Woken::Notice => {}
+        }
+        for event in tail.take() {
+            let points = match event {
+                TailEvent::Points(points) => points,
+                TailEvent::Lagged => return watch.lagged(&sink, None),
+            };
+            let points: Vec<_> = points
+                .iter()
+                .map(|point| point_response(point.at, point.value))
+                .collect();
+            let data =
+                serde_json::to_vec(&serde_json::json!({ "points": points })).unwrap_or_default();
+            if !watch.send(&sink, sse::event("points", None, &data), None) {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Live timelines: the entries of a timeline as they land, and what happens to them.
+//!
+//! A stream is a run of catch-up reads (see `catch_up`), each woken by a notice that the
+//! timeline (or a merged author's log) changed. So what a stream sends is exactly what a
+//! catch-up read returns: only durable entries that a page read shows, oldest first, each
+//! once, and from any resume point with no gap. Notices only make it prompt; the reads are the
+//! truth, so a lost or spurious notice costs latency or a read, never an entry.
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::live::{LiveMessage, author_topic, timeline_topic};
+use super::{DomainResult, MAX_PAGE_SIZE, SubjectId, TimelineEntry, Timelines};
+use crate::keys::Ticks;
+use crate::notices::Subscription;
+
+/// What a stream tells its client.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// A new entry, and the cursor that resumes right after it.
+    Entry {
+        entry: TimelineEntry,
+        cursor: String,
+    },
+    /// The entry of this event is gone.
+    Removed { event_id: Uuid },
+    /// The owner unfollowed `author`: its entries are gone.
+    Unfollowed { author: String },
+    /// The owner's read marker moved.
+    Marker { marker: Value },
+    /// More happened than the stream could hold: resume from `cursor` (entries are not lost;
+    /// removals and marker moves since may be, so a client reloads what it shows).
+    Lagged { cursor: String },
+}
+
+/// One open live timeline.
+pub struct TimelineStream {
+    owner: SubjectId,
+    subscription: Subscription,
+    /// Where the next read starts: a catch-up cursor, or what the client resumed from.
+    cursor: String,
+}
+
+impl Timelines {
+    /// Opens a live stream of `owner`'s timeline, starting after `after` (any point a
+    /// catch-up read takes), or after the newest entry the timeline holds now. Bad input is
+    /// refused here, before anything is sent. `inbox` bounds the messages (removals, marker
+    /// moves) a stream holds before it is lagged.
+    pub async fn open_stream(
+        &self,
+        owner: &SubjectId,
+        after: Option<&str>,
+        inbox: usize,
+    ) -> DomainResult<TimelineStream> {
+        // Subscribe first: a change that lands between the start point and the first wait
+        // then wakes the stream rather than being missed.
+        let mut subscription = self.notices.subscribe(inbox);
+        subscription.watch(&timeline_topic(owner.as_str()));
+        let cursor = match after {
+            Some(after) => {
+                self.check_after(owner, after)?;
+                after.to_owned()
+            }
+            None => match self.timeline(owner, 1, None).await?.items.first() {
+                Some(newest) => newest.row_key.clone(),
+                None => Ticks::MIN.to_string(),
+            },
+        };
+        Ok(TimelineStream {
+            owner: owner.clone(),
+            subscription,
+            cursor,
+        })
+    }
+}
+
+impl TimelineStream {
+    /// What is new since the last read: messages told, then entries, oldest first, at most a
+    /// page of them (read again at once if a whole page came back). Empty if nothing is new.
+    pub async fn read(&mut self, timelines: &Timelines) -> DomainResult<Vec<StreamEvent>> {
+        let pending = self.subscription.take();
+        if pending.lagged {
+            return Ok(vec![StreamEvent::Lagged {
+                cursor: self.cursor.clone(),
+            }]);
+        }
+        let mut events: Vec<StreamEvent> = pending
+            .messages
+            .iter()
+            .filter_map(|(_, body)| LiveMessage::decode(body))
+            .map(|message| match message {
+                LiveMessage::Removed { event_id } => StreamEvent::Removed { event_id },
+                LiveMessage::Unfollowed { author } => StreamEvent::Unfollowed { author },
+                LiveMessage::Marker { marker } => StreamEvent::Marker { marker },
+            })
+            .collect();
+        let read = timelines
+            .catch_up_each(&self.owner, MAX_PAGE_SIZE, &self.cursor)
+            .await?;
+        self.watch_merged(&read.merged_authors);
+        self.cursor = read.next_cursor;
+        events.extend(
+            read.items
+                .into_iter()
+                .map(|(entry, cursor)| StreamEvent::Entry { entry, cursor }),
+        );
+        Ok(events)
+    }
+
+    /// Waits until the timeline, or an author it merges, may have changed. Cancel-safe.
+    pub async fn wait(&self) {
+        self.subscription.wait().await;
+    }
+
+    /// Where a client resumes to have missed nothing: the stream's position.
+    pub fn cursor(&self) -> &str {
+        &self.cursor
+    }
+
+    /// Watches the logs of exactly the authors the timeline merges now.
+    fn watch_merged(&mut self, merged: &[String]) {
+        let own = timeline_topic(self.owner.as_str());
+        let wanted: Vec<String> = merged.iter().map(|author| author_topic(author)).collect();
+        let stale: Vec<String> = self
+            .subscription
+            .topics()
+            .iter()
+            .filter(|topic| **topic != own && !wanted.contains(topic))
+            .cloned()
+            .collect();
+        for topic in stale {
+            self.subscription.unwatch(&topic);
+        }
+        for topic in &wanted {
+            self.subscription.watch(topic);
+        }
+    }
+}
