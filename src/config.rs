@@ -72,11 +72,18 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams_per_token: u32,
 
-    /// Events a live stream holds for a client that reads slowly; past it the client is sent
-    /// `lagged` with a cursor to resume from, and the stream is closed.
+    /// Events a live stream holds for a client that reads slowly; when they are all waiting
+    /// for longer than FANLINE_STREAM_PATIENCE_MS, the client is sent `lagged` with a cursor
+    /// to resume from, and the stream is closed.
     #[arg(long, env = "FANLINE_STREAM_BUFFER", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(2..=65_536))]
     pub stream_buffer: u32,
+
+    /// Milliseconds a live stream waits for a client that takes nothing while its buffer is
+    /// full; then the client is sent `lagged` and the stream is closed.
+    #[arg(long, env = "FANLINE_STREAM_PATIENCE_MS", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_patience_ms: u64,
 
     /// Backend: `embedded` (fjall) or `dynamodb`.
     #[arg(long, env = "FANLINE_STORE", value_enum, default_value = "embedded")]
@@ -280,6 +287,7 @@ impl Config {
             max_streams: self.max_streams as usize,
             max_per_token: self.max_streams_per_token as usize,
             buffer: self.stream_buffer as usize,
+            patience: Duration::from_millis(self.stream_patience_ms),
         }
     }
 
@@ -333,6 +341,7 @@ mod tests {
         assert_eq!(config.max_streams, 5_000);
         assert_eq!(config.max_streams_per_token, 8);
         assert_eq!(config.stream_buffer, 256);
+        assert_eq!(config.stream_patience_ms, 5_000);
         assert_eq!(config.header_timeout_ms, 10_000);
         assert_eq!(config.body_timeout_ms, 30_000);
         assert_eq!(config.idle_timeout_ms, 60_000);

@@ -73,20 +73,7 @@ async fn follow_all(api: &Api, author: &str, followers: &[String]) {
 
 /// The value of one sample line of `/metrics` (`name{labels} value`), 0 if absent.
 async fn metric(api: &Api, series: &str) -> f64 {
-    let response = api
-        .client
-        .get(api.url("/metrics"))
-        .send()
-        .await
-        .expect("scrape");
-    assert_eq!(response.status(), StatusCode::OK);
-    let text = response.text().await.expect("metrics text");
-    text.lines()
-        .find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            (name == series).then(|| value.parse::<f64>().expect("a number"))
-        })
-        .unwrap_or(0.0)
+    api.metric(series).await
 }
 
 /// Polls a metric until it has `value`: counters move just after the store write that

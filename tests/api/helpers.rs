@@ -246,6 +246,24 @@ impl Api {
         }
     }
 
+    /// The value of one sample line of `/metrics` (`name{labels} value`), 0 if absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let response = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("scrape");
+        assert_eq!(response.status(), StatusCode::OK);
+        let text = response.text().await.expect("metrics text");
+        text.lines()
+            .find_map(|line| {
+                let (name, value) = line.rsplit_once(' ')?;
+                (name == series).then(|| value.parse::<f64>().expect("a number"))
+            })
+            .unwrap_or(0.0)
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.address)
     }

@@ -23,4 +23,5 @@ mod reliability;
 mod restart;
 mod series;
 mod startup;
+mod streams;
 mod timeline;

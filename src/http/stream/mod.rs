@@ -44,6 +44,10 @@ use sse::{Sent, Sink};
 /// close within about a second.
 const TOKEN_CHECK: Duration = Duration::from_millis(500);
 
+/// How long a woken timeline stream waits before it reads, to take what lands together in
+/// one read.
+const COALESCE: Duration = Duration::from_millis(5);
+
 /// The limits of live streams.
 #[derive(Clone, Copy, Debug)]
 pub struct StreamLimits {
@@ -53,8 +57,11 @@ pub struct StreamLimits {
     pub max_streams: usize,
     /// Streams open at most with one token.
     pub max_per_token: usize,
-    /// Events held for a slow client before it is told it lagged.
+    /// Events held for a slow client.
     pub buffer: usize,
+    /// How long a stream waits for a client that takes nothing while its buffer is full
+    /// before telling it it lagged.
+    pub patience: Duration,
 }
 
 /// What every stream shares: its limits, the slots, the metrics and the shutdown signal.
@@ -167,7 +174,7 @@ async fn stream_timeline(
         .timelines
         .open_stream(&owner, after, streams.limits.buffer)
         .await?;
-    let (sink, response) = Sink::open(streams.limits.buffer);
+    let (sink, response) = Sink::open(streams.limits.buffer, streams.limits.patience);
     let watch = Watch {
         state: state.clone(),
         token,
@@ -205,7 +212,7 @@ async fn stream_series(
         .series
         .open_tail(&series, streams.limits.buffer)
         .await?;
-    let (sink, response) = Sink::open(streams.limits.buffer);
+    let (sink, response) = Sink::open(streams.limits.buffer, streams.limits.patience);
     let watch = Watch {
         state: state.clone(),
         token,
@@ -274,10 +281,10 @@ impl Watch {
                 () = sink.closed() => return Woken::End,
                 () = &mut notice => return Woken::Notice,
                 _ = timers.0.tick() => {
-                    return match sink.send(sse::heartbeat()) {
-                        Sent::Queued => Woken::Heartbeat,
-                        // A client that does not take a heartbeat is not reading at all.
-                        Sent::Full | Sent::Closed => Woken::End,
+                    return match sink.send_now(sse::heartbeat()) {
+                        // A full buffer is no quiet connection: no heartbeat needed.
+                        Sent::Queued | Sent::Full => Woken::Heartbeat,
+                        Sent::Closed => Woken::End,
                     };
                 }
                 _ = timers.1.tick() => {
@@ -291,8 +298,8 @@ impl Watch {
 
     /// Queues `frame`; `false` if the stream must end (the client is gone, or lagged: then
     /// it is told where to resume, `after`).
-    fn send(&self, sink: &Sink, frame: bytes::Bytes, after: Option<&str>) -> bool {
-        match sink.send(frame) {
+    async fn send(&self, sink: &Sink, frame: bytes::Bytes, after: Option<&str>) -> bool {
+        match sink.send(frame).await {
             Sent::Queued => {
                 self.streams().metrics.pushed.inc();
                 true
@@ -355,7 +362,7 @@ async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
                     return watch.lagged(&sink, Some(&cursor));
                 }
             };
-            if !watch.send(&sink, frame, Some(&resume)) {
+            if !watch.send(&sink, frame, Some(&resume)).await {
                 return;
             }
             if let Some(cursor) = cursor {
@@ -365,8 +372,12 @@ async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
         if entries == MAX_PAGE_SIZE {
             continue;
         }
-        if let Woken::End = watch.wait(&sink, &mut timers, stream.wait()).await {
-            return;
+        match watch.wait(&sink, &mut timers, stream.wait()).await {
+            Woken::End => return,
+            Woken::Heartbeat => {}
+            // Entries of one post land on many timelines at about the same time, and posts
+            // come in bursts: a moment's wait lets one read take them together.
+            Woken::Notice => tokio::time::sleep(COALESCE).await,
         }
     }
 }
@@ -391,7 +402,10 @@ async fn pump_series(watch: Watch, tail: SeriesTail, sink: Sink) {
                 .collect();
             let data =
                 serde_json::to_vec(&serde_json::json!({ "points": points })).unwrap_or_default();
-            if !watch.send(&sink, sse::event("points", None, &data), None) {
+            if !watch
+                .send(&sink, sse::event("points", None, &data), None)
+                .await
+            {
                 return;
             }
         }

@@ -4,7 +4,10 @@ use axum::body::Body;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut as _, Bytes, BytesMut};
-use tokio::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 /// One event: `event:`, an optional `id:`, and `data` as `data:` lines. A line break in
 /// `data` (only JSON whitespace can hold one: a string escapes its own) starts a new `data:`
@@ -42,33 +45,40 @@ pub fn heartbeat() -> Bytes {
     Bytes::from_static(b": heartbeat\n\n")
 }
 
-/// Where a stream's task puts events, bounded: a client that reads slower than events come
-/// fills it, and is then told it lagged rather than allowed to grow memory.
+/// Where a stream's task puts events, bounded: at most `capacity` events wait for a client;
+/// one that takes none for a while is then told it lagged rather than allowed to grow memory.
 pub struct Sink {
-    sender: mpsc::Sender<Bytes>,
+    sender: mpsc::UnboundedSender<(Bytes, Option<OwnedSemaphorePermit>)>,
+    /// A place per event waiting; given back as the body takes the event.
+    places: Arc<Semaphore>,
+    /// How long a send waits for a place before the client counts as lagged.
+    patience: Duration,
 }
 
 /// Whether an event was queued.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Sent {
     Queued,
-    /// The pipe is full but for its last place, kept for [`Sink::send_last`].
+    /// No place came free within the patience: the client is not keeping up.
     Full,
     /// The client is gone.
     Closed,
 }
 
 impl Sink {
-    /// A sink holding `capacity` events (one of them kept for the last word), and the
+    /// A sink holding `capacity` events, waiting up to `patience` for a place, and the
     /// response that sends them.
-    pub fn open(capacity: usize) -> (Sink, Response) {
-        let (sender, receiver) = mpsc::channel(capacity.max(2));
-        let frames = futures::stream::unfold(receiver, |mut receiver| async move {
-            let frame = receiver.recv().await?;
-            Some((Ok::<_, std::io::Error>(frame), receiver))
-        });
-        let body = Body::from_stream(frames);
-        let mut response = body.into_response();
+    pub fn open(capacity: usize, patience: Duration) -> (Sink, Response) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let frames = futures::stream::unfold(
+            receiver,
+            |mut receiver: mpsc::UnboundedReceiver<(Bytes, Option<OwnedSemaphorePermit>)>| async move {
+                // The place is given back as the event leaves for the client.
+                let (frame, _place) = receiver.recv().await?;
+                Some((Ok::<_, std::io::Error>(frame), receiver))
+            },
+        );
+        let mut response = Body::from_stream(frames).into_response();
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
@@ -77,28 +87,49 @@ impl Sink {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         // Proxies that buffer responses (nginx) would hold events back.
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        (Sink { sender }, response)
+        let sink = Sink {
+            sender,
+            places: Arc::new(Semaphore::new(capacity.max(1))),
+            patience,
+        };
+        (sink, response)
     }
 
-    /// Queues `frame` unless only the last place is left.
-    pub fn send(&self, frame: Bytes) -> Sent {
+    /// Queues `frame` once a place is free, waiting at most the patience.
+    pub async fn send(&self, frame: Bytes) -> Sent {
         if self.sender.is_closed() {
             return Sent::Closed;
         }
-        if self.sender.capacity() <= 1 {
-            return Sent::Full;
-        }
-        match self.sender.try_send(frame) {
-            Ok(()) => Sent::Queued,
-            Err(mpsc::error::TrySendError::Full(_)) => Sent::Full,
-            Err(mpsc::error::TrySendError::Closed(_)) => Sent::Closed,
+        let place = tokio::select! {
+            place = tokio::time::timeout(self.patience, self.places.clone().acquire_owned()) => place,
+            () = self.sender.closed() => return Sent::Closed,
+        };
+        match place {
+            Ok(Ok(place)) => self.queue(frame, Some(place)),
+            // The semaphore is never closed; a timeout is a client not reading.
+            Ok(Err(_)) | Err(_) => Sent::Full,
         }
     }
 
-    /// Queues `frame` in the last place, the stream's final word.
+    /// Queues `frame` if a place is free now; heartbeats need not wait behind events.
+    pub fn send_now(&self, frame: Bytes) -> Sent {
+        match self.places.clone().try_acquire_owned() {
+            Ok(place) => self.queue(frame, Some(place)),
+            Err(_) if self.sender.is_closed() => Sent::Closed,
+            Err(_) => Sent::Full,
+        }
+    }
+
+    /// Queues `frame` beyond the bound: the stream's final word, so one at most.
     pub fn send_last(&self, frame: Bytes) {
-        // Only one task sends, and it kept the last place free, so this fits.
-        let _ = self.sender.try_send(frame);
+        let _ = self.queue(frame, None);
+    }
+
+    fn queue(&self, frame: Bytes, place: Option<OwnedSemaphorePermit>) -> Sent {
+        match self.sender.send((frame, place)) {
+            Ok(()) => Sent::Queued,
+            Err(_) => Sent::Closed,
+        }
     }
 
     /// Resolves when the client has gone (the response body was dropped).
@@ -124,11 +155,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_sink_keeps_its_last_place_for_the_last_word() {
-        let (sink, response) = Sink::open(3);
-        assert_eq!(sink.send(heartbeat()), Sent::Queued);
-        assert_eq!(sink.send(heartbeat()), Sent::Queued);
-        assert_eq!(sink.send(heartbeat()), Sent::Full);
+    async fn a_full_sink_waits_its_patience_then_says_full_and_still_takes_the_last_word() {
+        let (sink, response) = Sink::open(2, Duration::from_millis(50));
+        assert_eq!(sink.send(heartbeat()).await, Sent::Queued);
+        assert_eq!(sink.send_now(heartbeat()), Sent::Queued);
+        assert_eq!(sink.send_now(heartbeat()), Sent::Full);
+        assert_eq!(
+            sink.send(heartbeat()).await,
+            Sent::Full,
+            "after the patience"
+        );
         sink.send_last(event("lagged", None, b"{}"));
         drop(sink);
         let body = axum::body::to_bytes(response.into_body(), 1 << 20)
@@ -141,10 +177,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_place_comes_free_as_the_client_takes_an_event() {
+        use http_body_util::BodyExt as _;
+        let (sink, response) = Sink::open(1, Duration::from_secs(30));
+        assert_eq!(sink.send(heartbeat()).await, Sent::Queued);
+        let mut body = response.into_body();
+        let reader = tokio::spawn(async move {
+            let first = body.frame().await.expect("a frame").expect("ok");
+            (first.into_data().expect("data"), body)
+        });
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(5), sink.send(heartbeat()))
+                .await
+                .expect("a place came free"),
+            Sent::Queued
+        );
+        let (first, _body) = reader.await.expect("read");
+        assert_eq!(first, heartbeat());
+    }
+
+    #[tokio::test]
     async fn a_sink_whose_client_went_says_so() {
-        let (sink, response) = Sink::open(4);
+        let (sink, response) = Sink::open(4, Duration::from_secs(30));
         drop(response);
-        assert_eq!(sink.send(heartbeat()), Sent::Closed);
+        assert_eq!(sink.send(heartbeat()).await, Sent::Closed);
+        assert_eq!(sink.send_now(heartbeat()), Sent::Closed);
         tokio::time::timeout(std::time::Duration::from_secs(5), sink.closed())
             .await
             .expect("closed");
