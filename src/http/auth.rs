@@ -46,7 +46,8 @@ fn need(method: &Method, template: &str, param: impl Fn(&str) -> String) -> Need
         | "/v1/subjects/{subject}/following/{target}"
         | "/v1/subjects/{subject}/following"
         | "/v1/subjects/{subject}/followers"
-        | "/v1/subjects/{subject}/timeline" => Need::Subject(param("subject")),
+        | "/v1/subjects/{subject}/timeline"
+        | "/v1/subjects/{subject}/marker" => Need::Subject(param("subject")),
         "/v1/series/{series}/points" if method == Method::POST => {
             Need::SeriesWrite(param("series"))
         }
