@@ -303,7 +303,13 @@ mod tests {
         row_key
     }
 
-    fn written(write: MarkerWrite) -> Marker {
+    /// Moves the reader's marker to `last_read` from `version`, which must succeed.
+    async fn mark(fixture: &Fixture, last_read: &str, version: u64) -> Marker {
+        let write = fixture
+            .timelines
+            .put_marker(&fixture.owner, last_read, version)
+            .await
+            .expect("put");
         match write {
             MarkerWrite::Written(marker) => marker,
             MarkerWrite::Stale { current } => panic!("stale, at version {current}"),
@@ -322,18 +328,13 @@ mod tests {
         let unset = timelines.marker(owner).await.expect("marker");
         assert_eq!((unset.last_read, unset.version, unset.unread), (None, 0, 3));
 
-        let first = written(timelines.put_marker(owner, &rows[0], 0).await.expect("put"));
+        let first = mark(&fixture, &rows[0], 0).await;
         assert_eq!(first.last_read.as_deref(), Some(rows[0].as_str()));
         assert_eq!((first.version, first.unread), (1, 2));
         assert_eq!(timelines.marker(owner).await.expect("marker"), first);
 
         // A time: entries of that very time are read.
-        let by_time = written(
-            timelines
-                .put_marker(owner, &at(20).to_string(), 1)
-                .await
-                .expect("put"),
-        );
+        let by_time = mark(&fixture, &at(20).to_string(), 1).await;
         assert_eq!(by_time.last_read, Some(event_row_key(at(20), Uuid::nil())));
         assert_eq!((by_time.version, by_time.unread), (2, 1));
 
@@ -341,12 +342,7 @@ mod tests {
         for seconds in [40, 50, 60] {
             deliver(&fixture, seconds).await;
         }
-        let back = written(
-            timelines
-                .put_marker(owner, &at(0).to_string(), 2)
-                .await
-                .expect("put"),
-        );
+        let back = mark(&fixture, &at(0).to_string(), 2).await;
         assert_eq!((back.version, back.unread), (3, CAP));
     }
 
@@ -363,12 +359,7 @@ mod tests {
             .catch_up(owner, 2, &at(0).to_string())
             .await
             .expect("catch up");
-        let marker = written(
-            timelines
-                .put_marker(owner, &read.next_cursor, 0)
-                .await
-                .expect("put"),
-        );
+        let marker = mark(&fixture, &read.next_cursor, 0).await;
         assert_eq!(marker.unread, 1);
         // A cursor that returned nothing stands where its read started.
         let nothing = timelines
@@ -376,12 +367,7 @@ mod tests {
             .await
             .expect("catch up");
         assert!(nothing.items.is_empty());
-        let marker = written(
-            timelines
-                .put_marker(owner, &nothing.next_cursor, 1)
-                .await
-                .expect("put"),
-        );
+        let marker = mark(&fixture, &nothing.next_cursor, 1).await;
         assert_eq!(marker.unread, 0);
         let from_entry = timelines
             .catch_up(owner, 250, &read.items[0].row_key)
@@ -392,12 +378,7 @@ mod tests {
             .catch_up(owner, 250, &from_entry.next_cursor)
             .await
             .expect("catch up");
-        let marker = written(
-            timelines
-                .put_marker(owner, &again.next_cursor, 2)
-                .await
-                .expect("put"),
-        );
+        let marker = mark(&fixture, &again.next_cursor, 2).await;
         assert_eq!(marker.unread, 0, "{marker:?}");
     }
 
@@ -412,7 +393,7 @@ mod tests {
             timelines.put_marker(owner, &time, 1).await.expect("put"),
             MarkerWrite::Stale { current: 0 }
         );
-        let first = written(timelines.put_marker(owner, &row, 0).await.expect("put"));
+        let first = mark(&fixture, &row, 0).await;
         for version in [0, 2, 7] {
             assert_eq!(
                 timelines
@@ -459,13 +440,7 @@ mod tests {
         let mut elsewhere = fixture.notices.subscribe(8);
         elsewhere.watch(&live::timeline_topic("other"));
         let row = deliver(&fixture, 10).await;
-        let marker = written(
-            fixture
-                .timelines
-                .put_marker(&fixture.owner, &row, 0)
-                .await
-                .expect("put"),
-        );
+        let marker = mark(&fixture, &row, 0).await;
         let pending = subscription.take();
         assert_eq!(pending.messages.len(), 1, "{pending:?}");
         let (topic, body) = &pending.messages[0];

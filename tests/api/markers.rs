@@ -4,7 +4,9 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Api, Backend, Reply, TestApp, TestStore, segment, spawn_app_with};
+use crate::helpers::{
+    Api, Backend, Reply, TestApp, TestStore, at, post_at, segment, spawn_app_with,
+};
 
 on_both_backends!(
     a_marker_never_set_is_version_0_with_the_whole_timeline_unread,
@@ -38,30 +40,10 @@ async fn app_with_reader(
     app
 }
 
-/// A time `seconds` after a fixed origin, as RFC 3339.
-fn at(seconds: u32) -> String {
-    format!("2026-01-01T00:{:02}:{:02}Z", seconds / 60, seconds % 60)
-}
-
-/// Posts `text` as `author` at `seconds`; returns the event id.
-async fn post(api: &Api, author: &str, text: &str, seconds: u32) -> String {
-    let reply = api
-        .post_event(
-            author,
-            json!({"kind": "post", "payload": {"text": text}, "at": at(seconds)}),
-        )
-        .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-    reply.body["event_id"]
-        .as_str()
-        .expect("event_id")
-        .to_owned()
-}
-
 /// Posts `writer`'s events at each of `seconds` and waits for their fan-out.
 async fn post_all(app: &TestApp, seconds: &[u32]) {
     for &second in seconds {
-        post(app, "writer", &format!("t{second}"), second).await;
+        post_at(app, "writer", &format!("t{second}"), second).await;
     }
     app.wait_for_idle().await;
 }
@@ -79,15 +61,16 @@ async fn put_marker(api: &Api, subject: &str, body: &Value) -> Reply {
         .await
 }
 
+/// Asks to set `reader`'s marker to `last_read` from `version` (a JSON number).
+async fn try_mark(api: &Api, last_read: &str, version: Value) -> Reply {
+    let body = json!({"last_read": last_read, "version": version});
+    put_marker(api, "reader", &body).await
+}
+
 /// Sets `reader`'s marker to `last_read` from `version`, expecting it to move; returns the
 /// new marker.
 async fn mark(api: &Api, last_read: &str, version: u64) -> Value {
-    let reply = put_marker(
-        api,
-        "reader",
-        &json!({"last_read": last_read, "version": version}),
-    )
-    .await;
+    let reply = try_mark(api, last_read, json!(version)).await;
     assert_eq!(reply.status, StatusCode::OK, "{last_read}: {reply:?}");
     assert_eq!(reply.body["version"], version + 1, "{reply:?}");
     reply.body
@@ -154,12 +137,7 @@ async fn each_write_names_the_version_it_replaces_and_answers_the_new_marker(bac
     assert_eq!(get_marker(&app, "reader").await.body, first);
 
     // A version written with a zero fraction is the same whole number.
-    let second = put_marker(
-        &app,
-        "reader",
-        &json!({"last_read": rows[0].1, "version": 1.0}),
-    )
-    .await;
+    let second = try_mark(&app, &rows[0].1, json!(1.0)).await;
     assert_eq!(second.status, StatusCode::OK, "{second:?}");
     let second = second.body;
     assert_eq!(second["version"], 2);
@@ -176,23 +154,13 @@ async fn a_stale_version_is_a_409_and_leaves_the_marker_as_it_was(backend: Backe
     let app = app_with_reader(backend, |_| {}).await;
     post_all(&app, &[10, 20]).await;
     let rows = timeline(&app).await;
-    let never_set = put_marker(
-        &app,
-        "reader",
-        &json!({"last_read": rows[0].1, "version": 1}),
-    )
-    .await;
+    let never_set = try_mark(&app, &rows[0].1, json!(1)).await;
     assert_eq!(never_set.status, StatusCode::CONFLICT, "{never_set:?}");
     assert_eq!(never_set.error_code(), "marker_conflict");
     mark(&app, &rows[1].1, 0).await;
     let current = mark(&app, &rows[1].1, 1).await;
     for stale in [0, 1, 3] {
-        let reply = put_marker(
-            &app,
-            "reader",
-            &json!({"last_read": rows[0].1, "version": stale}),
-        )
-        .await;
+        let reply = try_mark(&app, &rows[0].1, json!(stale)).await;
         assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
         assert_eq!(reply.error_code(), "marker_conflict");
         let message = reply.body["error"]["message"].as_str().expect("message");
@@ -262,11 +230,11 @@ async fn entries_of_a_merged_author_count_and_deleted_ones_do_not(backend: Backe
     }
     app.wait_for_idle().await;
     // The first post crosses the threshold; the star's later posts are merged at read time.
-    post(&app, "star", "s10", 10).await;
+    post_at(&app, "star", "s10", 10).await;
     app.wait_for_idle().await;
-    post(&app, "writer", "t20", 20).await;
-    let merged = post(&app, "star", "s30", 30).await;
-    let doomed = post(&app, "star", "s40", 40).await;
+    post_at(&app, "writer", "t20", 20).await;
+    let merged = post_at(&app, "star", "s30", 30).await;
+    let doomed = post_at(&app, "star", "s40", 40).await;
     app.wait_for_idle().await;
     let status = app
         .get(&format!("/v1/subjects/star/events/{merged}/fanout"))
@@ -433,7 +401,7 @@ async fn only_the_subject_and_the_admin_reach_its_marker(backend: Backend) {
     let as_token = |token: Option<&str>| Api::with_token(&app.address, token);
 
     let own = as_token(Some(&own));
-    let moved = put_marker(&own, "reader", &json!({"last_read": at(10), "version": 0})).await;
+    let moved = try_mark(&own, &at(10), json!(0)).await;
     assert_eq!(moved.status, StatusCode::OK, "{moved:?}");
     assert_eq!(get_marker(&own, "reader").await.body, moved.body);
     assert_eq!(
@@ -451,12 +419,7 @@ async fn only_the_subject_and_the_admin_reach_its_marker(backend: Backend) {
         let read = get_marker(&caller, "reader").await;
         assert_eq!(read.status, status, "{read:?}");
         assert!(read.body["error"]["code"].is_string(), "{read:?}");
-        let write = put_marker(
-            &caller,
-            "reader",
-            &json!({"last_read": at(0), "version": 1}),
-        )
-        .await;
+        let write = try_mark(&caller, &at(0), json!(1)).await;
         assert_eq!(write.status, status, "{write:?}");
     }
     // The admin writes any subject's marker.
