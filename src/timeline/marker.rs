@@ -23,6 +23,10 @@ const MARKER_ROW: &str = "marker";
 /// exactly (2^53 - 1). A marker would need that many writes to get there.
 pub const MAX_MARKER_VERSION: u64 = (1 << 53) - 1;
 
+/// Why a `last_read` is refused.
+const INVALID_LAST_READ: &str = "last_read must be the row_key of an entry, a next_cursor of \
+    this timeline (of a page or of a catch-up read), or an RFC 3339 time";
+
 /// How far a subject has read its timeline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Marker {
@@ -127,11 +131,7 @@ impl Timelines {
             .point_after(owner, last_read)
             .map_err(|err| match err {
                 DomainError::InvalidCursor(_) | DomainError::InvalidInput { .. } => {
-                    DomainError::invalid(
-                        "invalid_cursor",
-                        "last_read must be the row_key of an entry, a next_cursor of this \
-                     timeline (of a page or of a catch-up read), or an RFC 3339 time",
-                    )
+                    DomainError::invalid("invalid_cursor", INVALID_LAST_READ)
                 }
                 other => other,
             })?;
@@ -154,6 +154,9 @@ impl Timelines {
                 None => return Ok(MarkerWrite::Stale { current: 0 }),
             }
         };
+        // Counted before the write: a count that fails leaves the marker where it was, and
+        // a marker written is always told.
+        let unread = self.unread(owner, Some(&point)).await?;
         let updated_at = Ticks::now();
         let stored = StoredMarker {
             last_read: point,
@@ -175,9 +178,9 @@ impl Timelines {
             Err(err) => return Err(err.into()),
         }
         let marker = Marker {
-            unread: self.unread(owner, Some(&stored.last_read)).await?,
             last_read: Some(stored.last_read),
             version: stored.version,
+            unread,
             updated_at: Some(updated_at),
         };
         live::tell(
