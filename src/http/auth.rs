@@ -47,7 +47,8 @@ fn need(method: &Method, template: &str, param: impl Fn(&str) -> String) -> Need
         | "/v1/subjects/{subject}/following"
         | "/v1/subjects/{subject}/followers"
         | "/v1/subjects/{subject}/timeline"
-        | "/v1/subjects/{subject}/timeline/stream" => Need::Subject(param("subject")),
+        | "/v1/subjects/{subject}/timeline/stream"
+        | "/v1/subjects/{subject}/marker" => Need::Subject(param("subject")),
         "/v1/series/{series}/points" if method == Method::POST => {
             Need::SeriesWrite(param("series"))
         }

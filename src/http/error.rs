@@ -27,6 +27,8 @@ pub enum ApiError {
     RequestTimeout(String),
     /// 409: the request conflicts with stored state (an idempotency key reused).
     Conflict(String),
+    /// 409: a write conditioned on a version that is no longer current; `code` says what.
+    ConditionFailed { code: &'static str, message: String },
     /// 413: the body or the payload is larger than allowed.
     PayloadTooLarge(String),
     /// 415: the body is not `application/json`.
@@ -63,7 +65,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Conflict(_) | ApiError::ConditionFailed { .. } => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unprocessable(_) | ApiError::AggregateOverflow(_) => {
@@ -102,6 +104,7 @@ impl ApiError {
             }
             ApiError::RequestTimeout(message) => ("request_timeout", message),
             ApiError::Conflict(message) => ("conflict", message),
+            ApiError::ConditionFailed { code, message } => (code, message),
             ApiError::PayloadTooLarge(message) => ("payload_too_large", message),
             ApiError::UnsupportedMediaType(message) => ("unsupported_media_type", message),
             ApiError::Unprocessable(message) => ("invalid_body", message),

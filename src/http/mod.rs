@@ -7,6 +7,7 @@ mod extract;
 mod fanout;
 mod following;
 mod health;
+mod marker;
 mod metrics;
 mod openapi;
 mod page;
@@ -73,6 +74,7 @@ pub fn router(state: AppState, bodies: BodyLimits) -> Router {
         .merge(events::router())
         .merge(following::router())
         .merge(timeline::router())
+        .merge(marker::router())
         .merge(fanout::router())
         .merge(stream::router())
         .merge(auth::router());

@@ -112,6 +112,18 @@ impl Position {
         }
     }
 
+    /// The newest point this position has seen, as a row key: the newest entry returned (by
+    /// its time: a row key of that time with the nil event id, which every entry of that
+    /// time sorts after), or the floor if none was returned (a time's likewise).
+    fn point(&self) -> String {
+        let (at, event_id) = match (self.seen.is_empty(), self.floor_id) {
+            (true, Some(event_id)) => (self.floor, event_id),
+            (true, None) => (self.floor, Uuid::nil()),
+            (false, _) => (self.newest, Uuid::nil()),
+        };
+        event_row_key(Ticks::clamped(at), event_id)
+    }
+
     fn encode(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(35 + self.seen.len() * 10);
         bytes.push(if self.floor_id.is_some() {
@@ -288,6 +300,15 @@ impl Timelines {
             next_cursor: self.cursors.encode_bytes(&scope, &position.encode()),
             merged_authors: rows.merged_authors(),
         })
+    }
+
+    /// The point of `owner`'s timeline that `after` (any form [`Timelines::catch_up`] takes)
+    /// stands for, as a row key: the entries whose row keys sort before it are the ones a
+    /// reader holding `after` has not seen (but for late arrivals a catch-up cursor
+    /// remembers). For read markers.
+    pub(super) fn point_after(&self, owner: &SubjectId, after: &str) -> DomainResult<String> {
+        let scope = format!("catch-up/{owner}");
+        Ok(self.position_after(&scope, owner, after)?.point())
     }
 
     /// Where a catch-up read from `after` starts; see [`Timelines::catch_up`].

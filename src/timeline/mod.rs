@@ -5,6 +5,7 @@ mod deleting;
 pub mod fanout;
 mod following;
 pub(crate) mod live;
+mod marker;
 mod merge;
 pub(crate) mod merged_authors;
 mod model;
@@ -25,6 +26,7 @@ use crate::jobs::{self, Backlog, Handlers, JobError};
 use crate::notices::Notices;
 use crate::store::{Condition, Item, Store, StoreError, Table};
 
+pub use marker::{MAX_MARKER_VERSION, Marker, MarkerWrite};
 pub use model::{
     Edge, Event, Page, SubjectId, TimelineEntry, check_no_dot_segments, check_printable,
 };

@@ -194,6 +194,26 @@ pub async fn raw_request(
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A time `seconds` after a fixed origin, as RFC 3339.
+pub fn at(seconds: u32) -> String {
+    format!("2026-01-01T00:{:02}:{:02}Z", seconds / 60, seconds % 60)
+}
+
+/// Posts `text` as `author` at [`at`]`(seconds)`; returns the event id.
+pub async fn post_at(api: &Api, author: &str, text: &str, seconds: u32) -> String {
+    let reply = api
+        .post_event(
+            author,
+            json!({"kind": "post", "payload": {"text": text}, "at": at(seconds)}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    reply.body["event_id"]
+        .as_str()
+        .expect("event_id")
+        .to_owned()
+}
+
 /// Percent-encodes one path segment (everything but unreserved characters).
 pub fn segment(text: &str) -> String {
     let mut encoded = String::new();

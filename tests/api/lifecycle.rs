@@ -4,9 +4,9 @@
 
 use fanline::store::{Query, Store, Table};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::helpers::{Api, Backend, TestApp, TestStore, segment, spawn_app_with};
+use crate::helpers::{Api, Backend, TestApp, TestStore, at, post_at, segment, spawn_app_with};
 
 on_both_backends!(
     following_backfills_the_newest_events_in_time_order,
@@ -28,25 +28,6 @@ async fn app(backend: Backend, adjust: impl FnOnce(&mut fanline::config::Config)
         adjust(config);
     })
     .await
-}
-
-/// A time `seconds` after a fixed origin, as RFC 3339.
-fn at(seconds: u32) -> String {
-    format!("2026-01-01T00:{:02}:{:02}Z", seconds / 60, seconds % 60)
-}
-
-async fn post_at(api: &Api, author: &str, text: &str, seconds: u32) -> String {
-    let reply = api
-        .post_event(
-            author,
-            json!({"kind": "post", "payload": {"text": text}, "at": at(seconds)}),
-        )
-        .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-    reply.body["event_id"]
-        .as_str()
-        .expect("event_id")
-        .to_owned()
 }
 
 async fn follow(api: &Api, follower: &str, target: &str) {

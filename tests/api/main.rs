@@ -17,6 +17,7 @@ mod following;
 mod import;
 mod lifecycle;
 mod limits;
+mod markers;
 mod openapi;
 mod posting;
 mod reliability;

@@ -20,7 +20,7 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 27] = [
+const OPERATIONS: [&str; 29] = [
     "GET /healthz",
     "GET /metrics",
     "GET /openapi.json",
@@ -47,6 +47,8 @@ const OPERATIONS: [&str; 27] = [
     "GET /v1/subjects/{subject}/following",
     "DELETE /v1/subjects/{subject}/following/{target}",
     "PUT /v1/subjects/{subject}/following/{target}",
+    "GET /v1/subjects/{subject}/marker",
+    "PUT /v1/subjects/{subject}/marker",
     "GET /v1/subjects/{subject}/timeline",
 ];
 

@@ -85,6 +85,13 @@ def map_case(context, case):
     after = query.get("after")
     if isinstance(after, str) and ":" not in after and not ROW_KEY.fullmatch(after):
         del query["after"]
+    # The same for a marker's `last_read` given as a cursor: it is required, so it becomes a
+    # time instead.
+    body = case.body
+    if case.path == "/v1/subjects/{subject}/marker" and isinstance(body, dict):
+        last_read = body.get("last_read")
+        if isinstance(last_read, str) and ":" not in last_read and not ROW_KEY.fullmatch(last_read):
+            case.body = {**body, "last_read": "2026-01-01T00:00:00Z"}
     # `from` must not be after `to`: a schema cannot compare two parameters.
     start, end = _time(query.get("from")), _time(query.get("to"))
     if start is not None and end is not None and start > end:
