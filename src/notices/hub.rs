@@ -356,4 +356,31 @@ mod tests {
         notices.hub.deliver_changed_by_hash(topic_hash("other"));
         assert_eq!(subscription.take().changed, vec!["timeline/ann".to_owned()]);
     }
+
+    #[tokio::test]
+    async fn the_hub_counts_listeners_and_tells_when_the_first_appears() {
+        let notices = Notices::local();
+        let hub = notices.hub.clone();
+        assert_eq!(hub.watched(), 0);
+        assert_eq!(hub.active_since_micros(), 0);
+        let before = super::super::unix_micros();
+        let mut first = notices.subscribe(8);
+        first.watch("t");
+        first.watch("t");
+        first.watch("u");
+        tokio::time::timeout(Duration::from_secs(5), hub.activated())
+            .await
+            .expect("told of the first listener");
+        let since = hub.active_since_micros();
+        assert!(since >= before);
+        let mut second = notices.subscribe(8);
+        second.watch("t");
+        assert_eq!(hub.watched(), 3);
+        assert_eq!(hub.active_since_micros(), since, "only the first counts");
+        first.unwatch("u");
+        drop(first);
+        assert_eq!(hub.watched(), 1);
+        drop(second);
+        assert_eq!(hub.watched(), 0);
+    }
 }

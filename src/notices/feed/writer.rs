@@ -155,7 +155,7 @@ pub(super) async fn run(context: &Context, queue: &Queue, shutdown: Cancellation
         let expired = deadline_opt.is_some_and(|deadline| tokio::time::Instant::now() >= deadline);
         if !queue.is_empty() {
             if deadline_opt.is_none() {
-                gather(queue, context).await;
+                gather(queue, context, &shutdown).await;
             }
             let (changed, messages) = queue.take();
             log.write(context, changed, messages).await;
@@ -179,12 +179,14 @@ pub(super) async fn run(context: &Context, queue: &Queue, shutdown: Cancellation
     }
 }
 
-/// Lets notices gather for a few milliseconds, unless they fill a record sooner.
-async fn gather(queue: &Queue, context: &Context) {
+/// Lets notices gather for a few milliseconds, unless they fill a record sooner or the
+/// process is shutting down.
+async fn gather(queue: &Queue, context: &Context, shutdown: &CancellationToken) {
     let until = tokio::time::Instant::now() + context.settings.gather;
     while queue.bytes() < queue.gather_bytes {
         tokio::select! {
             () = sleep_until(until) => return,
+            () = shutdown.cancelled() => return,
             () = queue.full.notified() => {}
         }
     }
