@@ -35,14 +35,51 @@ fn fast() -> FeedSettings {
     }
 }
 
-async fn embedded() -> (Arc<dyn Store>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
-    (Arc::new(store), dir)
+/// One embedded store that several processes share; they stop when it is dropped.
+struct Shared {
+    store: Arc<dyn Store>,
+    _dir: tempfile::TempDir,
+    shutdown: CancellationToken,
+}
+
+impl Shared {
+    async fn new() -> Shared {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        Shared {
+            store: Arc::new(store),
+            _dir: dir,
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// A process with the test timings.
+    fn process(&self) -> Notices {
+        self.process_on(self.store.clone(), fast())
+    }
+
+    /// A process on `store` (this one, or a wrapper of it).
+    fn process_on(&self, store: Arc<dyn Store>, settings: FeedSettings) -> Notices {
+        Notices::shared_with(store, settings, self.shutdown.clone())
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
 }
 
 fn message(text: &str) -> Notice {
     Notice::Message(Bytes::copy_from_slice(text.as_bytes()))
+}
+
+/// Messages as a listener of `t` takes them.
+fn on_t(texts: &[&'static str]) -> Vec<(String, Bytes)> {
+    texts
+        .iter()
+        .map(|text| ("t".to_owned(), Bytes::from_static(text.as_bytes())))
+        .collect()
 }
 
 /// Waits until `subscription` is told something, and takes it.
@@ -125,10 +162,8 @@ async fn log_rows(store: &dyn Store, process: &str) -> Vec<Item> {
 
 #[tokio::test]
 async fn a_change_published_in_one_process_wakes_the_listeners_of_its_topic_in_another() {
-    let (store, _dir) = embedded().await;
-    let shutdown = CancellationToken::new();
-    let a = Notices::shared_with(store.clone(), fast(), shutdown.clone());
-    let b = Notices::shared_with(store.clone(), fast(), shutdown.clone());
+    let shared = Shared::new().await;
+    let (a, b) = (shared.process(), shared.process());
     let mut watching = b.subscribe(8);
     watching.watch("timeline/ann");
     let mut other = b.subscribe(8);
@@ -142,15 +177,12 @@ async fn a_change_published_in_one_process_wakes_the_listeners_of_its_topic_in_a
     // another topic heard nothing.
     assert_eq!(other.take(), Pending::default());
     assert!(stats(&b).records_read >= 1);
-    shutdown.cancel();
 }
 
 #[tokio::test]
 async fn messages_reach_another_process_once_each_in_order_and_never_come_back() {
-    let (store, _dir) = embedded().await;
-    let shutdown = CancellationToken::new();
-    let a = Notices::shared_with(store.clone(), fast(), shutdown.clone());
-    let b = Notices::shared_with(store.clone(), fast(), shutdown.clone());
+    let shared = Shared::new().await;
+    let (a, b) = (shared.process(), shared.process());
     let mut at_b = b.subscribe(1000);
     at_b.watch("timeline/ann");
     let mut at_a = a.subscribe(1000);
@@ -185,15 +217,12 @@ async fn messages_reach_another_process_once_each_in_order_and_never_come_back()
     .await;
     assert_eq!(at_a.take().messages, expected);
     assert_eq!(at_b.take(), Pending::default(), "nothing heard twice");
-    shutdown.cancel();
 }
 
 #[tokio::test]
 async fn notices_larger_than_one_item_are_split_and_all_arrive() {
-    let (store, _dir) = embedded().await;
-    let shutdown = CancellationToken::new();
-    let a = Notices::shared_with(store.clone(), fast(), shutdown.clone());
-    let b = Notices::shared_with(store.clone(), fast(), shutdown.clone());
+    let shared = Shared::new().await;
+    let (a, b) = (shared.process(), shared.process());
     let topics: Vec<String> = (0..120_000).map(|n| format!("timeline/{n}")).collect();
     let mut at_b = b.subscribe(8);
     at_b.watch("timeline/0");
@@ -216,12 +245,12 @@ async fn notices_larger_than_one_item_are_split_and_all_arrive() {
     assert_eq!(all.messages, vec![("big".to_owned(), body)]);
     assert!(stats(&a).records_written >= 3, "{:?}", stats(&a));
     assert_eq!(stats(&b).corrupt_records, 0);
-    shutdown.cancel();
 }
 
 #[tokio::test]
 async fn old_records_are_deleted_and_processes_gone_for_long_are_forgotten() {
-    let (store, _dir) = embedded().await;
+    let shared = Shared::new().await;
+    let store = &shared.store;
     let hour_millis = 3_600_000;
     // A process gone for two hours, and one gone for two minutes (not polled, not forgotten).
     for (process, seen) in [
@@ -246,15 +275,13 @@ async fn old_records_are_deleted_and_processes_gone_for_long_are_forgotten() {
             .await
             .expect("seed");
     }
-    let shutdown = CancellationToken::new();
-    let a = Notices::shared_with(
+    let a = shared.process_on(
         store.clone(),
         FeedSettings {
             retention: Duration::from_millis(100),
             keep_interval: Duration::from_millis(30),
             ..fast()
         },
-        shutdown.clone(),
     );
     a.publish("timeline/ann", Notice::Changed);
     eventually("a record written", || async {
@@ -294,17 +321,14 @@ async fn old_records_are_deleted_and_processes_gone_for_long_are_forgotten() {
             .is_some(),
         "a process never forgets itself"
     );
-    shutdown.cancel();
 }
 
 #[tokio::test]
 async fn a_failed_put_is_tried_again_and_a_record_given_up_is_noticed_missing() {
-    let (store, _dir) = embedded().await;
-    let faulty = Arc::new(FaultyStore::new(store.clone()));
-    let shutdown = CancellationToken::new();
-    let a = Notices::shared_with(faulty.clone(), fast(), shutdown.clone());
-    let b = Notices::shared_with(store.clone(), fast(), shutdown.clone());
-    registered(&store, &a).await;
+    let shared = Shared::new().await;
+    let faulty = Arc::new(FaultyStore::new(shared.store.clone()));
+    let (a, b) = (shared.process_on(faulty.clone(), fast()), shared.process());
+    registered(&shared.store, &a).await;
     let mut at_b = b.subscribe(8);
     at_b.watch("t");
     let log_puts = || Calls::on(Op::Put, Table::Notices);
@@ -313,10 +337,7 @@ async fn a_failed_put_is_tried_again_and_a_record_given_up_is_noticed_missing() 
     faulty.fail_nth(1, log_puts(), Fault::Unavailable);
     faulty.fail_nth(2, log_puts(), Fault::Throttle);
     a.publish("t", message("first"));
-    assert_eq!(
-        heard(&at_b).await.messages,
-        vec![("t".to_owned(), Bytes::from_static(b"first"))]
-    );
+    assert_eq!(heard(&at_b).await.messages, on_t(&["first"]));
     assert_eq!(faulty.injected(), 2);
     assert_eq!(stats(&a).put_retries, 2);
 
@@ -331,24 +352,19 @@ async fn a_failed_put_is_tried_again_and_a_record_given_up_is_noticed_missing() 
     .await;
     faulty.clear();
     a.publish("t", message("third"));
-    assert_eq!(
-        heard(&at_b).await.messages,
-        vec![("t".to_owned(), Bytes::from_static(b"third"))]
-    );
+    assert_eq!(heard(&at_b).await.messages, on_t(&["third"]));
     assert_eq!(stats(&b).records_missed, 1);
-    shutdown.cancel();
 }
 
 #[tokio::test]
 async fn a_corrupt_record_is_skipped_and_the_next_ones_arrive() {
-    let (store, _dir) = embedded().await;
-    let shutdown = CancellationToken::new();
-    let a = Notices::shared_with(store.clone(), fast(), shutdown.clone());
-    let b = Notices::shared_with(store.clone(), fast(), shutdown.clone());
+    let shared = Shared::new().await;
+    let (a, b) = (shared.process(), shared.process());
     let mut at_b = b.subscribe(8);
     at_b.watch("t");
     // A record in A's log that no build can read, before A's next one.
-    store
+    shared
+        .store
         .put(
             Table::Notices,
             Item::new(
@@ -361,12 +377,8 @@ async fn a_corrupt_record_is_skipped_and_the_next_ones_arrive() {
         .await
         .expect("put");
     a.publish("t", message("after"));
-    assert_eq!(
-        heard(&at_b).await.messages,
-        vec![("t".to_owned(), Bytes::from_static(b"after"))]
-    );
+    assert_eq!(heard(&at_b).await.messages, on_t(&["after"]));
     assert_eq!(stats(&b).corrupt_records, 1);
-    shutdown.cancel();
 }
 
 /// Counts the calls made to a store.
@@ -445,17 +457,18 @@ impl Store for Counting {
 
 #[tokio::test]
 async fn the_tailer_reads_nothing_without_listeners_and_starts_at_the_end_when_one_appears() {
-    let (store, _dir) = embedded().await;
+    let shared = Shared::new().await;
     let counting = Arc::new(Counting {
-        inner: store.clone(),
+        inner: shared.store.clone(),
         calls: AtomicU64::new(0),
         log_reads: AtomicU64::new(0),
     });
-    let shutdown = CancellationToken::new();
-    let a = Notices::shared_with(store.clone(), fast(), shutdown.clone());
-    let b = Notices::shared_with(counting.clone(), fast(), shutdown.clone());
-    registered(&store, &a).await;
-    registered(&store, &b).await;
+    let (a, b) = (
+        shared.process(),
+        shared.process_on(counting.clone(), fast()),
+    );
+    registered(&shared.store, &a).await;
+    registered(&shared.store, &b).await;
     a.publish("t", message("before"));
     eventually("a record written", || async {
         stats(&a).records_written >= 1
@@ -479,10 +492,7 @@ async fn the_tailer_reads_nothing_without_listeners_and_starts_at_the_end_when_o
     let mut at_b = b.subscribe(8);
     at_b.watch("t");
     a.publish("t", message("after"));
-    assert_eq!(
-        heard(&at_b).await.messages,
-        vec![("t".to_owned(), Bytes::from_static(b"after"))]
-    );
+    assert_eq!(heard(&at_b).await.messages, on_t(&["after"]));
     assert!(counting.log_reads.load(Ordering::SeqCst) > 0);
 
     // And with no listener left, it stops again: no read for many poll intervals.
@@ -493,39 +503,31 @@ async fn the_tailer_reads_nothing_without_listeners_and_starts_at_the_end_when_o
         counting.log_reads.load(Ordering::SeqCst) == reads
     })
     .await;
-    shutdown.cancel();
 }
 
 #[tokio::test]
 async fn on_shutdown_the_writer_writes_what_is_queued_before_it_stops() {
-    let (store, _dir) = embedded().await;
+    let shared = Shared::new().await;
     let a_shutdown = CancellationToken::new();
-    let b_shutdown = CancellationToken::new();
     // A gathers for a minute: only the shutdown makes it write.
     let a = Notices::shared_with(
-        store.clone(),
+        shared.store.clone(),
         FeedSettings {
             gather: Duration::from_secs(60),
             ..fast()
         },
         a_shutdown.clone(),
     );
-    let b = Notices::shared_with(store.clone(), fast(), b_shutdown.clone());
+    let b = shared.process();
     let mut at_b = b.subscribe(8);
     at_b.watch("t");
     a.publish("t", message("last words"));
-    let stats_handle = a.clone();
     a_shutdown.cancel();
-    // Another handle lives on: the writer waits for it, at most the grace.
-    drop(stats_handle);
     timeout(DEADLINE, a.stopped())
         .await
         .expect("the feed stops once its handles are dropped");
-    assert_eq!(
-        heard(&at_b).await.messages,
-        vec![("t".to_owned(), Bytes::from_static(b"last words"))]
-    );
-    b_shutdown.cancel();
+    assert_eq!(heard(&at_b).await.messages, on_t(&["last words"]));
+    shared.shutdown.cancel();
     timeout(DEADLINE, b.stopped())
         .await
         .expect("stops on its token");
@@ -533,18 +535,16 @@ async fn on_shutdown_the_writer_writes_what_is_queued_before_it_stops() {
 
 #[tokio::test]
 async fn the_writer_stops_after_the_grace_if_a_handle_outlives_the_shutdown() {
-    let (store, _dir) = embedded().await;
-    let shutdown = CancellationToken::new();
-    let a = Notices::shared_with(
-        store.clone(),
+    let shared = Shared::new().await;
+    let a = shared.process_on(
+        shared.store.clone(),
         FeedSettings {
             shutdown_grace: Duration::from_millis(50),
             ..fast()
         },
-        shutdown.clone(),
     );
     let kept = a.clone();
-    shutdown.cancel();
+    shared.shutdown.cancel();
     timeout(DEADLINE, a.stopped())
         .await
         .expect("stopped after the grace");
