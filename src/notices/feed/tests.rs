@@ -74,6 +74,15 @@ fn message(text: &str) -> Notice {
     Notice::Message(Bytes::copy_from_slice(text.as_bytes()))
 }
 
+/// A subscription of `notices` watching `topics`, with room for `capacity` messages.
+fn listen(notices: &Notices, capacity: usize, topics: &[&str]) -> Subscription {
+    let mut subscription = notices.subscribe(capacity);
+    for topic in topics {
+        subscription.watch(topic);
+    }
+    subscription
+}
+
 /// Messages as a listener of `t` takes them.
 fn on_t(texts: &[&'static str]) -> Vec<(String, Bytes)> {
     texts
@@ -164,10 +173,8 @@ async fn log_rows(store: &dyn Store, process: &str) -> Vec<Item> {
 async fn a_change_published_in_one_process_wakes_the_listeners_of_its_topic_in_another() {
     let shared = Shared::new().await;
     let (a, b) = (shared.process(), shared.process());
-    let mut watching = b.subscribe(8);
-    watching.watch("timeline/ann");
-    let mut other = b.subscribe(8);
-    other.watch("timeline/bob");
+    let watching = listen(&b, 8, &["timeline/ann"]);
+    let other = listen(&b, 8, &["timeline/bob"]);
 
     a.publish_each(["timeline/cat", "timeline/ann"], Notice::Changed);
     let pending = heard(&watching).await;
@@ -183,10 +190,8 @@ async fn a_change_published_in_one_process_wakes_the_listeners_of_its_topic_in_a
 async fn messages_reach_another_process_once_each_in_order_and_never_come_back() {
     let shared = Shared::new().await;
     let (a, b) = (shared.process(), shared.process());
-    let mut at_b = b.subscribe(1000);
-    at_b.watch("timeline/ann");
-    let mut at_a = a.subscribe(1000);
-    at_a.watch("timeline/ann");
+    let at_b = listen(&b, 1000, &["timeline/ann"]);
+    let at_a = listen(&a, 1000, &["timeline/ann"]);
 
     let texts: Vec<String> = (0..60).map(|n| format!("message {n}")).collect();
     // In six groups, each written before the next is published: several records.
@@ -224,10 +229,7 @@ async fn notices_larger_than_one_item_are_split_and_all_arrive() {
     let shared = Shared::new().await;
     let (a, b) = (shared.process(), shared.process());
     let topics: Vec<String> = (0..120_000).map(|n| format!("timeline/{n}")).collect();
-    let mut at_b = b.subscribe(8);
-    at_b.watch("timeline/0");
-    at_b.watch("timeline/119999");
-    at_b.watch("big");
+    let at_b = listen(&b, 8, &["timeline/0", "timeline/119999", "big"]);
     let body: Bytes = (0..600_000u32)
         .map(|n| (n % 251) as u8)
         .collect::<Vec<u8>>()
@@ -329,8 +331,7 @@ async fn a_failed_put_is_tried_again_and_a_record_given_up_is_noticed_missing() 
     let faulty = Arc::new(FaultyStore::new(shared.store.clone()));
     let (a, b) = (shared.process_on(faulty.clone(), fast()), shared.process());
     registered(&shared.store, &a).await;
-    let mut at_b = b.subscribe(8);
-    at_b.watch("t");
+    let at_b = listen(&b, 8, &["t"]);
     let log_puts = || Calls::on(Op::Put, Table::Notices);
 
     // The first two puts of the first record fail: it is written at the third.
@@ -360,8 +361,7 @@ async fn a_failed_put_is_tried_again_and_a_record_given_up_is_noticed_missing() 
 async fn a_corrupt_record_is_skipped_and_the_next_ones_arrive() {
     let shared = Shared::new().await;
     let (a, b) = (shared.process(), shared.process());
-    let mut at_b = b.subscribe(8);
-    at_b.watch("t");
+    let at_b = listen(&b, 8, &["t"]);
     // A record in A's log that no build can read, before A's next one.
     shared
         .store
@@ -489,8 +489,7 @@ async fn the_tailer_reads_nothing_without_listeners_and_starts_at_the_end_when_o
     assert_eq!(stats(&b).listings, 0);
 
     // A listener appears: what A wrote before is not told, what it writes next is.
-    let mut at_b = b.subscribe(8);
-    at_b.watch("t");
+    let at_b = listen(&b, 8, &["t"]);
     a.publish("t", message("after"));
     assert_eq!(heard(&at_b).await.messages, on_t(&["after"]));
     assert!(counting.log_reads.load(Ordering::SeqCst) > 0);
@@ -519,8 +518,7 @@ async fn on_shutdown_the_writer_writes_what_is_queued_before_it_stops() {
         a_shutdown.clone(),
     );
     let b = shared.process();
-    let mut at_b = b.subscribe(8);
-    at_b.watch("t");
+    let at_b = listen(&b, 8, &["t"]);
     a.publish("t", message("last words"));
     a_shutdown.cancel();
     timeout(DEADLINE, a.stopped())
@@ -549,8 +547,7 @@ async fn the_writer_stops_after_the_grace_if_a_handle_outlives_the_shutdown() {
         .await
         .expect("stopped after the grace");
     // Publishing still tells this process's listeners.
-    let mut listener = kept.subscribe(8);
-    listener.watch("t");
+    let listener = listen(&kept, 8, &["t"]);
     kept.publish("t", Notice::Changed);
     assert_eq!(listener.take().changed, vec!["t".to_owned()]);
 }
