@@ -51,13 +51,18 @@ impl Hub {
         }
     }
 
-    /// Wakes the listeners of every topic of hash `hash`: a change told by another process,
-    /// which sends hashes, not names.
-    pub(super) fn deliver_changed_by_hash(&self, hash: u32) {
-        let listeners = self.listeners();
-        if let Some(bucket) = listeners.get(&hash) {
-            for listener in bucket {
-                listener.inbox.put(&listener.topic, &Notice::Changed);
+    /// Wakes the listeners of every topic whose hash is one of `hashes`: changes told by
+    /// another process, which sends hashes, not names. Takes the lock once for many (a record
+    /// may hold thousands), though not for too long at once.
+    pub(super) fn deliver_changed_by_hashes(&self, hashes: &[u32]) {
+        for chunk in hashes.chunks(1024) {
+            let listeners = self.listeners();
+            for hash in chunk {
+                if let Some(bucket) = listeners.get(hash) {
+                    for listener in bucket {
+                        listener.inbox.put(&listener.topic, &Notice::Changed);
+                    }
+                }
             }
         }
     }
@@ -352,8 +357,7 @@ mod tests {
         subscription.watch("timeline/ann");
         notices
             .hub
-            .deliver_changed_by_hash(topic_hash("timeline/ann"));
-        notices.hub.deliver_changed_by_hash(topic_hash("other"));
+            .deliver_changed_by_hashes(&[topic_hash("timeline/ann"), topic_hash("other")]);
         assert_eq!(subscription.take().changed, vec!["timeline/ann".to_owned()]);
     }
 

@@ -245,9 +245,7 @@ impl Log {
         }
         self.last_seq = Some(seq);
         let hub = &context.hub;
-        for hash in record.changed {
-            hub.deliver_changed_by_hash(hash);
-        }
+        hub.deliver_changed_by_hashes(&record.changed);
         for part in record.parts {
             let begun = self.partial.take();
             let (topic, mut body) = match (part.topic, begun) {
