@@ -37,6 +37,8 @@ struct QueueState {
     bytes: usize,
     /// Every handle is dropped: nothing more will come.
     closed: bool,
+    /// The writer has ended: what is published now is told to this process only.
+    ended: bool,
     /// A message was dropped for want of room since the queue was last taken (so the
     /// warning is said once a batch, not once a message).
     overflowed: bool,
@@ -78,6 +80,9 @@ impl Queue {
     ) {
         let (was_empty, was_full, is_full) = {
             let mut state = self.state();
+            if state.ended {
+                return;
+            }
             let was_empty = state.is_empty();
             let was_full = state.bytes >= self.gather_bytes;
             for topic in topics {
@@ -146,6 +151,14 @@ impl Queue {
 /// Writes what is queued until every handle is dropped, or the grace after `shutdown` has
 /// passed; what is queued then is written before it returns.
 pub(super) async fn run(context: &Context, queue: &Queue, shutdown: CancellationToken) {
+    write_until_stopped(context, queue, shutdown).await;
+    let mut state = queue.state();
+    state.ended = true;
+    state.changed = HashSet::new();
+    state.messages = Vec::new();
+}
+
+async fn write_until_stopped(context: &Context, queue: &Queue, shutdown: CancellationToken) {
     let mut log = Log {
         partition: log_partition(&context.process_id),
         last_seq: 0,
