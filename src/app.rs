@@ -87,6 +87,15 @@ pub async fn init_store(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The notices of this process: shared with every process on DynamoDB, where several share
+/// the tables; local on the embedded store, which only this process opens.
+fn notices_for(config: &Config, store: &Arc<dyn Store>, shutdown: &CancellationToken) -> Notices {
+    match config.store {
+        StoreKind::Embedded => Notices::local(),
+        StoreKind::Dynamodb => Notices::shared(store.clone(), shutdown.clone()),
+    }
+}
+
 /// What the HTTP handlers share: the domain on `store`, and the process's metrics.
 async fn app_state(
     config: &Config,
@@ -255,6 +264,8 @@ pub struct Application {
     /// Counted in the background while the server runs.
     backlog: Arc<Backlog>,
     store: Arc<dyn Store>,
+    /// Stopped last, so the workers' last notices reach the other processes.
+    notices: Notices,
     shutdown: CancellationToken,
 }
 
@@ -273,9 +284,9 @@ impl Application {
     ) -> anyhow::Result<Application> {
         let OpenStore { store, stats } = opened;
         let wake = Arc::new(Notify::new());
-        let notices = Notices::local();
-        let metrics = Arc::new(Metrics::new(stats));
         let shutdown = CancellationToken::new();
+        let notices = notices_for(&config, &store, &shutdown);
+        let metrics = Arc::new(Metrics::new(stats));
         let admin_token = resolve_admin_token(&config)?;
         let backlog = Backlog::new(config.max_backlog);
         let state = app_state(
@@ -308,6 +319,7 @@ impl Application {
             workers,
             backlog,
             store,
+            notices,
             shutdown,
         })
     }
@@ -342,6 +354,7 @@ impl Application {
         .await;
         tracker.close();
         tracker.wait().await;
+        self.notices.stopped().await;
         info!("server stopped");
         Ok(())
     }
@@ -355,7 +368,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     let OpenStore { store, stats } = open_store(config).await?;
     store.ping().await.context("the store does not answer")?;
     let wake = Arc::new(Notify::new());
-    let notices = Notices::local();
+    let notices = notices_for(config, &store, &shutdown);
     let metrics = Arc::new(Metrics::new(stats));
     let tracker = TaskTracker::new();
     Workers::new(config, &store, &wake, &notices, &metrics, &shutdown)
@@ -399,6 +412,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     tracker.close();
     info!(workers = config.workers, "job workers running");
     tracker.wait().await;
+    notices.stopped().await;
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 //! from another process as a bare hash finds them as fast as a local one by name.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -17,6 +17,14 @@ use super::{Notice, topic_hash};
 pub(super) struct Hub {
     listeners: Mutex<HashMap<u32, Vec<Listener>>>,
     next_id: AtomicU64,
+    /// Listeners in `listeners`, counted apart so that the cross-process feed can ask whether
+    /// anyone listens without taking the lock.
+    watched: AtomicUsize,
+    /// When the number of listeners last went from none to some, in microseconds since the
+    /// Unix epoch: the feed reads other processes' notices from that moment on.
+    active_since_micros: AtomicU64,
+    /// Told when the number of listeners goes from none to some.
+    activated: Notify,
 }
 
 struct Listener {
@@ -43,14 +51,18 @@ impl Hub {
         }
     }
 
-    #[allow(dead_code)] // used by the cross-process feed, next
-    /// Wakes the listeners of every topic of hash `hash`: a change told by another process,
-    /// which sends hashes, not names.
-    pub(super) fn deliver_changed_by_hash(&self, hash: u32) {
-        let listeners = self.listeners();
-        if let Some(bucket) = listeners.get(&hash) {
-            for listener in bucket {
-                listener.inbox.put(&listener.topic, &Notice::Changed);
+    /// Wakes the listeners of every topic whose hash is one of `hashes`: changes told by
+    /// another process, which sends hashes, not names. Takes the lock once for many (a record
+    /// may hold thousands), though not for too long at once.
+    pub(super) fn deliver_changed_by_hashes(&self, hashes: &[u32]) {
+        for chunk in hashes.chunks(1024) {
+            let listeners = self.listeners();
+            for hash in chunk {
+                if let Some(bucket) = listeners.get(hash) {
+                    for listener in bucket {
+                        listener.inbox.put(&listener.topic, &Notice::Changed);
+                    }
+                }
             }
         }
     }
@@ -67,8 +79,26 @@ impl Hub {
         ids.len()
     }
 
+    /// How many topics are watched, counting a topic once per subscription watching it.
+    pub(super) fn watched(&self) -> usize {
+        self.watched.load(Ordering::SeqCst)
+    }
+
+    /// When the number of listeners last went from none to some (microseconds since the Unix
+    /// epoch; 0 if it never did).
+    pub(super) fn active_since_micros(&self) -> u64 {
+        self.active_since_micros.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the number of listeners goes from none to some (returns at once if it did
+    /// since the last wait: a permit is kept).
+    pub(super) async fn activated(&self) {
+        self.activated.notified().await;
+    }
+
     fn add(&self, topic: &str, subscription: u64, inbox: &Arc<Inbox>) {
-        self.listeners()
+        let mut listeners = self.listeners();
+        listeners
             .entry(topic_hash(topic))
             .or_default()
             .push(Listener {
@@ -76,15 +106,26 @@ impl Hub {
                 subscription,
                 inbox: inbox.clone(),
             });
+        // Under the lock, so the time of the first listener is set before anyone counts it.
+        if self.watched.load(Ordering::SeqCst) == 0 {
+            self.active_since_micros
+                .store(super::unix_micros(), Ordering::SeqCst);
+        }
+        if self.watched.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.activated.notify_one();
+        }
     }
 
     fn remove(&self, topic: &str, subscription: u64) {
         let hash = topic_hash(topic);
         let mut listeners = self.listeners();
         if let Some(bucket) = listeners.get_mut(&hash) {
+            let before = bucket.len();
             bucket.retain(|listener| {
                 !(listener.subscription == subscription && listener.topic == topic)
             });
+            self.watched
+                .fetch_sub(before - bucket.len(), Ordering::SeqCst);
             if bucket.is_empty() {
                 listeners.remove(&hash);
             }
@@ -316,8 +357,34 @@ mod tests {
         subscription.watch("timeline/ann");
         notices
             .hub
-            .deliver_changed_by_hash(topic_hash("timeline/ann"));
-        notices.hub.deliver_changed_by_hash(topic_hash("other"));
+            .deliver_changed_by_hashes(&[topic_hash("timeline/ann"), topic_hash("other")]);
         assert_eq!(subscription.take().changed, vec!["timeline/ann".to_owned()]);
+    }
+
+    #[tokio::test]
+    async fn the_hub_counts_listeners_and_tells_when_the_first_appears() {
+        let notices = Notices::local();
+        let hub = notices.hub.clone();
+        assert_eq!(hub.watched(), 0);
+        assert_eq!(hub.active_since_micros(), 0);
+        let before = super::super::unix_micros();
+        let mut first = notices.subscribe(8);
+        first.watch("t");
+        first.watch("t");
+        first.watch("u");
+        tokio::time::timeout(Duration::from_secs(5), hub.activated())
+            .await
+            .expect("told of the first listener");
+        let since = hub.active_since_micros();
+        assert!(since >= before);
+        let mut second = notices.subscribe(8);
+        second.watch("t");
+        assert_eq!(hub.watched(), 3);
+        assert_eq!(hub.active_since_micros(), since, "only the first counts");
+        first.unwatch("u");
+        drop(first);
+        assert_eq!(hub.watched(), 1);
+        drop(second);
+        assert_eq!(hub.watched(), 0);
     }
 }
