@@ -96,17 +96,30 @@ fn notices_for(config: &Config, store: &Arc<dyn Store>, shutdown: &CancellationT
     }
 }
 
-/// What the HTTP handlers share: the domain on `store`, and the process's metrics.
+/// What a process's server and workers share.
+struct Shared<'a> {
+    store: &'a Arc<dyn Store>,
+    /// Wakes idle workers when a job is enqueued.
+    wake: &'a Arc<Notify>,
+    notices: &'a Notices,
+    metrics: &'a Arc<Metrics>,
+    shutdown: &'a CancellationToken,
+}
+
+/// What the HTTP handlers share: the domain on the process's store, and its metrics.
 async fn app_state(
     config: &Config,
-    store: &Arc<dyn Store>,
-    wake: &Arc<Notify>,
-    notices: &Notices,
-    metrics: Arc<Metrics>,
+    shared: Shared<'_>,
     admin_token: &str,
     backlog: &Arc<Backlog>,
-    shutdown: &CancellationToken,
 ) -> anyhow::Result<AppState> {
+    let Shared {
+        store,
+        wake,
+        notices,
+        metrics,
+        shutdown,
+    } = shared;
     let key = cursor_key(store.as_ref())
         .await
         .context("failed to read the cursor key from the store (is it initialised?)")?;
@@ -136,7 +149,7 @@ async fn app_state(
             metrics.streams.clone(),
             shutdown.clone(),
         ),
-        metrics,
+        metrics: metrics.clone(),
     })
 }
 
@@ -286,20 +299,17 @@ impl Application {
         let wake = Arc::new(Notify::new());
         let shutdown = CancellationToken::new();
         let notices = notices_for(&config, &store, &shutdown);
-        let metrics = Arc::new(Metrics::new(stats));
+        let metrics = Arc::new(Metrics::new(stats).with_notices(&notices));
         let admin_token = resolve_admin_token(&config)?;
         let backlog = Backlog::new(config.max_backlog);
-        let state = app_state(
-            &config,
-            &store,
-            &wake,
-            &notices,
-            metrics.clone(),
-            &admin_token,
-            &backlog,
-            &shutdown,
-        )
-        .await?;
+        let shared = Shared {
+            store: &store,
+            wake: &wake,
+            notices: &notices,
+            metrics: &metrics,
+            shutdown: &shutdown,
+        };
+        let state = app_state(&config, shared, &admin_token, &backlog).await?;
         let router = http::router(
             state,
             BodyLimits {
@@ -369,7 +379,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     store.ping().await.context("the store does not answer")?;
     let wake = Arc::new(Notify::new());
     let notices = notices_for(config, &store, &shutdown);
-    let metrics = Arc::new(Metrics::new(stats));
+    let metrics = Arc::new(Metrics::new(stats).with_notices(&notices));
     let tracker = TaskTracker::new();
     Workers::new(config, &store, &wake, &notices, &metrics, &shutdown)
         .await?
@@ -383,17 +393,14 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
                 .keep_counting(store.clone(), shutdown.clone()),
         );
         let connections = metrics.connections.clone();
-        let state = app_state(
-            config,
-            &store,
-            &wake,
-            &notices,
-            metrics,
-            &new_secret(),
-            &backlog,
-            &shutdown,
-        )
-        .await?;
+        let shared = Shared {
+            store: &store,
+            wake: &wake,
+            notices: &notices,
+            metrics: &metrics,
+            shutdown: &shutdown,
+        };
+        let state = app_state(config, shared, &new_secret(), &backlog).await?;
         let listener = TcpListener::bind(address)
             .await
             .with_context(|| format!("failed to listen on {address}"))?;

@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::jobs::JobMetrics;
+use crate::notices::{FeedStats, Notices};
 use crate::store::StoreStats;
 use crate::timeline::fanout::FanoutMetrics;
 
@@ -174,6 +175,15 @@ impl Metrics {
         }
     }
 
+    /// Adds the counters of the process's notices feed (shared stores only).
+    pub fn with_notices(mut self, notices: &Notices) -> Self {
+        if let Some(stats) = notices.feed_counters() {
+            self.registry
+                .register_collector(Box::new(NoticesCollector(stats)));
+        }
+        self
+    }
+
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
         let mut text = String::new();
@@ -227,6 +237,58 @@ impl Collector for StoreCollector {
         for (reason, count) in snapshot.retries {
             let labels = [("reason", reason.label())];
             ConstCounter::new(count).encode(retries.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads the notices feed's counters at scrape time.
+#[derive(Debug)]
+struct NoticesCollector(Arc<FeedStats>);
+
+impl Collector for NoticesCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let snapshot = self.0.snapshot();
+        let counters = [
+            (
+                "fanline_notices_records_written",
+                "Records of notices this process put in its log, for other processes' streams",
+                snapshot.records_written,
+            ),
+            (
+                "fanline_notices_records_read",
+                "Records of notices read from other processes' logs",
+                snapshot.records_read,
+            ),
+            (
+                "fanline_notices_records_dropped",
+                "Records of notices given up after every put failed (their streams wait for a heartbeat's read)",
+                snapshot.records_dropped,
+            ),
+            (
+                "fanline_notices_records_missed",
+                "Records found missing in another process's log (dropped by it, or deleted before read)",
+                snapshot.records_missed,
+            ),
+            (
+                "fanline_notices_records_corrupt",
+                "Records read that could not be decoded, and skipped",
+                snapshot.corrupt_records,
+            ),
+            (
+                "fanline_notices_polls",
+                "Reads of other processes' logs",
+                snapshot.polls,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
         }
         Ok(())
     }

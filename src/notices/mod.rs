@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::Store;
 
-pub use feed::{FeedSettings, FeedStatsSnapshot};
+pub use feed::{FeedSettings, FeedStats, FeedStatsSnapshot};
 pub use hub::{Pending, Subscription};
 
 /// What happened under a topic.
@@ -123,6 +123,12 @@ impl Notices {
     }
 
     /// The counters of the cross-process feed (`None` for local notices).
+    /// The feed's counters, to read at any time without keeping the feed alive (for
+    /// metrics); `None` for local notices.
+    pub fn feed_counters(&self) -> Option<Arc<FeedStats>> {
+        self.feed.as_deref().map(feed::Feed::stats_handle)
+    }
+
     pub fn feed_stats(&self) -> Option<FeedStatsSnapshot> {
         self.feed.as_deref().map(feed::Feed::stats)
     }

@@ -39,7 +39,7 @@ fn encode(points: &[Point]) -> Bytes {
 
 /// `None` for a body that is not whole points (from a newer build): skipped.
 fn decode(body: &[u8]) -> Option<Vec<Point>> {
-    if body.len() % POINT_BYTES != 0 {
+    if !body.len().is_multiple_of(POINT_BYTES) {
         return None;
     }
     Some(

@@ -317,15 +317,15 @@ impl Watch {
         let data = serde_json::json!({ "after": after }).to_string();
         sink.send_last(sse::event("lagged", after, data.as_bytes()));
     }
+}
 
-    /// Tells the client the stream failed, and why.
-    fn failed(&self, sink: &Sink, err: ApiError) {
-        if let ApiError::Internal(detail) = &err {
-            warn!(%detail, "a live stream failed");
-        }
-        let body = serde_json::to_vec(&err.body()).unwrap_or_default();
-        sink.send_last(sse::event("error", None, &body));
+/// Tells the client the stream failed, and why.
+fn failed(sink: &Sink, err: ApiError) {
+    if let ApiError::Internal(detail) = &err {
+        warn!(%detail, "a live stream failed");
     }
+    let body = serde_json::to_vec(&err.body()).unwrap_or_default();
+    sink.send_last(sse::event("error", None, &body));
 }
 
 /// Sends a timeline's events until the stream ends.
@@ -335,7 +335,7 @@ async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
         let mut resume = stream.cursor().to_owned();
         let events = match stream.read(&watch.state.timelines).await {
             Ok(events) => events,
-            Err(err) => return watch.failed(&sink, err.into()),
+            Err(err) => return failed(&sink, err.into()),
         };
         let mut entries = 0;
         for event in events {

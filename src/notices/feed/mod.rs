@@ -268,6 +268,10 @@ impl Feed {
     pub(super) fn stats(&self) -> FeedStatsSnapshot {
         self.stats.snapshot()
     }
+
+    pub(super) fn stats_handle(&self) -> Arc<FeedStats> {
+        self.stats.clone()
+    }
 }
 
 impl Drop for Feed {
