@@ -5,7 +5,10 @@
 //! - [`cursor`]: opaque, HMAC-authenticated page cursors
 //! - [`store`]: the table-store trait, its limits, and its fjall and DynamoDB backends
 //! - [`series`]: sensor series: points by time range, aggregates, tags, batch writes
-//! - [`timeline`]: posting, following, reading, and their job handlers (fan-out, reconcile)
+//! - [`timeline`]: posting, following, reading, live streams, read markers, and their job
+//!   handlers (fan-out, reconcile)
+//! - [`notices`]: "something changed" for live streams: an in-process hub and, on a shared
+//!   store, a log per process that the others tail
 //! - [`jobs`]: the generic job runner: queue shards, leases, checkpoints, retries, dead letters,
 //!   status records; handlers live with their domain
 //! - [`http`]: axum routers, extractors and the JSON error type

@@ -51,8 +51,11 @@ impl Timelines {
         }
         let more = items.len() == want && rows.next(store).await?.is_some();
         let reached = position + items.len();
-        let truncated = more && reached >= cap;
-        if truncated {
+        // A page that reaches the cap says so whether or not older entries lie past it: once
+        // a trim has dropped them the two cannot be told apart, and a page must not answer
+        // differently before and after a trim ran.
+        let truncated = reached >= cap;
+        if truncated && more {
             // Rows past the cap are never read again: drop them now, off the request.
             let store = self.store.clone();
             let owner = owner.as_str().to_owned();

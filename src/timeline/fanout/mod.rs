@@ -592,6 +592,12 @@ impl FanoutHandler {
                 }
                 let count = writes.len();
                 self.store.batch_write(writes).await?;
+                // Live streams of these timelines read again, and so learn to watch the
+                // author's own log from now on.
+                for owner in &owners {
+                    self.notices
+                        .publish(&live::timeline_topic(owner), Notice::Changed);
+                }
                 count
             }
             (Action::Unmerge, _) => {
