@@ -127,6 +127,20 @@ async fn app(backend: Backend, adjust: impl FnOnce(&mut fanline::config::Config)
     spawn_app_with(TestStore::new(backend).await, adjust).await
 }
 
+/// An app where `reader` follows `writer`, and a stream of `reader`'s timeline.
+async fn reader_of_writer(
+    backend: Backend,
+    adjust: impl FnOnce(&mut fanline::config::Config),
+) -> (TestApp, Sse) {
+    let app = app(backend, adjust).await;
+    follow(&app, "reader", "writer").await;
+    app.wait_for_idle().await;
+    let stream = Sse::open(&app, &stream_path("reader"), None)
+        .await
+        .expect("opened");
+    (app, stream)
+}
+
 async fn follow(api: &Api, follower: &str, target: &str) {
     let reply = api.follow(follower, target).await;
     assert_eq!(reply.status, StatusCode::NO_CONTENT, "{reply:?}");
@@ -145,12 +159,7 @@ async fn post(api: &Api, author: &str, text: &str) -> String {
 }
 
 async fn entries_arrive_live_oldest_first_as_page_items_with_resume_ids(backend: Backend) {
-    let app = app(backend, |_| {}).await;
-    follow(&app, "reader", "writer").await;
-    app.wait_for_idle().await;
-    let mut stream = Sse::open(&app, &stream_path("reader"), None)
-        .await
-        .expect("opened");
+    let (app, mut stream) = reader_of_writer(backend, |_| {}).await;
     // Each post's fan-out ends before the next post: entries arrive in timeline order. (Of
     // posts fanned out at once, one may land, and be sent, after a newer one.)
     for text in ["one", "two", "three"] {
@@ -176,12 +185,7 @@ async fn entries_arrive_live_oldest_first_as_page_items_with_resume_ids(backend:
 async fn a_reconnect_with_last_event_id_sends_exactly_the_missed_entries_then_live_ones(
     backend: Backend,
 ) {
-    let app = app(backend, |_| {}).await;
-    follow(&app, "reader", "writer").await;
-    app.wait_for_idle().await;
-    let mut stream = Sse::open(&app, &stream_path("reader"), None)
-        .await
-        .expect("opened");
+    let (app, mut stream) = reader_of_writer(backend, |_| {}).await;
     for text in ["a", "b"] {
         post(&app, "writer", text).await;
         app.wait_for_idle().await;
@@ -234,12 +238,7 @@ async fn a_stream_after_a_row_key_or_time_first_sends_what_is_newer(backend: Bac
 }
 
 async fn a_deleted_event_is_sent_as_removed(backend: Backend) {
-    let app = app(backend, |_| {}).await;
-    follow(&app, "reader", "writer").await;
-    app.wait_for_idle().await;
-    let mut stream = Sse::open(&app, &stream_path("reader"), None)
-        .await
-        .expect("opened");
+    let (app, mut stream) = reader_of_writer(backend, |_| {}).await;
     let doomed = post(&app, "writer", "doomed").await;
     stream.expect("entry", 1).await;
     let path = format!("/v1/subjects/writer/events/{doomed}");
@@ -468,17 +467,12 @@ async fn the_stream_limits_are_429s_and_a_closed_stream_frees_its_slot(backend: 
 
 async fn a_slow_client_is_sent_lagged_with_a_cursor_that_resumes_with_no_gap(backend: Backend) {
     const POSTS: usize = 48;
-    let app = app(backend, |config| {
+    let (app, mut slow) = reader_of_writer(backend, |config| {
         config.stream_buffer = 4;
         config.stream_patience_ms = 200;
         config.max_payload_bytes = 256 * 1024;
     })
     .await;
-    follow(&app, "reader", "writer").await;
-    app.wait_for_idle().await;
-    let mut slow = Sse::open(&app, &stream_path("reader"), None)
-        .await
-        .expect("opened");
     // Big entries, not read: the socket's buffers fill, then the stream's 4 places.
     let padding = "x".repeat(240 * 1024);
     for index in 0..POSTS {
@@ -596,13 +590,8 @@ async fn a_quiet_stream_sends_heartbeats(backend: Backend) {
 }
 
 async fn a_moved_read_marker_is_sent_to_every_stream_of_its_subject(backend: Backend) {
-    let app = app(backend, |_| {}).await;
-    follow(&app, "reader", "writer").await;
-    app.wait_for_idle().await;
     // Two devices of one reader.
-    let mut phone = Sse::open(&app, &stream_path("reader"), None)
-        .await
-        .expect("opened");
+    let (app, mut phone) = reader_of_writer(backend, |_| {}).await;
     let mut laptop = Sse::open(&app, &stream_path("reader"), None)
         .await
         .expect("opened");

@@ -167,20 +167,12 @@ async fn stream_timeline(
         None => None,
     };
     let after = resume.or(params.after.as_deref());
-    let streams = state.streams.clone();
-    let (slot, token) = streams.take_slot(&headers)?;
-    let principal = state.tokens.authenticate(&token).await?;
+    let watch = Watch::begin(&state, &headers).await?;
     let stream = state
         .timelines
-        .open_stream(&owner, after, streams.limits.buffer)
+        .open_stream(&owner, after, watch.streams().limits.buffer)
         .await?;
-    let (sink, response) = Sink::open(streams.limits.buffer, streams.limits.patience);
-    let watch = Watch {
-        state: state.clone(),
-        token,
-        principal,
-        _slot: slot,
-    };
+    let (sink, response) = watch.sink();
     tokio::spawn(pump_timeline(watch, stream, sink));
     Ok(response)
 }
@@ -205,20 +197,12 @@ async fn stream_series(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let series = series_name(&series)?;
-    let streams = state.streams.clone();
-    let (slot, token) = streams.take_slot(&headers)?;
-    let principal = state.tokens.authenticate(&token).await?;
+    let watch = Watch::begin(&state, &headers).await?;
     let tail = state
         .series
-        .open_tail(&series, streams.limits.buffer)
+        .open_tail(&series, watch.streams().limits.buffer)
         .await?;
-    let (sink, response) = Sink::open(streams.limits.buffer, streams.limits.patience);
-    let watch = Watch {
-        state: state.clone(),
-        token,
-        principal,
-        _slot: slot,
-    };
+    let (sink, response) = watch.sink();
     tokio::spawn(pump_series(watch, tail, sink));
     Ok(response)
 }
@@ -243,6 +227,25 @@ enum Woken {
 }
 
 impl Watch {
+    /// Takes a stream's slot for the request's token (a 429 past the limits), and notes who
+    /// the token acts as, to see it revoked.
+    async fn begin(state: &AppState, headers: &HeaderMap) -> Result<Watch, ApiError> {
+        let (slot, token) = state.streams.take_slot(headers)?;
+        let principal = state.tokens.authenticate(&token).await?;
+        Ok(Watch {
+            state: state.clone(),
+            token,
+            principal,
+            _slot: slot,
+        })
+    }
+
+    /// The sink the stream's task writes into, and the response that sends it.
+    fn sink(&self) -> (Sink, Response) {
+        let limits = self.streams().limits;
+        Sink::open(limits.buffer, limits.patience)
+    }
+
     fn streams(&self) -> &Streams {
         &self.state.streams
     }
