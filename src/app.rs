@@ -136,12 +136,15 @@ async fn app_state(
     Ok(AppState {
         timelines: Arc::new(timelines),
         series: Arc::new(series),
-        tokens: Arc::new(Tokens::new(
-            store.clone(),
-            CursorCodec::new(&key),
-            admin_token,
-            config.token_cache_entries(),
-        )),
+        tokens: Arc::new(
+            Tokens::new(
+                store.clone(),
+                CursorCodec::new(&key),
+                admin_token,
+                config.token_cache_entries(),
+            )
+            .with_notices(notices.clone()),
+        ),
         rate_limits: Arc::new(RateLimits::new(config.rate_limit)),
         public_events: config.public_events,
         streams: Streams::new(

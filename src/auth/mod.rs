@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 use crate::cursor::{CursorCodec, InvalidCursor};
 use crate::keys::Ticks;
+use crate::notices::{Notice, Notices, Subscription};
 use crate::store::{Item, Query, Store, StoreError, StoreResult, Table, Write};
 
 /// How long a token lookup is trusted before the store is asked again.
@@ -150,6 +151,13 @@ pub struct Tokens {
     cursors: CursorCodec,
     admin_hash: [u8; 32],
     cache: quick_cache::sync::Cache<String, Cached>,
+    /// Tells the live streams held with a token, in every process, that it was revoked.
+    notices: Notices,
+}
+
+/// The topic on which a token's revocation is told.
+fn revocation_topic(token_id: &str) -> String {
+    format!("token/{token_id}")
 }
 
 impl Tokens {
@@ -165,7 +173,23 @@ impl Tokens {
             cursors,
             admin_hash: sha256(admin_token.as_bytes()),
             cache: quick_cache::sync::Cache::new(cache_entries.max(1)),
+            notices: Notices::local(),
         }
+    }
+
+    /// Tells `notices` of every revocation, so the streams held with a token end at once.
+    pub fn with_notices(mut self, notices: Notices) -> Self {
+        self.notices = notices;
+        self
+    }
+
+    /// A subscription that is told when `token` is revoked; `None` for a token that cannot
+    /// be (the admin's) or is not one.
+    pub fn watch_revocation(&self, token: &str) -> Option<Subscription> {
+        let (id, _) = parse(token)?;
+        let mut subscription = self.notices.subscribe(1);
+        subscription.watch(&revocation_topic(id));
+        Some(subscription)
     }
 
     /// Token lookups held in the cache.
@@ -242,6 +266,8 @@ impl Tokens {
         }
         self.store.transact(writes).await?;
         self.cache.remove(token_id);
+        self.notices
+            .publish(&revocation_topic(token_id), Notice::Message(Bytes::new()));
         Ok(true)
     }
 

@@ -33,16 +33,12 @@ use super::series::{point_response, series_name};
 use super::{AppState, subject};
 use crate::auth::Principal;
 use crate::metrics::StreamMetrics;
+use crate::notices::Subscription;
 use crate::series::live::{SeriesTail, TailEvent};
 use crate::timeline::MAX_PAGE_SIZE;
 use crate::timeline::stream::{StreamEvent, TimelineStream};
 use slots::{Slot, StreamSlots};
 use sse::{Sent, Sink};
-
-/// How often a stream checks that its token is still valid: revocation reaches every
-/// process's token cache within [`crate::auth::CACHE_TTL`], so a revoked token's streams
-/// close within about a second.
-const TOKEN_CHECK: Duration = Duration::from_millis(500);
 
 /// How long a woken timeline stream waits before it reads, to take what lands together in
 /// one read.
@@ -212,6 +208,8 @@ struct Watch {
     state: AppState,
     token: String,
     principal: Option<Principal>,
+    /// Told when the token is revoked, in any process (`None` for the admin's token).
+    revocation: Option<Subscription>,
     /// Given back when the task ends.
     _slot: Slot,
 }
@@ -231,11 +229,14 @@ impl Watch {
     /// the token acts as, to see it revoked.
     async fn begin(state: &AppState, headers: &HeaderMap) -> Result<Watch, ApiError> {
         let (slot, token) = state.streams.take_slot(headers)?;
+        // Watched before the check, so a revocation between the two is not missed.
+        let revocation = state.tokens.watch_revocation(&token);
         let principal = state.tokens.authenticate(&token).await?;
         Ok(Watch {
             state: state.clone(),
             token,
             principal,
+            revocation,
             _slot: slot,
         })
     }
@@ -250,20 +251,26 @@ impl Watch {
         &self.state.streams
     }
 
-    fn timers(&self) -> (Interval, Interval) {
+    fn heartbeat(&self) -> Interval {
         let heartbeat = self.streams().limits.heartbeat;
-        (
-            interval_at(Instant::now() + heartbeat, heartbeat),
-            interval_at(Instant::now() + TOKEN_CHECK, TOKEN_CHECK),
-        )
+        interval_at(Instant::now() + heartbeat, heartbeat)
     }
 
-    /// Whether the token still acts as it did when the stream opened.
+    /// Whether the token still acts as it did when the stream opened: checked at each
+    /// heartbeat, the safety net for a revocation notice lost on its way.
     async fn token_still_valid(&self) -> bool {
         match self.state.tokens.authenticate(&self.token).await {
             Ok(principal) => principal == self.principal,
-            // The store is down: keep the stream; revocation is checked again soon.
+            // The store is down: keep the stream; it is checked again at the next heartbeat.
             Err(_) => true,
+        }
+    }
+
+    /// Resolves when the token is revoked (never for the admin's).
+    async fn revoked(&self) {
+        match &self.revocation {
+            Some(revocation) => revocation.wait().await,
+            None => std::future::pending().await,
         }
     }
 
@@ -272,28 +279,23 @@ impl Watch {
     async fn wait(
         &self,
         sink: &Sink,
-        timers: &mut (Interval, Interval),
+        heartbeat: &mut Interval,
         notice: impl std::future::Future<Output = ()>,
     ) -> Woken {
-        let shutdown = self.streams().shutdown.clone();
-        tokio::pin!(notice);
-        loop {
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return Woken::End,
-                () = sink.closed() => return Woken::End,
-                () = &mut notice => return Woken::Notice,
-                _ = timers.0.tick() => {
-                    return match sink.send_now(sse::heartbeat()) {
-                        // A full buffer is no quiet connection: no heartbeat needed.
-                        Sent::Queued | Sent::Full => Woken::Heartbeat,
-                        Sent::Closed => Woken::End,
-                    };
+        tokio::select! {
+            biased;
+            () = self.streams().shutdown.cancelled() => Woken::End,
+            () = sink.closed() => Woken::End,
+            () = self.revoked() => Woken::End,
+            () = notice => Woken::Notice,
+            _ = heartbeat.tick() => {
+                if !self.token_still_valid().await {
+                    return Woken::End;
                 }
-                _ = timers.1.tick() => {
-                    if !self.token_still_valid().await {
-                        return Woken::End;
-                    }
+                match sink.send_now(sse::heartbeat()) {
+                    // A full buffer is no quiet connection: no heartbeat needed.
+                    Sent::Queued | Sent::Full => Woken::Heartbeat,
+                    Sent::Closed => Woken::End,
                 }
             }
         }
@@ -302,7 +304,12 @@ impl Watch {
     /// Queues `frame`; `false` if the stream must end (the client is gone, or lagged: then
     /// it is told where to resume, `after`).
     async fn send(&self, sink: &Sink, frame: bytes::Bytes, after: Option<&str>) -> bool {
-        match sink.send(frame).await {
+        let sent = tokio::select! {
+            sent = sink.send(frame) => sent,
+            // A slow client does not hold a stopping server up for its patience.
+            () = self.streams().shutdown.cancelled() => Sent::Closed,
+        };
+        match sent {
             Sent::Queued => {
                 self.streams().metrics.pushed.inc();
                 true
@@ -333,7 +340,7 @@ fn failed(sink: &Sink, err: ApiError) {
 
 /// Sends a timeline's events until the stream ends.
 async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
-    let mut timers = watch.timers();
+    let mut heartbeat = watch.heartbeat();
     loop {
         let mut resume = stream.cursor().to_owned();
         let events = match stream.read(&watch.state.timelines).await {
@@ -375,7 +382,7 @@ async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
         if entries == MAX_PAGE_SIZE {
             continue;
         }
-        match watch.wait(&sink, &mut timers, stream.wait()).await {
+        match watch.wait(&sink, &mut heartbeat, stream.wait()).await {
             Woken::End => return,
             Woken::Heartbeat => {}
             // Entries of one post land on many timelines at about the same time, and posts
@@ -387,9 +394,9 @@ async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
 
 /// Sends a series' points until the tail ends.
 async fn pump_series(watch: Watch, tail: SeriesTail, sink: Sink) {
-    let mut timers = watch.timers();
+    let mut heartbeat = watch.heartbeat();
     loop {
-        match watch.wait(&sink, &mut timers, tail.wait()).await {
+        match watch.wait(&sink, &mut heartbeat, tail.wait()).await {
             Woken::End => return,
             Woken::Heartbeat => continue,
             Woken::Notice => {}
