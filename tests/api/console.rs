@@ -479,3 +479,90 @@ async fn open_unsigned(app: &TestApp, fragment: &str) -> Browser {
     browser.wait_for("document.readyState === 'complete'").await;
     browser
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_issues_a_token_shown_once_and_revokes_it() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "view=admin", 1000).await;
+    browser.fill("#issue-subject", "dora").await;
+    browser
+        .eval("document.getElementById('issue-subject').form.requestSubmit(); true")
+        .await;
+    let token = browser
+        .wait_for("document.getElementById('issued-token')?.textContent")
+        .await;
+    let token = token.as_str().expect("token text").to_owned();
+    let dora = Api::with_token(&app.address, Some(&token));
+    let who = dora.get("/v1/whoami").await;
+    assert_eq!(
+        who.body,
+        json!({"kind": "subject", "name": "dora"}),
+        "{who:?}"
+    );
+    browser.fill("#tokens-of", "dora").await;
+    browser
+        .eval("document.getElementById('tokens-of').form.requestSubmit(); true")
+        .await;
+    browser
+        .wait_for("document.querySelectorAll('#tokens tr').length === 1")
+        .await;
+    browser.click("#tokens tr button").await;
+    browser
+        .wait_for("document.querySelectorAll('#tokens tr').length === 0")
+        .await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let status = dora.get("/v1/whoami").await.status;
+        if status == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the revoked token still works: {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_page_shows_its_events_with_fan_out_status_and_its_follow_lists() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    assert_eq!(
+        app.follow("bob", "alice").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        app.follow("alice", "carol").await.status,
+        StatusCode::NO_CONTENT
+    );
+    let reply = app
+        .post_event("alice", json!({"kind": "post", "payload": {"n": 1}}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    app.wait_for_idle().await;
+    let alice = subject_token(&app, "alice").await;
+    let browser = open(&app, &alice, "view=subject", 1000).await;
+    browser
+        .wait_for("document.querySelector('#events li .payload')?.textContent.includes('\"n\": 1')")
+        .await;
+    browser
+        .wait_for("document.getElementById('followers').textContent.trim() === 'bob'")
+        .await;
+    browser
+        .wait_for("document.getElementById('following').textContent.startsWith('carol')")
+        .await;
+    browser.click("#events li button").await;
+    let status = browser
+        .wait_for("document.querySelector('#events li .status').textContent")
+        .await;
+    assert!(
+        status
+            .as_str()
+            .is_some_and(|text| text.starts_with(" delivery: done, delivered 2")),
+        "{status}"
+    );
+    browser.assert_clean(&app.address);
+}
