@@ -566,3 +566,91 @@ async fn a_subject_page_shows_its_events_with_fan_out_status_and_its_follow_list
     );
     browser.assert_clean(&app.address);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_are_found_by_tag_charted_together_stepped_and_their_tags_edited() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let now = time::OffsetDateTime::now_utc();
+    for (name, offset) in [
+        ("site-a/temp", 0.0),
+        ("site-a/wind", 5.0),
+        ("site-b/temp", 9.0),
+    ] {
+        let points: Vec<Value> = (1..=20_i32)
+            .map(|minutes| {
+                let at = now - time::Duration::minutes(minutes.into());
+                json!({
+                    "at": at.format(&time::format_description::well_known::Rfc3339).expect("time"),
+                    "value": offset + f64::from(minutes),
+                })
+            })
+            .collect();
+        let path = format!("/v1/series/{}/points", segment(name));
+        let reply = app.post_json(&path, &json!({ "points": points })).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    for name in ["site-a/temp", "site-a/wind"] {
+        let path = format!("/v1/series/{}/tags", segment(name));
+        let reply = app
+            .send(
+                app.client
+                    .put(app.url(&path))
+                    .json(&json!({"tags": ["site:a"]})),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    }
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "view=series", 1000).await;
+    browser.fill("#series-tag", "site:a").await;
+    browser
+        .eval("document.getElementById('series-find').requestSubmit(); true")
+        .await;
+    let found = browser
+        .wait_for("document.querySelectorAll('#series-found input').length === 2 && [...document.querySelectorAll('#series-found input')].map(e => e.value)")
+        .await;
+    assert_eq!(found, json!(["site-a/temp", "site-a/wind"]));
+    browser
+        .eval("document.querySelectorAll('#series-found input').forEach(e => { e.checked = true; }); true")
+        .await;
+    browser
+        .eval("document.getElementById('mode').value = 'stepped'; document.getElementById('series-chart').requestSubmit(); true")
+        .await;
+    let status = browser
+        .wait_for("document.getElementById('chart-status').textContent.includes('buckets') && document.getElementById('chart-status').textContent")
+        .await;
+    assert_eq!(
+        status,
+        json!("site-a/temp, site-a/wind: 20 buckets of 15s (avg)")
+    );
+    assert_eq!(
+        browser.eval(CANVAS_INK).await,
+        json!(true),
+        "the chart is blank"
+    );
+    // The deep link names the series, range and mode (and no token).
+    let link = browser.eval("location.hash").await;
+    assert_eq!(
+        link,
+        json!(
+            "#view=series&series=site-a%2Ftemp%2Csite-a%2Fwind&range=1h&mode=stepped&agg=avg&tag=site%3Aa"
+        )
+    );
+    browser
+        .wait_for("document.getElementById('tags-0')?.value === 'site:a'")
+        .await;
+    browser.fill("#tags-0", "site:a, kind:temp").await;
+    browser
+        .eval("document.getElementById('tags-0').form.requestSubmit(); true")
+        .await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let tags = app.get("/v1/series/site-a%2Ftemp/tags").await;
+        if tags.body["tags"] == json!(["site:a", "kind:temp"]) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{tags:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    browser.assert_clean(&app.address);
+}
