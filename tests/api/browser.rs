@@ -255,6 +255,28 @@ impl Browser {
         self.eval(&script).await;
     }
 
+    /// Types `text` with the keyboard into the focused element.
+    pub async fn type_text(&self, text: &str) {
+        self.call("Input.insertText", json!({"text": text})).await;
+    }
+
+    /// Presses a key (`Enter`, `Tab`) with the keyboard.
+    pub async fn press(&self, key: &str) {
+        let (code, text) = match key {
+            "Enter" => (13, "\r"),
+            "Tab" => (9, ""),
+            other => panic!("no key code for {other}"),
+        };
+        for kind in ["keyDown", "keyUp"] {
+            let mut event = json!({"type": kind, "key": key, "code": key,
+                "windowsVirtualKeyCode": code, "nativeVirtualKeyCode": code});
+            if kind == "keyDown" && !text.is_empty() {
+                event["text"] = json!(text);
+            }
+            self.call("Input.dispatchKeyEvent", event).await;
+        }
+    }
+
     /// Clicks the element `selector` names.
     pub async fn click(&self, selector: &str) {
         let script = format!(
