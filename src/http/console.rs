@@ -6,13 +6,17 @@
 //! routes are open (the page holds no data; every API call it makes carries the token the
 //! user typed in) and stay out of the OpenAPI document, like `/openapi.json` itself.
 
+use std::sync::OnceLock;
+
 use axum::Router;
 use axum::extract::Path;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
 use super::AppState;
+use sha2::{Digest, Sha256};
+
 use super::error::ApiError;
 
 /// One embedded file: its path under `/ui/`, content type and bytes.
@@ -60,31 +64,59 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
-        .route("/ui/", get(|| async { serve("index.html") }))
+        .route(
+            "/ui/",
+            get(|headers: HeaderMap| async move { serve("index.html", &headers) }),
+        )
         .route(
             "/ui/{*path}",
-            get(|Path(path): Path<String>| async move { serve(&path) }),
+            get(|Path(path): Path<String>, headers: HeaderMap| async move {
+                serve(&path, &headers)
+            }),
         )
 }
 
-fn serve(path: &str) -> Response {
-    let Some(asset) = ASSETS.iter().find(|asset| asset.path == path) else {
+/// The entity tag of each asset (a hash of its bytes), in the order of `ASSETS`.
+fn etags() -> &'static [HeaderValue] {
+    static ETAGS: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    ETAGS.get_or_init(|| {
+        ASSETS
+            .iter()
+            .map(|asset| {
+                let digest = Sha256::digest(asset.bytes);
+                let hex: String = digest[..12]
+                    .iter()
+                    .map(|byte| format!("{byte:02x}"))
+                    .collect();
+                HeaderValue::from_str(&format!("\"{hex}\"")).expect("hex is a header value")
+            })
+            .collect()
+    })
+}
+
+fn serve(path: &str, request: &HeaderMap) -> Response {
+    let Some(index) = ASSETS.iter().position(|asset| asset.path == path) else {
         return ApiError::NotFound("no such console file".into()).into_response();
     };
-    // The page is small and changes with the binary: revalidate it each time; the rest is
-    // cached for an hour (a new binary may change it, so not for longer).
-    let cache = if asset.path == "index.html" {
-        "no-cache"
+    let asset = &ASSETS[index];
+    let etag = etags()[index].clone();
+    // Revalidated every time (a 304 when unchanged), so a new binary's page never runs with
+    // an old binary's modules.
+    let unchanged = request
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|tags| tags.as_bytes() == etag.as_bytes());
+    let mut response = if unchanged {
+        StatusCode::NOT_MODIFIED.into_response()
     } else {
-        "public, max-age=3600"
+        (StatusCode::OK, asset.bytes).into_response()
     };
-    let mut response = (StatusCode::OK, asset.bytes).into_response();
     let headers = response.headers_mut();
+    headers.insert(header::ETAG, etag);
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(asset.content_type),
     );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(CONTENT_SECURITY_POLICY),

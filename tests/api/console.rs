@@ -94,7 +94,15 @@ async fn the_console_is_served_without_a_token_with_strict_headers_and_outside_t
             assert!(policy.contains(directive), "{path}: {policy}");
         }
         assert!(!policy.contains("unsafe"), "{path}: {policy}");
-        assert!(headers.contains_key("cache-control"), "{path}");
+        assert_eq!(headers["cache-control"], "no-cache", "{path}");
+        let etag = headers["etag"].clone();
+        let again = client
+            .get(app.url(path))
+            .header("if-none-match", etag)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED, "{path}");
         assert_eq!(headers["x-content-type-options"], "nosniff");
         assert!(!response.bytes().await.expect("body").is_empty(), "{path}");
     }
