@@ -241,6 +241,32 @@ async fn a_post_appears_on_a_followers_open_timeline_without_a_reload() {
         entry_texts(&browser).await,
         ["and hello from bob", "hello from alice"]
     );
+    // A JSON payload is posted as JSON; text that is not JSON is refused on the page.
+    browser.fill("#post-payload", "{\"reading\": 7}").await;
+    browser.click("#post-json").await;
+    browser.click("#post").await;
+    browser
+        .wait_for("document.querySelectorAll('#entries li[data-row-key]').length === 3")
+        .await;
+    let posted = app.page("bob", "events", "").await;
+    assert_eq!(
+        posted.body["items"][0]["payload"],
+        json!({"reading": 7}),
+        "{posted:?}"
+    );
+    browser.fill("#post-payload", "not json").await;
+    browser.click("#post").await;
+    let shown = browser
+        .wait_for("!document.getElementById('error').hidden && document.getElementById('error').textContent")
+        .await;
+    assert!(
+        shown
+            .as_str()
+            .is_some_and(|text| text.starts_with("not JSON")),
+        "{shown}"
+    );
+    browser.fill("#post-payload", "").await;
+    browser.click("#post-json").await;
     // Marking all read moves the marker, through the API.
     browser.click("#mark-read").await;
     browser
