@@ -179,7 +179,10 @@ export function timelineView(root, { who, params, setFragment }) {
       return;
     }
     if (type === "entry") {
+      // A new entry newer than the marker is one more unread.
+      const unread = !entries.has(value.row_key) && (marker.last_read === null || value.row_key < marker.last_read);
       add(value);
+      if (unread) marker.unread += 1;
       paintMarker();
     } else if (type === "removed") {
       drop((node) => node.dataset.eventId === value.event_id);
