@@ -186,8 +186,10 @@ export function timelineView(root, { who, params, setFragment }) {
       paintMarker();
     } else if (type === "removed") {
       drop((node) => node.dataset.eventId === value.event_id);
+      loadMarker();
     } else if (type === "unfollowed") {
       drop((node) => node.dataset.author === value.author);
+      loadMarker();
     } else if (type === "marker") {
       marker = value;
       paintMarker();
