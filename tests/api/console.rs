@@ -692,3 +692,62 @@ async fn series_are_found_by_tag_charted_together_stepped_and_their_tags_edited(
     }
     browser.assert_clean(&app.address);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_sees_a_dead_lettered_fan_out_and_requeues_it() {
+    use fanline::store::Table;
+    use fanline::store::fault::{Calls, Fault, Op};
+
+    let _slot = browser_slot().await;
+    let app = crate::helpers::spawn_app_with(
+        crate::helpers::TestStore::new(Backend::Embedded).await,
+        |config| {
+            config.max_attempts = 2;
+            config.retry_base_ms = 1;
+        },
+    )
+    .await;
+    assert_eq!(
+        app.follow("reader", "writer").await.status,
+        StatusCode::NO_CONTENT
+    );
+    app.wait_for_idle().await;
+    app.faults.fail_always(
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Permanent,
+    );
+    let reply = app.post_text("writer", "poison").await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let letters = app.get("/v1/admin/fanout/writer/dead-letters").await;
+        if letters.body["items"]
+            .as_array()
+            .is_some_and(|items| !items.is_empty())
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{letters:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "view=admin", 1000).await;
+    browser.fill("#dead-subject", "writer").await;
+    browser
+        .eval("document.getElementById('dead-subject').form.requestSubmit(); true")
+        .await;
+    let row = browser
+        .wait_for("document.querySelector('#dead-letters tr button') && document.querySelector('#dead-letters tr').textContent")
+        .await;
+    assert!(
+        row.as_str()
+            .is_some_and(|text| text.contains("delivery") && text.contains("injected failure")),
+        "{row}"
+    );
+    app.faults.clear();
+    browser.click("#dead-letters tr button").await;
+    browser
+        .wait_for("document.querySelector('#dead-letters tr td:nth-child(6)').textContent !== ''")
+        .await;
+    assert_eq!(app.wait_for_timeline("reader", 1).await.len(), 1);
+    browser.assert_clean(&app.address);
+}
