@@ -32,6 +32,8 @@ enum Need {
     PublicRead(String),
     /// Adding points to this series: its device token, or the admin's.
     SeriesWrite(String),
+    /// Any valid token.
+    AnyToken,
 }
 
 /// The policy: what each route template needs.
@@ -49,6 +51,7 @@ fn need(method: &Method, template: &str, param: impl Fn(&str) -> String) -> Need
         | "/v1/subjects/{subject}/timeline"
         | "/v1/subjects/{subject}/timeline/stream"
         | "/v1/subjects/{subject}/marker" => Need::Subject(param("subject")),
+        "/v1/whoami" => Need::AnyToken,
         "/v1/series/{series}/points" if method == Method::POST => {
             Need::SeriesWrite(param("series"))
         }
@@ -59,7 +62,7 @@ fn need(method: &Method, template: &str, param: impl Fn(&str) -> String) -> Need
 /// Whether `principal` may do what `need` asks.
 fn allows(principal: &Principal, need: &Need, public_events: bool) -> bool {
     match (principal, need) {
-        (Principal::Admin, _) => true,
+        (Principal::Admin, _) | (_, Need::AnyToken) => true,
         (_, Need::PublicRead(_)) if public_events => true,
         (Principal::Subject(own), Need::Subject(subject) | Need::PublicRead(subject)) => {
             own == subject
@@ -113,6 +116,8 @@ pub async fn authorize(
     if let Err(limited) = state.rate_limits.check(&principal, token) {
         return limited.into_response();
     }
+    let mut request = request;
+    request.extensions_mut().insert(principal);
     next.run(request).await
 }
 
@@ -122,6 +127,44 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(issue_device_token))
         .routes(routes!(revoke_token))
         .routes(routes!(list_tokens))
+        .routes(routes!(whoami))
+}
+
+/// Who a token acts as.
+#[derive(Debug, Serialize, ToSchema)]
+struct WhoAmI {
+    kind: PrincipalKind,
+    /// The subject a subject token acts as, the series a device token writes to; null for
+    /// the admin.
+    name: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum PrincipalKind {
+    /// The admin token: every route.
+    Admin,
+    /// Acts as a subject.
+    Subject,
+    /// Writes points to one series.
+    Device,
+}
+
+/// Who the calling token acts as: any valid token may ask (the console uses it to show only
+/// what the token may do).
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "admin",
+    responses((status = OK, description = "Who the token acts as", body = WhoAmI))
+)]
+async fn whoami(axum::Extension(principal): axum::Extension<Principal>) -> axum::Json<WhoAmI> {
+    let (kind, name) = match principal {
+        Principal::Admin => (PrincipalKind::Admin, None),
+        Principal::Subject(name) => (PrincipalKind::Subject, Some(name)),
+        Principal::Device(name) => (PrincipalKind::Device, Some(name)),
+    };
+    axum::Json(WhoAmI { kind, name })
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -1,6 +1,7 @@
 //! The HTTP API: one router per resource, merged here, with shared error handling.
 
 mod auth;
+mod console;
 mod error;
 mod events;
 mod extract;
@@ -101,6 +102,7 @@ pub fn router(state: AppState, bodies: BodyLimits) -> Router {
     openapi::finish(&mut document, state.public_events);
     routes
         .merge(openapi::router(&document))
+        .merge(console::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(

@@ -20,7 +20,7 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 31] = [
+const OPERATIONS: [&str; 32] = [
     "GET /healthz",
     "GET /metrics",
     "GET /openapi.json",
@@ -52,6 +52,7 @@ const OPERATIONS: [&str; 31] = [
     "PUT /v1/subjects/{subject}/marker",
     "GET /v1/subjects/{subject}/timeline",
     "GET /v1/subjects/{subject}/timeline/stream",
+    "GET /v1/whoami",
 ];
 
 /// The document, fetched without a token: it is public, like the probes.

@@ -1,0 +1,753 @@
+//! The web console at `/ui/`: how it is served, `GET /v1/whoami` that it signs in with, and
+//! the console itself in headless Chromium (tests/api/browser.rs) against a live server.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::browser::Browser;
+use crate::helpers::{Api, Backend, TestApp, segment, spawn_app};
+
+on_both_backends!(
+    whoami_says_who_each_token_acts_as,
+    the_console_is_served_without_a_token_with_strict_headers_and_outside_the_api_document,
+);
+
+/// At most two browsers at once: each is a few processes, and the machine is shared.
+static BROWSERS: Semaphore = Semaphore::const_new(2);
+
+async fn browser_slot() -> SemaphorePermit<'static> {
+    BROWSERS.acquire().await.expect("semaphore open")
+}
+
+/// Issues a token through the admin route; returns the token.
+async fn issue(app: &TestApp, path: &str) -> String {
+    let reply = app.post_json(path, &json!({})).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    reply.body["token"].as_str().expect("token").to_owned()
+}
+
+async fn subject_token(app: &TestApp, subject: &str) -> String {
+    issue(
+        app,
+        &format!("/v1/admin/subjects/{}/tokens", segment(subject)),
+    )
+    .await
+}
+
+async fn whoami_says_who_each_token_acts_as(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let alice = subject_token(&app, "alice").await;
+    let device = issue(&app, "/v1/admin/series/field-7%2Ftemp/tokens").await;
+    let cases = [
+        (
+            Some(crate::helpers::TEST_ADMIN_TOKEN),
+            json!({"kind": "admin", "name": null}),
+        ),
+        (
+            Some(alice.as_str()),
+            json!({"kind": "subject", "name": "alice"}),
+        ),
+        (
+            Some(device.as_str()),
+            json!({"kind": "device", "name": "field-7/temp"}),
+        ),
+    ];
+    for (token, expected) in cases {
+        let reply = Api::with_token(&app.address, token).get("/v1/whoami").await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        assert_eq!(reply.body, expected);
+    }
+    for token in [None, Some("not-a-token")] {
+        let reply = Api::with_token(&app.address, token).get("/v1/whoami").await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply:?}");
+        assert_eq!(reply.error_code(), "unauthorized");
+    }
+}
+
+async fn the_console_is_served_without_a_token_with_strict_headers_and_outside_the_api_document(
+    backend: Backend,
+) {
+    let app = spawn_app(backend).await;
+    let client = reqwest::Client::new();
+    for (path, content_type) in [
+        ("/ui/", "text/html; charset=utf-8"),
+        ("/ui/app.js", "text/javascript; charset=utf-8"),
+        ("/ui/console.css", "text/css; charset=utf-8"),
+        (
+            "/ui/vendor/uplot/uPlot.esm.js",
+            "text/javascript; charset=utf-8",
+        ),
+        ("/ui/vendor/uplot/LICENSE", "text/plain; charset=utf-8"),
+    ] {
+        let response = client.get(app.url(path)).send().await.expect("get");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let headers = response.headers();
+        assert_eq!(headers["content-type"], content_type, "{path}");
+        let policy = headers["content-security-policy"].to_str().expect("ascii");
+        for directive in [
+            "default-src 'self'",
+            "script-src 'self'",
+            "connect-src 'self'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(policy.contains(directive), "{path}: {policy}");
+        }
+        assert!(!policy.contains("unsafe"), "{path}: {policy}");
+        assert_eq!(headers["cache-control"], "no-cache", "{path}");
+        let etag = headers["etag"].clone();
+        let again = client
+            .get(app.url(path))
+            .header("if-none-match", etag)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED, "{path}");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        assert!(!response.bytes().await.expect("body").is_empty(), "{path}");
+    }
+    let page = client.get(app.url("/ui/")).send().await.expect("get");
+    assert_eq!(page.headers()["cache-control"], "no-cache");
+    let html = page.text().await.expect("html");
+    assert!(!html.contains("<script>"), "no inline script: {html}");
+    assert!(!html.contains("style="), "no inline style: {html}");
+
+    let bare = client.get(app.url("/ui")).send().await.expect("get");
+    assert_eq!(bare.url().path(), "/ui/", "/ui redirects to /ui/");
+
+    let missing = Api::with_token(&app.address, None)
+        .get("/ui/nothing.js")
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(missing.error_code(), "not_found");
+
+    let document = Api::with_token(&app.address, None)
+        .get("/openapi.json")
+        .await;
+    let paths = document.body["paths"].as_object().expect("paths");
+    assert!(
+        paths.keys().all(|path| !path.starts_with("/ui")),
+        "{paths:?}"
+    );
+}
+
+/// The console's address for `fragment`.
+fn console_url(app: &TestApp, fragment: &str) -> String {
+    app.url(&format!("/ui/#{fragment}"))
+}
+
+/// Opens the console signed in as `token` at `fragment`, and waits until it says who it is.
+async fn open(app: &TestApp, token: &str, fragment: &str, width: u32) -> Browser {
+    let browser = Browser::launch(width, 900).await;
+    let sign_in = if fragment.is_empty() {
+        format!("token={token}")
+    } else {
+        format!("{fragment}&token={token}")
+    };
+    browser.goto(&console_url(app, &sign_in)).await;
+    browser
+        .wait_for("document.body.dataset.who && document.body.dataset.who !== ''")
+        .await;
+    browser
+}
+
+/// The texts of the timeline's entries, newest first.
+async fn entry_texts(browser: &Browser) -> Vec<String> {
+    let texts = browser
+        .eval("[...document.querySelectorAll('#entries li[data-row-key] .payload')].map(e => e.textContent)")
+        .await;
+    serde_json::from_value(texts).expect("strings")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragment_token_signs_in_and_leaves_the_address_bar_at_once() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let alice = subject_token(&app, "alice").await;
+    let browser = open(&app, &alice, "view=timeline", 1000).await;
+    let who = browser
+        .eval("document.getElementById('who').textContent")
+        .await;
+    assert_eq!(who, json!("Signed in as subject alice"));
+    let address = browser.eval("location.href").await;
+    let address = address.as_str().expect("href");
+    assert!(
+        !address.contains(&alice),
+        "the token is still in the address: {address}"
+    );
+    assert!(!address.contains("token"), "{address}");
+    assert_eq!(
+        browser
+            .eval("sessionStorage.getItem('fanline-token')")
+            .await,
+        json!(alice)
+    );
+    assert_eq!(browser.eval("document.cookie").await, json!(""));
+    // Admin-only views are hidden from a subject.
+    assert_eq!(
+        browser
+            .eval("document.querySelector('nav a[data-view=admin]').hidden")
+            .await,
+        json!(true)
+    );
+    // Every request the page made carried no token in its URL.
+    for url in browser.requests() {
+        assert!(!url.contains(&alice), "the token reached a URL: {url}");
+    }
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_appears_on_a_followers_open_timeline_without_a_reload() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    assert_eq!(
+        app.follow("bob", "alice").await.status,
+        StatusCode::NO_CONTENT
+    );
+    app.wait_for_idle().await;
+    let bob = subject_token(&app, "bob").await;
+    let browser = open(&app, &bob, "view=timeline", 1000).await;
+    browser
+        .wait_for("document.getElementById('view').dataset.stream === 'live'")
+        .await;
+    browser
+        .eval("window.__loadedAt = performance.timeOrigin; true")
+        .await;
+    let reply = app
+        .post_event(
+            "alice",
+            json!({"kind": "post", "payload": {"text": "hello from alice"}}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    browser
+        .wait_for("[...document.querySelectorAll('#entries .payload')].some(e => e.textContent === 'hello from alice')")
+        .await;
+    assert_eq!(
+        browser
+            .eval("window.__loadedAt === performance.timeOrigin")
+            .await,
+        json!(true),
+        "the page did not reload"
+    );
+    // Bob posts from the page too; his own post reaches his timeline.
+    browser.fill("#post-payload", "and hello from bob").await;
+    browser.click("#post").await;
+    browser
+        .wait_for("[...document.querySelectorAll('#entries .payload')].some(e => e.textContent === 'and hello from bob')")
+        .await;
+    assert_eq!(
+        entry_texts(&browser).await,
+        ["and hello from bob", "hello from alice"]
+    );
+    // A JSON payload is posted as JSON; text that is not JSON is refused on the page.
+    browser.fill("#post-payload", "{\"reading\": 7}").await;
+    browser.click("#post-json").await;
+    browser.click("#post").await;
+    browser
+        .wait_for("document.querySelectorAll('#entries li[data-row-key]').length === 3")
+        .await;
+    let posted = app.page("bob", "events", "").await;
+    assert_eq!(
+        posted.body["items"][0]["payload"],
+        json!({"reading": 7}),
+        "{posted:?}"
+    );
+    browser.fill("#post-payload", "not json").await;
+    browser.click("#post").await;
+    let shown = browser
+        .wait_for("!document.getElementById('error').hidden && document.getElementById('error').textContent")
+        .await;
+    assert!(
+        shown
+            .as_str()
+            .is_some_and(|text| text.starts_with("not JSON")),
+        "{shown}"
+    );
+    browser.fill("#post-payload", "").await;
+    browser.click("#post-json").await;
+    // Entries that arrived live count as unread; marking all read moves the marker,
+    // through the API.
+    browser
+        .wait_for("document.getElementById('marker').textContent === 'Unread: 3'")
+        .await;
+    browser.click("#mark-read").await;
+    browser
+        .wait_for("document.getElementById('marker').textContent === 'Unread: 0'")
+        .await;
+    let marker = app.get("/v1/subjects/bob/marker").await;
+    assert_eq!(marker.body["version"], json!(1), "{marker:?}");
+    browser.screenshot("timeline").await;
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn older_entries_are_paged_in_below_the_first_page() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    assert_eq!(
+        app.follow("bob", "alice").await.status,
+        StatusCode::NO_CONTENT
+    );
+    for n in 0..25 {
+        crate::helpers::post_at(&app, "alice", &format!("post {n}"), n).await;
+    }
+    app.wait_for_timeline("bob", 25).await;
+    let bob = subject_token(&app, "bob").await;
+    let browser = open(&app, &bob, "view=timeline", 375).await;
+    browser
+        .wait_for("document.querySelectorAll('#entries li[data-row-key]').length === 20 && !document.getElementById('older').hidden")
+        .await;
+    browser.click("#older").await;
+    browser
+        .wait_for("document.querySelectorAll('#entries li[data-row-key]').length === 25")
+        .await;
+    let texts = entry_texts(&browser).await;
+    let expected: Vec<String> = (0..25).rev().map(|n| format!("post {n}")).collect();
+    assert_eq!(texts, expected);
+    // At 375 px nothing is wider than the screen, and every control has a label or text.
+    assert_eq!(
+        browser
+            .eval("document.documentElement.scrollWidth <= 375")
+            .await,
+        json!(true)
+    );
+    assert_unlabelled_controls_are_none(&browser).await;
+    browser.assert_clean(&app.address);
+}
+
+/// Every input, select and textarea has a label, and every button a name.
+async fn assert_unlabelled_controls_are_none(browser: &Browser) {
+    let unlabelled = browser
+        .eval(
+            "[...document.querySelectorAll('input, select, textarea, button')]
+               .filter(e => !e.hidden && e.offsetParent !== null)
+               .filter(e => e.tagName === 'BUTTON'
+                 ? !(e.textContent.trim() || e.getAttribute('aria-label'))
+                 : !(e.labels && e.labels.length))
+               .map(e => e.outerHTML)",
+        )
+        .await;
+    assert_eq!(unlabelled, json!([]), "controls without a label");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn following_and_unfollowing_from_the_page_changes_what_the_timeline_shows() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let bob = subject_token(&app, "bob").await;
+    let browser = open(&app, &bob, "view=timeline", 1000).await;
+    browser
+        .wait_for("document.getElementById('view').dataset.stream === 'live'")
+        .await;
+    browser.fill("#follow-target", "carol").await;
+    browser.click("#follow").await;
+    let following = wait_for_following(&app, "bob", true).await;
+    assert_eq!(following, json!(["carol"]));
+    let reply = app
+        .post_event("carol", json!({"payload": {"text": "carol speaks"}}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    browser
+        .wait_for("document.querySelector('#entries li[data-author=carol]')")
+        .await;
+    browser.click("#unfollow").await;
+    // The stream's `unfollowed` event takes carol's entries off the page.
+    browser
+        .wait_for("!document.querySelector('#entries li[data-author=carol]')")
+        .await;
+    assert_eq!(wait_for_following(&app, "bob", false).await, json!([]));
+    browser.assert_clean(&app.address);
+}
+
+/// The subjects `subject` follows, once the list is non-empty (`non_empty`) or empty.
+async fn wait_for_following(app: &TestApp, subject: &str, non_empty: bool) -> Value {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let page = app.page(subject, "following", "").await;
+        let names: Vec<Value> = page.body["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|item| item["subject"].clone())
+            .collect();
+        if names.is_empty() != non_empty || tokio::time::Instant::now() > deadline {
+            return Value::Array(names);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_series_chart_draws_the_points_and_extends_as_new_ones_arrive() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let now = time::OffsetDateTime::now_utc();
+    let points: Vec<Value> = (1..=30_i32)
+        .rev()
+        .map(|minutes| {
+            let at = now - time::Duration::minutes(minutes.into());
+            json!({
+                "at": at.format(&time::format_description::well_known::Rfc3339).expect("time"),
+                "value": (f64::from(minutes) / 3.0).sin().mul_add(4.0, 10.0),
+            })
+        })
+        .collect();
+    let path = "/v1/series/field-7%2Fsoil_temp/points";
+    let reply = app.post_json(path, &json!({ "points": points })).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    let browser = open(
+        &app,
+        crate::helpers::TEST_ADMIN_TOKEN,
+        "view=series&series=field-7%2Fsoil_temp&range=1h",
+        1000,
+    )
+    .await;
+    browser
+        .wait_for("document.getElementById('chart').dataset.points === '30'")
+        .await;
+    assert_eq!(
+        browser.eval(CANVAS_INK).await,
+        json!(true),
+        "the chart is blank"
+    );
+    // Once the stream is open, a new write extends the chart.
+    browser
+        .wait_for("document.getElementById('chart').dataset.stream === 'live'")
+        .await;
+    let fresh = json!({"points": [{
+        "at": time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).expect("time"),
+        "value": 20.0,
+    }]});
+    let reply = app.post_json(path, &fresh).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    browser
+        .wait_for("document.getElementById('chart').dataset.points === '31'")
+        .await;
+    assert_eq!(browser.eval(CANVAS_INK).await, json!(true));
+    browser.screenshot("series").await;
+    browser.assert_clean(&app.address);
+}
+
+/// Whether the chart's canvas has any painted pixel.
+const CANVAS_INK: &str = "(() => {
+    const canvas = document.querySelector('#chart canvas');
+    if (!canvas || !canvas.width || !canvas.height) return false;
+    const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    for (let i = 3; i < data.length; i += 4) if (data[i] !== 0) return true;
+    return false;
+})()";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_token_sees_no_timeline_controls() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let device = issue(&app, "/v1/admin/series/dev-1/tokens").await;
+    let browser = open(&app, &device, "view=timeline", 1000).await;
+    browser.wait_for("document.getElementById('device')").await;
+    let shown = browser
+        .eval(
+            "({nav: document.getElementById('nav').hidden,
+               post: !!document.getElementById('post-form'),
+               follow: !!document.getElementById('follow-form'),
+               entries: !!document.getElementById('entries'),
+               who: document.getElementById('who').textContent})",
+        )
+        .await;
+    assert_eq!(
+        shown,
+        json!({"nav": true, "post": false, "follow": false, "entries": false,
+               "who": "Signed in as device dev-1"})
+    );
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_error_is_shown_as_the_api_says_it() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    // A token the server does not know: the sign-in fails with the API's 401.
+    let browser = open_unsigned(&app, "token=not-a-real-token").await;
+    let shown = browser
+        .wait_for("!document.getElementById('error').hidden && document.getElementById('error').textContent")
+        .await;
+    assert!(
+        shown
+            .as_str()
+            .is_some_and(|text| text.starts_with("401 unauthorized: ")),
+        "{shown}"
+    );
+    assert_eq!(
+        browser
+            .eval("document.getElementById('sign-in').hidden")
+            .await,
+        json!(false)
+    );
+    // Signed in as the admin by keyboard alone, a malformed subject is refused with the
+    // API's 400.
+    browser
+        .eval("document.getElementById('token-input').focus(); true")
+        .await;
+    browser.type_text(crate::helpers::TEST_ADMIN_TOKEN).await;
+    browser.press("Enter").await;
+    browser
+        .wait_for("document.body.dataset.who === 'admin'")
+        .await;
+    browser.fill("#timeline-subject", "tab\there").await;
+    browser
+        .eval("document.getElementById('timeline-pick').requestSubmit(); true")
+        .await;
+    let shown = browser
+        .wait_for("!document.getElementById('error').hidden && document.getElementById('error').textContent")
+        .await;
+    assert!(
+        shown
+            .as_str()
+            .is_some_and(|text| text.starts_with("400 invalid_subject: ")),
+        "{shown}"
+    );
+    browser.assert_clean(&app.address);
+}
+
+/// Opens the console at `fragment` without waiting for a sign-in.
+async fn open_unsigned(app: &TestApp, fragment: &str) -> Browser {
+    let browser = Browser::launch(1000, 900).await;
+    browser.goto(&console_url(app, fragment)).await;
+    browser.wait_for("document.readyState === 'complete'").await;
+    browser
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_issues_a_token_shown_once_and_revokes_it() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "view=admin", 1000).await;
+    browser.fill("#issue-subject", "dora").await;
+    browser
+        .eval("document.getElementById('issue-subject').form.requestSubmit(); true")
+        .await;
+    let token = browser
+        .wait_for("document.getElementById('issued-token')?.textContent")
+        .await;
+    let token = token.as_str().expect("token text").to_owned();
+    let dora = Api::with_token(&app.address, Some(&token));
+    let who = dora.get("/v1/whoami").await;
+    assert_eq!(
+        who.body,
+        json!({"kind": "subject", "name": "dora"}),
+        "{who:?}"
+    );
+    browser.fill("#tokens-of", "dora").await;
+    browser
+        .eval("document.getElementById('tokens-of').form.requestSubmit(); true")
+        .await;
+    browser
+        .wait_for("document.querySelectorAll('#tokens tr').length === 1")
+        .await;
+    browser.click("#tokens tr button").await;
+    browser
+        .wait_for("document.querySelectorAll('#tokens tr').length === 0")
+        .await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let status = dora.get("/v1/whoami").await.status;
+        if status == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the revoked token still works: {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_page_shows_its_events_with_fan_out_status_and_its_follow_lists() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    assert_eq!(
+        app.follow("bob", "alice").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        app.follow("alice", "carol").await.status,
+        StatusCode::NO_CONTENT
+    );
+    let reply = app
+        .post_event("alice", json!({"kind": "post", "payload": {"n": 1}}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    app.wait_for_idle().await;
+    let alice = subject_token(&app, "alice").await;
+    let browser = open(&app, &alice, "view=subject", 1000).await;
+    browser
+        .wait_for("document.querySelector('#events li .payload')?.textContent.includes('\"n\": 1')")
+        .await;
+    browser
+        .wait_for("document.getElementById('followers').textContent.trim() === 'bob'")
+        .await;
+    browser
+        .wait_for("document.getElementById('following').textContent.startsWith('carol')")
+        .await;
+    browser.click("#events li button").await;
+    let status = browser
+        .wait_for("document.querySelector('#events li .status').textContent")
+        .await;
+    assert!(
+        status
+            .as_str()
+            .is_some_and(|text| text.starts_with(" delivery: done, delivered 2")),
+        "{status}"
+    );
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_are_found_by_tag_charted_together_stepped_and_their_tags_edited() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let now = time::OffsetDateTime::now_utc();
+    for (name, offset) in [
+        ("site-a/temp", 0.0),
+        ("site-a/wind", 5.0),
+        ("site-b/temp", 9.0),
+    ] {
+        let points: Vec<Value> = (1..=20_i32)
+            .map(|minutes| {
+                let at = now - time::Duration::minutes(minutes.into());
+                json!({
+                    "at": at.format(&time::format_description::well_known::Rfc3339).expect("time"),
+                    "value": offset + f64::from(minutes),
+                })
+            })
+            .collect();
+        let path = format!("/v1/series/{}/points", segment(name));
+        let reply = app.post_json(&path, &json!({ "points": points })).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    for name in ["site-a/temp", "site-a/wind"] {
+        let path = format!("/v1/series/{}/tags", segment(name));
+        let reply = app
+            .send(
+                app.client
+                    .put(app.url(&path))
+                    .json(&json!({"tags": ["site:a"]})),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    }
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "view=series", 1000).await;
+    browser.fill("#series-tag", "site:a").await;
+    browser
+        .eval("document.getElementById('series-find').requestSubmit(); true")
+        .await;
+    let found = browser
+        .wait_for("document.querySelectorAll('#series-found input').length === 2 && [...document.querySelectorAll('#series-found input')].map(e => e.value)")
+        .await;
+    assert_eq!(found, json!(["site-a/temp", "site-a/wind"]));
+    browser
+        .eval("document.querySelectorAll('#series-found input').forEach(e => { e.checked = true; }); true")
+        .await;
+    browser
+        .eval("document.getElementById('mode').value = 'stepped'; document.getElementById('series-chart').requestSubmit(); true")
+        .await;
+    let status = browser
+        .wait_for("document.getElementById('chart-status').textContent.includes('buckets') && document.getElementById('chart-status').textContent")
+        .await;
+    assert_eq!(
+        status,
+        json!("site-a/temp, site-a/wind: 20 buckets of 15s (avg)")
+    );
+    assert_eq!(
+        browser.eval(CANVAS_INK).await,
+        json!(true),
+        "the chart is blank"
+    );
+    // The deep link names the series, range and mode (and no token).
+    let link = browser.eval("location.hash").await;
+    assert_eq!(
+        link,
+        json!(
+            "#view=series&series=site-a%2Ftemp%2Csite-a%2Fwind&range=1h&mode=stepped&agg=avg&tag=site%3Aa"
+        )
+    );
+    browser
+        .wait_for("document.getElementById('tags-0')?.value === 'site:a'")
+        .await;
+    browser.fill("#tags-0", "site:a, kind:temp").await;
+    browser
+        .eval("document.getElementById('tags-0').form.requestSubmit(); true")
+        .await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let tags = app.get("/v1/series/site-a%2Ftemp/tags").await;
+        if tags.body["tags"] == json!(["site:a", "kind:temp"]) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{tags:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_sees_a_dead_lettered_fan_out_and_requeues_it() {
+    use fanline::store::Table;
+    use fanline::store::fault::{Calls, Fault, Op};
+
+    let _slot = browser_slot().await;
+    let app = crate::helpers::spawn_app_with(
+        crate::helpers::TestStore::new(Backend::Embedded).await,
+        |config| {
+            config.max_attempts = 2;
+            config.retry_base_ms = 1;
+        },
+    )
+    .await;
+    assert_eq!(
+        app.follow("reader", "writer").await.status,
+        StatusCode::NO_CONTENT
+    );
+    app.wait_for_idle().await;
+    app.faults.fail_always(
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Permanent,
+    );
+    let reply = app.post_text("writer", "poison").await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let letters = app.get("/v1/admin/fanout/writer/dead-letters").await;
+        if letters.body["items"]
+            .as_array()
+            .is_some_and(|items| !items.is_empty())
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{letters:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "view=admin", 1000).await;
+    browser.fill("#dead-subject", "writer").await;
+    browser
+        .eval("document.getElementById('dead-subject').form.requestSubmit(); true")
+        .await;
+    let row = browser
+        .wait_for("document.querySelector('#dead-letters tr button') && document.querySelector('#dead-letters tr').textContent")
+        .await;
+    assert!(
+        row.as_str()
+            .is_some_and(|text| text.contains("delivery") && text.contains("injected failure")),
+        "{row}"
+    );
+    app.faults.clear();
+    browser.click("#dead-letters tr button").await;
+    browser
+        .wait_for("document.querySelector('#dead-letters tr td:nth-child(6)').textContent !== ''")
+        .await;
+    assert_eq!(app.wait_for_timeline("reader", 1).await.len(), 1);
+    browser.assert_clean(&app.address);
+}
