@@ -155,7 +155,7 @@ enum PrincipalKind {
 #[utoipa::path(
     get,
     path = "/v1/whoami",
-    tag = "admin",
+    tag = "tokens",
     responses((status = OK, description = "Who the token acts as", body = WhoAmI))
 )]
 async fn whoami(axum::Extension(principal): axum::Extension<Principal>) -> axum::Json<WhoAmI> {
