@@ -26,6 +26,8 @@ use super::sse::SseParser;
 
 /// Streams being opened at once.
 const OPENING_AT_ONCE: usize = 64;
+/// Readers' tokens being issued at once.
+const ISSUING_AT_ONCE: usize = 16;
 /// Longest wait, once posting ends, for every entry to reach its streams and every fan-out
 /// to be counted: past the server's heartbeat (15 s), when a stream reads even unwoken.
 pub(super) const SETTLE_DEADLINE: Duration = Duration::from_secs(30);
@@ -84,6 +86,8 @@ pub(super) struct ClientPlan {
     pub duration: Duration,
     pub clients: usize,
     pub baseline: bool,
+    /// Streams opened with the admin token, rather than each with a token of its reader.
+    pub admin_streams: bool,
     /// The quiet stretch with every stream open.
     pub idle: Duration,
 }
@@ -255,6 +259,15 @@ async fn clients_on_this_thread(plan: ClientPlan) -> anyhow::Result<ClientRun> {
     let followers = cast.followers();
     let mut run = ClientRun::default();
     let mut next_number = 0;
+    let tokens: Vec<String> = if plan.admin_streams {
+        vec![plan.admin_token.clone(); cast.readers]
+    } else {
+        futures::stream::iter(0..cast.readers)
+            .map(|reader| issue_token(&client, base, reader))
+            .buffered(ISSUING_AT_ONCE)
+            .try_collect()
+            .await?
+    };
 
     if plan.baseline {
         let start = Mark::now(&client, base).await?;
@@ -279,7 +292,7 @@ async fn clients_on_this_thread(plan: ClientPlan) -> anyhow::Result<ClientRun> {
     let stop = CancellationToken::new();
     let readers: Vec<tokio::task::JoinHandle<ReaderRecord>> =
         futures::stream::iter(0..cast.readers)
-            .map(|reader| open_stream(&client, base, reader))
+            .map(|reader| open_stream(&client, base, reader, &tokens[reader]))
             .buffer_unordered(OPENING_AT_ONCE)
             .map_ok(|(reader, response)| {
                 tokio::spawn(read_stream(
@@ -406,15 +419,41 @@ async fn post_one(
     }
 }
 
-/// Opens reader `reader`'s stream; the response once its head says 200.
+#[derive(Deserialize)]
+struct IssuedBody {
+    token: String,
+}
+
+/// A token acting as reader `reader`.
+async fn issue_token(
+    client: &reqwest::Client,
+    base: &str,
+    reader: usize,
+) -> anyhow::Result<String> {
+    let name = Cast::reader_name(reader);
+    let issued: IssuedBody = client
+        .post(format!("{base}/v1/admin/subjects/{name}/tokens"))
+        .send()
+        .await
+        .with_context(|| format!("failed to issue a token for {name}"))?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(issued.token)
+}
+
+/// Opens reader `reader`'s stream with `token`; the response once its head says 200.
 async fn open_stream(
     client: &reqwest::Client,
     base: &str,
     reader: usize,
+    token: &str,
 ) -> anyhow::Result<(usize, reqwest::Response)> {
     let name = Cast::reader_name(reader);
+    // The admin client's own Authorization header gives way to this one.
     let response = client
         .get(format!("{base}/v1/subjects/{name}/timeline/stream"))
+        .bearer_auth(token)
         .header(reqwest::header::ACCEPT, "text/event-stream")
         .send()
         .await

@@ -60,6 +60,10 @@ pub struct StreamsBenchArgs {
     /// Skip the baseline posting (no streams open).
     #[arg(long)]
     pub no_baseline: bool,
+    /// Open the streams with the admin token instead of a token of each reader's own (which
+    /// each stream's revocation check looks up in the store about once a second).
+    #[arg(long)]
+    pub admin_streams: bool,
     /// Seconds of quiet with every stream open, to measure what they cost idle; 0 skips it.
     #[arg(long, default_value_t = 3.0)]
     pub idle_seconds: f64,
@@ -206,9 +210,14 @@ pub(in crate::cli::bench) async fn measure(
         follows: args.follows,
     };
     println!(
-        "fanline bench streams: {:?} store, {} streams, {} authors, each reader following {} (a post reaches {:.1} streams), {} events/s for {} s from {} clients",
+        "fanline bench streams: {:?} store, {} streams ({}), {} authors, each reader following {} (a post reaches {:.1} streams), {} events/s for {} s from {} clients",
         args.store,
         args.streams,
+        if args.admin_streams {
+            "all on the admin token"
+        } else {
+            "each on its reader's token"
+        },
         args.authors,
         args.follows,
         (args.streams * args.follows) as f64 / args.authors as f64,
@@ -234,6 +243,7 @@ pub(in crate::cli::bench) async fn measure(
         duration: Duration::from_secs_f64(args.seconds),
         clients: args.clients,
         baseline: !args.no_baseline,
+        admin_streams: args.admin_streams,
         idle: Duration::from_secs_f64(args.idle_seconds),
     };
     let client_run = client::run_clients(plan).await;
@@ -254,8 +264,8 @@ pub(in crate::cli::bench) async fn measure(
     Ok(report)
 }
 
-/// The server as the bench runs it: room for every stream (all on the admin token) and
-/// connection, no per-token rate limit, the workers of the flags.
+/// The server as the bench runs it: room for every stream (on one token with
+/// `--admin-streams`) and connection, no per-token rate limit, the workers of the flags.
 async fn start_server(
     args: &StreamsBenchArgs,
     bench_store: &BenchStore,
@@ -264,7 +274,9 @@ async fn start_server(
     BenchServer::start_with(bench_store, args.store, |config: &mut Config| {
         config.rate_limit = 0;
         config.max_streams = config.max_streams.max(streams);
-        config.max_streams_per_token = config.max_streams_per_token.max(streams);
+        if args.admin_streams {
+            config.max_streams_per_token = config.max_streams_per_token.max(streams);
+        }
         config.max_connections = config.max_connections.max(streams.saturating_add(1_000));
         if let Some(workers) = args.workers {
             config.workers = workers;

@@ -14,6 +14,7 @@ fn tiny() -> StreamsBenchArgs {
         seconds: 1.0,
         clients: 2,
         no_baseline: false,
+        admin_streams: false,
         idle_seconds: 0.1,
         workers: None,
     }
