@@ -209,6 +209,8 @@ pub(in crate::cli::bench) struct ReaderRecord {
     /// The first thing that went wrong: the stream ended before the bench closed it, an
     /// event other than an entry (`lagged`, `error`), an entry without a post number.
     pub trouble_opt: Option<String>,
+    /// Bytes of the response body received.
+    pub bytes: u64,
 }
 
 /// What the client thread saw.
@@ -516,6 +518,7 @@ async fn read_stream(
             }
         };
         let arrived = Instant::now();
+        record.bytes += chunk.len() as u64;
         parser.feed(&chunk, &mut events);
         for event in events.drain(..) {
             if event.name != "entry" {

@@ -70,6 +70,10 @@ pub struct StreamsBenchArgs {
     /// The server's in-process worker tasks (`--workers`); by default the server's.
     #[arg(long)]
     pub workers: Option<usize>,
+    /// The server's catch-up window (`FANLINE_CATCH_UP_WINDOW_SECS`, 1 to 300), which each
+    /// stream read rescans; by default the server's.
+    #[arg(long)]
+    pub catch_up_window_secs: Option<u64>,
 }
 
 /// Deliveries to streams, checked one by one.
@@ -194,6 +198,11 @@ pub(in crate::cli::bench) async fn measure(
         (0.0..=3_600.0).contains(&args.idle_seconds),
         "--idle-seconds must be 0 to 3600"
     );
+    anyhow::ensure!(
+        args.catch_up_window_secs
+            .is_none_or(|window| (1..=300).contains(&window)),
+        "--catch-up-window-secs must be 1 to 300"
+    );
     if tracing::enabled!(target: "tower_http::trace::on_response", tracing::Level::INFO) {
         eprintln!(
             "fanline bench streams: the server logs every request at this log level; RUST_LOG=warn gives the figures"
@@ -280,6 +289,9 @@ async fn start_server(
         config.max_connections = config.max_connections.max(streams.saturating_add(1_000));
         if let Some(workers) = args.workers {
             config.workers = workers;
+        }
+        if let Some(window) = args.catch_up_window_secs {
+            config.catch_up_window_secs = window;
         }
     })
     .await
@@ -394,6 +406,12 @@ fn print_report(report: &StreamsReport) {
         } else {
             String::new()
         },
+    );
+    let received: u64 = run.readers.iter().map(|record| record.bytes).sum();
+    println!(
+        "on the wire: {:.0} bytes per entry received ({:.1} MB in all, heartbeats included)",
+        received as f64 / deliveries.latencies.len().max(1) as f64,
+        received as f64 / 1e6,
     );
     println!(
         "server CPU per pushed entry: {:.3} ms ({} pushed, {:.1} s of server CPU, posting and fan-out included){}; the clients' {:.3} ms",

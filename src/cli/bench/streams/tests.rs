@@ -17,6 +17,7 @@ fn tiny() -> StreamsBenchArgs {
         admin_streams: false,
         idle_seconds: 0.1,
         workers: None,
+        catch_up_window_secs: None,
     }
 }
 
@@ -65,6 +66,7 @@ async fn a_tiny_streams_bench_counts_every_delivery_and_its_figures_add_up() {
     assert!(deliveries.complete());
     let arrivals: usize = run.readers.iter().map(|record| record.arrivals.len()).sum();
     assert_eq!(arrivals as u64, deliveries.expected);
+    assert!(run.readers.iter().all(|record| record.bytes > 0));
     assert!(run.window.pushed >= deliveries.expected);
     assert_eq!(run.window.lagged, 0);
 
@@ -98,11 +100,13 @@ fn a_lost_a_repeated_and_a_stray_entry_are_each_told() {
                 reader: 0,
                 arrivals: vec![(10, later), (10, later), (11, later), (12, later)],
                 trouble_opt: None,
+                bytes: 0,
             },
             client::ReaderRecord {
                 reader: 1,
                 arrivals: Vec::new(),
                 trouble_opt: Some("sent `lagged`".into()),
+                bytes: 0,
             },
         ],
         ..ClientRun::default()
@@ -137,6 +141,9 @@ async fn bad_flags_are_refused_before_anything_runs() {
         ("--seconds", |args| args.seconds = f64::NAN),
         ("--clients", |args| args.clients = 0),
         ("--idle-seconds", |args| args.idle_seconds = -1.0),
+        ("--catch-up-window-secs", |args| {
+            args.catch_up_window_secs = Some(301);
+        }),
     ] {
         let mut args = tiny();
         change(&mut args);
