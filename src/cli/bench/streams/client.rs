@@ -20,7 +20,7 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::super::server::admin_client;
+use super::super::server::{admin_client, metrics_text};
 use super::super::social::pages::{process_cpu, thread_cpu};
 use super::sse::SseParser;
 
@@ -580,14 +580,7 @@ async fn wait_for_fanout(
 }
 
 async fn scrape(client: &reqwest::Client, base: &str) -> anyhow::Result<Counters> {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .context("failed to read /metrics")?
-        .error_for_status()?
-        .text()
-        .await?;
+    let text = metrics_text(client, base).await?;
     Ok(Counters {
         pushed: sample(&text, "fanline_stream_events_pushed_total"),
         fanout_entries: sample(&text, "fanline_fanout_deliveries_total"),
