@@ -4,7 +4,8 @@
 //! timeline-lifecycle figures ([`lifecycle`]). `fanline bench series` measures sensor series
 //! instead ([`series`]), `fanline bench social` a social workload over HTTP ([`social`]),
 //! `fanline bench mixed` every kind of request at once, on a running server or its own
-//! ([`mixed`]).
+//! ([`mixed`]), `fanline bench streams` live timelines: post-to-stream latency and the
+//! server's CPU per pushed entry ([`streams`]).
 
 mod lifecycle;
 mod mixed;
@@ -13,6 +14,7 @@ mod page_cost;
 mod series;
 mod server;
 mod social;
+mod streams;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +38,7 @@ use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 pub use mixed::MixedBenchArgs;
 pub use series::SeriesBenchArgs;
 pub use social::SocialBenchArgs;
+pub use streams::StreamsBenchArgs;
 
 /// Without a subcommand, the timeline benchmark runs with these flags.
 #[derive(Clone, Debug, Args)]
@@ -96,6 +99,10 @@ pub enum BenchKind {
     /// series writes and reads), against a running server (`--server`) or one of its own:
     /// requests/s and latency per kind.
     Mixed(MixedBenchArgs),
+    /// Live timelines: streams held open by readers following a few authors each, posts at a
+    /// fixed rate over HTTP; latency from each post's 201 to its entry on every follower's
+    /// stream, every delivery checked, and the server's CPU per pushed entry.
+    Streams(StreamsBenchArgs),
 }
 
 /// One bench store: the backend, its traffic counters, and what must go when done.
@@ -276,6 +283,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(BenchKind::Series(series_args)) => return series::run(series_args).await,
         Some(BenchKind::Social(social_args)) => return social::run(social_args).await,
         Some(BenchKind::Mixed(mixed_args)) => return mixed::run(mixed_args).await,
+        Some(BenchKind::Streams(streams_args)) => return streams::run(streams_args).await,
         None => {}
     }
     let parent = tempfile::tempdir().context("failed to create a temp dir")?;

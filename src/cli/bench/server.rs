@@ -80,3 +80,16 @@ pub(super) fn admin_client(admin_token: &str) -> anyhow::Result<reqwest::Client>
         .build()
         .context("failed to build the HTTP client")
 }
+
+/// The server's metrics, as `GET /metrics` gives them (OpenMetrics text).
+pub(super) async fn metrics_text(client: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .context("failed to read /metrics")?
+        .error_for_status()?
+        .text()
+        .await
+        .context("failed to read /metrics")
+}

@@ -23,7 +23,7 @@
 //! How completion, lag and the backlog are watched: see [`post`].
 
 mod graph;
-mod pages;
+pub(super) mod pages;
 mod post;
 mod raw;
 

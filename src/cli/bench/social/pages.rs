@@ -173,11 +173,11 @@ async fn read_one(client: &reqwest::Client, url: &str) -> anyhow::Result<bytes::
     Ok(body)
 }
 
-fn process_cpu() -> anyhow::Result<Duration> {
+pub(in crate::cli::bench) fn process_cpu() -> anyhow::Result<Duration> {
     cpu_of("/proc/self/stat")
 }
 
-fn thread_cpu() -> anyhow::Result<Duration> {
+pub(in crate::cli::bench) fn thread_cpu() -> anyhow::Result<Duration> {
     cpu_of("/proc/thread-self/stat")
 }
 

@@ -547,15 +547,7 @@ struct Counters {
 }
 
 async fn scrape(server: &BenchServer) -> anyhow::Result<Counters> {
-    let text = server
-        .client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .context("failed to read /metrics")?
-        .error_for_status()?
-        .text()
-        .await?;
+    let text = super::super::server::metrics_text(&server.client, &server.base).await?;
     Ok(Counters {
         completed: counter(&text, r#"fanline_jobs_work_completed_total{kind="fanout"}"#),
         deliveries: counter(&text, "fanline_fanout_deliveries_total"),
