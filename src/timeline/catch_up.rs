@@ -17,6 +17,7 @@
 //! among entries of the same time: the floor then carries that entry's id, and entries at the
 //! floor's time whose row keys sort before it (newer, in timeline order) are still above it.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -49,9 +50,19 @@ pub struct CatchUp {
 pub(super) struct CaughtUpEach {
     /// Each entry with the cursor that resumes right after it.
     pub items: Vec<(TimelineEntry, String)>,
-    pub next_cursor: String,
     /// The authors the timeline merged at read time.
     pub merged_authors: Vec<String>,
+}
+
+/// How much of the window above the floor a read scans.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Scan {
+    /// All of it, from the floor: what a catch-up read does.
+    Window,
+    /// Only entries less than this far below the newest entry returned. Entries that land
+    /// further behind are found by the next `Window` scan, still exactly once: a stream
+    /// holds its position in memory and scans the whole window only now and then.
+    Recent(Duration),
 }
 
 /// What a catch-up cursor is signed for: the catch-up reads of one timeline.
@@ -61,7 +72,7 @@ fn catch_up_scope(owner: &SubjectId) -> String {
 
 /// What a catch-up cursor holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Position {
+pub(super) struct Position {
     /// Entries at or below this time (ticks) are never returned again; but see `floor_id`.
     floor: u64,
     /// With an id, the floor is the entry of that id at `floor`: entries at `floor` whose ids
@@ -110,6 +121,16 @@ impl Position {
             Some(event_id) => event_row_key(floor, event_id),
             None => format!("{:019}", MAX_TICKS - floor.get()),
         }
+    }
+
+    /// The lowest time a `scan` reads above (exclusive), if it is above the floor; then the
+    /// row key bound is that time's.
+    fn scan_floor(&self, scan: Scan) -> Option<u64> {
+        let Scan::Recent(span) = scan else {
+            return None;
+        };
+        let lowest = self.newest.saturating_sub(ticks_of(span));
+        (lowest > self.floor).then_some(lowest)
     }
 
     /// The newest point this position has seen, as a row key: the newest entry returned (by
@@ -194,7 +215,7 @@ impl Position {
             self.newest = self.newest.max(at);
             self.seen.push((at, short_id));
         }
-        let window_ticks = u64::try_from(window.as_nanos() / 100).unwrap_or(u64::MAX);
+        let window_ticks = ticks_of(window);
         // Entries returned at the floor's own time are above a floor that is an entry, so
         // they are remembered until the floor rises past them.
         let raised = self.newest.saturating_sub(window_ticks);
@@ -217,6 +238,11 @@ impl Position {
     }
 }
 
+/// A duration in ticks (100 ns).
+fn ticks_of(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos() / 100).unwrap_or(u64::MAX)
+}
+
 impl Timelines {
     /// The entries of `owner`'s timeline newer than `after`, oldest first. `after` is any of:
     /// - a catch-up cursor (the `next_cursor` of a read like this one): what is new since;
@@ -230,49 +256,78 @@ impl Timelines {
         limit: usize,
         after: &str,
     ) -> DomainResult<CatchUp> {
-        let read = self.read_after(owner, limit, after, false).await?;
+        check_limit(limit)?;
+        let scope = catch_up_scope(owner);
+        let mut position = self.position_after(&scope, owner, after)?;
+        let read = self
+            .read_after(owner, limit, &mut position, Scan::Window, false)
+            .await?;
         Ok(CatchUp {
             items: read.items.into_iter().map(|(entry, _)| entry).collect(),
-            next_cursor: read.next_cursor,
+            next_cursor: self.cursors.encode_bytes(&scope, &position.encode()),
         })
     }
 
-    /// A catch-up read for a live stream: each entry with the cursor that resumes right after
-    /// it, and the authors the timeline merges at read time (whose posts the stream watches).
+    /// A catch-up read for a live stream, from and moving the `position` it holds: each
+    /// entry with the cursor that resumes right after it, and the authors the timeline
+    /// merges at read time (whose posts the stream watches).
     pub(super) async fn catch_up_each(
         &self,
         owner: &SubjectId,
         limit: usize,
-        after: &str,
+        position: &mut Position,
+        scan: Scan,
     ) -> DomainResult<CaughtUpEach> {
-        self.read_after(owner, limit, after, true).await
+        self.read_after(owner, limit, position, scan, true).await
     }
 
-    /// Checks that `after` is a point a catch-up read of `owner` can start from.
-    pub(super) fn check_after(&self, owner: &SubjectId, after: &str) -> DomainResult<()> {
+    /// The position a catch-up read of `owner` from `after` starts at; a 400 if `after` is
+    /// not a point such a read takes.
+    pub(super) fn catch_up_position(
+        &self,
+        owner: &SubjectId,
+        after: &str,
+    ) -> DomainResult<Position> {
         self.position_after(&catch_up_scope(owner), owner, after)
-            .map(drop)
+    }
+
+    /// `position` as a catch-up cursor of `owner`'s timeline.
+    pub(super) fn catch_up_cursor(&self, owner: &SubjectId, position: &Position) -> String {
+        self.cursors
+            .encode_bytes(&catch_up_scope(owner), &position.encode())
     }
 
     async fn read_after(
         &self,
         owner: &SubjectId,
         limit: usize,
-        after: &str,
+        position: &mut Position,
+        scan: Scan,
         cursor_each: bool,
     ) -> DomainResult<CaughtUpEach> {
-        check_limit(limit)?;
         let scope = catch_up_scope(owner);
-        let mut position = self.position_after(&scope, owner, after)?;
         let store = self.store.as_ref();
         // Row keys of entries newer than the floor sort below this bound; a reverse read
         // from it goes oldest first.
+        let scan_floor = position.scan_floor(scan);
+        let end = match scan_floor {
+            Some(lowest) => format!("{:019}", MAX_TICKS - lowest),
+            None => position.bound(),
+        };
+        let lowest = scan_floor.unwrap_or(0);
+        // Looked up once per entry scanned: a set, since the window may hold hundreds.
+        let seen: HashSet<(u64, [u8; 6])> = position
+            .seen
+            .iter()
+            .filter(|(at, _)| *at >= lowest)
+            .copied()
+            .collect();
         let window = Window {
-            end: Some(position.bound()),
+            end: Some(end),
             direction: Direction::Reverse,
             ..Window::default()
         };
-        let expected = limit + position.seen.len() + 1;
+        let expected = limit + seen.len() + 1;
         let mut rows = Merged::open(store, &self.merged_hints, owner, &window, expected).await?;
         let mut items = Vec::with_capacity(limit);
         let mut returned = Vec::with_capacity(limit);
@@ -281,7 +336,7 @@ impl Timelines {
                 break;
             };
             let key = seen_key(&entry);
-            if !position.seen.contains(&key) {
+            if !seen.contains(&key) {
                 let cursor = if cursor_each {
                     // Entries come oldest first, so taking them in one at a time moves the
                     // floor exactly as taking in the whole read does.
@@ -297,7 +352,6 @@ impl Timelines {
         position.advance(&returned, self.settings.catch_up_window);
         Ok(CaughtUpEach {
             items,
-            next_cursor: self.cursors.encode_bytes(&scope, &position.encode()),
             merged_authors: rows.merged_authors(),
         })
     }
@@ -500,9 +554,10 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn a_catch_up_read_returns_entries_of_either_format_oldest_first_and_each_once() {
-        let dir = tempfile::tempdir().expect("temp dir");
+    /// Timelines on a fresh embedded store in `dir`, with a 60 s catch-up window.
+    async fn timelines_in(
+        dir: &tempfile::TempDir,
+    ) -> (std::sync::Arc<crate::store::EmbeddedStore>, Timelines) {
         let store = std::sync::Arc::new(
             crate::store::EmbeddedStore::open_async(dir.path())
                 .await
@@ -519,6 +574,74 @@ mod tests {
             },
             std::sync::Arc::default(),
         );
+        (store, timelines)
+    }
+
+    fn row_keys_of(read: &CaughtUpEach) -> Vec<String> {
+        read.items
+            .iter()
+            .map(|(entry, _)| entry.row_key.clone())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_recent_scan_leaves_an_entry_far_behind_to_the_next_window_scan_which_sends_it_once()
+    {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, timelines) = timelines_in(&dir).await;
+        let owner = SubjectId::parse("reader").expect("owner");
+        let start = Ticks::new(639_000_000_000_000_000)
+            .expect("ticks")
+            .to_string();
+        let mut position = timelines
+            .catch_up_position(&owner, &start)
+            .expect("a start");
+        let recent = Scan::Recent(Duration::from_secs(2));
+        let first = deliver(store.as_ref(), 100, "ann", "first", false).await;
+        let read = timelines
+            .catch_up_each(&owner, 250, &mut position, recent)
+            .await
+            .expect("read");
+        assert_eq!(row_keys_of(&read), [first.clone()]);
+
+        // Lands 1 s behind the newest sent: a recent scan finds it.
+        let near = deliver(store.as_ref(), 99, "bob", "near", false).await;
+        // Lands 10 s behind: only a window scan does.
+        let far = deliver(store.as_ref(), 90, "cat", "far", false).await;
+        let read = timelines
+            .catch_up_each(&owner, 250, &mut position, recent)
+            .await
+            .expect("read");
+        assert_eq!(row_keys_of(&read), [near.clone()]);
+        let read = timelines
+            .catch_up_each(&owner, 250, &mut position, Scan::Window)
+            .await
+            .expect("read");
+        assert_eq!(row_keys_of(&read), [far.clone()]);
+        // Nothing again, by either scan; and the last entry's cursor resumes after all three.
+        let (_, cursor) = &read.items[0];
+        for scan in [recent, Scan::Window] {
+            let again = timelines
+                .catch_up_each(&owner, 250, &mut position, scan)
+                .await
+                .expect("read");
+            assert!(again.items.is_empty(), "{scan:?} sent an entry twice");
+        }
+        let resumed = timelines
+            .catch_up(&owner, 250, cursor)
+            .await
+            .expect("caught up");
+        assert!(resumed.items.is_empty());
+        assert_eq!(
+            timelines.catch_up_cursor(&owner, &position),
+            resumed.next_cursor
+        );
+    }
+
+    #[tokio::test]
+    async fn a_catch_up_read_returns_entries_of_either_format_oldest_first_and_each_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, timelines) = timelines_in(&dir).await;
         let owner = SubjectId::parse("reader").expect("owner");
         deliver(store.as_ref(), 10, "ann", "new", false).await;
         deliver(store.as_ref(), 20, "bob", "first", true).await;

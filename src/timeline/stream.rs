@@ -5,14 +5,29 @@
 //! catch-up read returns: only durable entries that a page read shows, oldest first, each
 //! once, and from any resume point with no gap. Notices only make it prompt; the reads are the
 //! truth, so a lost or spurious notice costs latency or a read, never an entry.
+//!
+//! A stream holds its catch-up position in memory, and most reads scan only the entries just
+//! below the newest it sent ([`RECENT_SPAN`]); the whole catch-up window (which may hold
+//! hundreds of entries) is scanned once every [`WINDOW_SCAN_EVERY`]. So an entry that lands
+//! far behind newer ones still arrives, once, just later.
+
+use std::time::Duration;
 
 use serde_json::Value;
+use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::catch_up::{Position, Scan};
 use super::live::{LiveMessage, author_topic, timeline_topic};
 use super::{DomainResult, MAX_PAGE_SIZE, SubjectId, TimelineEntry, Timelines};
 use crate::keys::Ticks;
 use crate::notices::Subscription;
+
+/// How far below the newest entry sent most reads of a stream look for new entries.
+pub const RECENT_SPAN: Duration = Duration::from_secs(2);
+/// How often a stream scans its whole catch-up window, for entries that landed further
+/// behind.
+pub const WINDOW_SCAN_EVERY: Duration = Duration::from_secs(5);
 
 /// What a stream tells its client.
 #[derive(Debug)]
@@ -37,8 +52,10 @@ pub enum StreamEvent {
 pub struct TimelineStream {
     owner: SubjectId,
     subscription: Subscription,
-    /// Where the next read starts: a catch-up cursor, or what the client resumed from.
-    cursor: String,
+    /// Where the next read starts.
+    position: Position,
+    /// When the next read scans the whole catch-up window.
+    next_window_scan: Instant,
 }
 
 impl Timelines {
@@ -56,11 +73,8 @@ impl Timelines {
         // then wakes the stream rather than being missed.
         let mut subscription = self.notices.subscribe(inbox);
         subscription.watch(&timeline_topic(owner.as_str()));
-        let cursor = match after {
-            Some(after) => {
-                self.check_after(owner, after)?;
-                after.to_owned()
-            }
+        let after = match after {
+            Some(after) => after.to_owned(),
             None => match self.timeline(owner, 1, None).await?.items.first() {
                 Some(newest) => newest.row_key.clone(),
                 None => Ticks::MIN.to_string(),
@@ -69,7 +83,8 @@ impl Timelines {
         Ok(TimelineStream {
             owner: owner.clone(),
             subscription,
-            cursor,
+            position: self.catch_up_position(owner, &after)?,
+            next_window_scan: Instant::now(),
         })
     }
 }
@@ -81,7 +96,7 @@ impl TimelineStream {
         let pending = self.subscription.take();
         if pending.lagged {
             return Ok(vec![StreamEvent::Lagged {
-                cursor: self.cursor.clone(),
+                cursor: self.cursor(timelines),
             }]);
         }
         let mut events: Vec<StreamEvent> = pending
@@ -94,11 +109,17 @@ impl TimelineStream {
                 LiveMessage::Marker { marker } => StreamEvent::Marker { marker },
             })
             .collect();
+        let now = Instant::now();
+        let scan = if now >= self.next_window_scan {
+            self.next_window_scan = now + WINDOW_SCAN_EVERY;
+            Scan::Window
+        } else {
+            Scan::Recent(RECENT_SPAN)
+        };
         let read = timelines
-            .catch_up_each(&self.owner, MAX_PAGE_SIZE, &self.cursor)
+            .catch_up_each(&self.owner, MAX_PAGE_SIZE, &mut self.position, scan)
             .await?;
         self.watch_merged(&read.merged_authors);
-        self.cursor = read.next_cursor;
         events.extend(
             read.items
                 .into_iter()
@@ -112,9 +133,10 @@ impl TimelineStream {
         self.subscription.wait().await;
     }
 
-    /// Where a client resumes to have missed nothing: the stream's position.
-    pub fn cursor(&self) -> &str {
-        &self.cursor
+    /// Where a client resumes to have missed nothing: the stream's position, as a catch-up
+    /// cursor.
+    pub fn cursor(&self, timelines: &Timelines) -> String {
+        timelines.catch_up_cursor(&self.owner, &self.position)
     }
 
     /// Watches the logs of exactly the authors the timeline merges now.

@@ -342,7 +342,7 @@ fn failed(sink: &Sink, err: ApiError) {
 async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
     let mut heartbeat = watch.heartbeat();
     loop {
-        let mut resume = stream.cursor().to_owned();
+        let mut resume = stream.cursor(&watch.state.timelines);
         let events = match stream.read(&watch.state.timelines).await {
             Ok(events) => events,
             Err(err) => return failed(&sink, err.into()),
