@@ -602,7 +602,7 @@ mod tests {
             .catch_up_each(&owner, 250, &mut position, recent)
             .await
             .expect("read");
-        assert_eq!(row_keys_of(&read), [first.clone()]);
+        assert_eq!(row_keys_of(&read), [first]);
 
         // Lands 1 s behind the newest sent: a recent scan finds it.
         let near = deliver(store.as_ref(), 99, "bob", "near", false).await;
@@ -612,12 +612,12 @@ mod tests {
             .catch_up_each(&owner, 250, &mut position, recent)
             .await
             .expect("read");
-        assert_eq!(row_keys_of(&read), [near.clone()]);
+        assert_eq!(row_keys_of(&read), [near]);
         let read = timelines
             .catch_up_each(&owner, 250, &mut position, Scan::Window)
             .await
             .expect("read");
-        assert_eq!(row_keys_of(&read), [far.clone()]);
+        assert_eq!(row_keys_of(&read), [far]);
         // Nothing again, by either scan; and the last entry's cursor resumes after all three.
         let (_, cursor) = &read.items[0];
         for scan in [recent, Scan::Window] {
