@@ -154,20 +154,19 @@ impl Worker {
         millis(self.settings.lease)
     }
 
-    /// Reads a shard for available jobs from its floor; if none are there, from its start
-    /// (jobs enqueued under older ids, such as a split's parts or a deleted event's removal,
-    /// sit below the floor).
+    /// Reads a shard for available jobs from its floor, or from its start every
+    /// [`FULL_POLL_EVERY`]. A split's parts sort right after their job, which is at or above
+    /// the floor while it runs, so they are found at once; a job enqueued under an older id (a
+    /// deleted event's removal, a dead letter re-queued) waits for the next read from the
+    /// start. An empty shard is not read from its start on every wake: on an LSM store that
+    /// read wades through every job deleted since the last compaction, and idle workers are
+    /// woken by every post.
     async fn poll(&mut self, shard: u32) -> JobResult<queue::Poll> {
         let from = self.floors.from(shard, Instant::now());
-        let mut poll =
+        let poll =
             queue::available(self.store.as_ref(), shard, from.as_deref(), now_ms()).await?;
         self.floors
             .polled(shard, from.is_none(), poll.first.clone(), Instant::now());
-        if from.is_some() && poll.available.is_empty() {
-            poll = queue::available(self.store.as_ref(), shard, None, now_ms()).await?;
-            self.floors
-                .polled(shard, true, poll.first.clone(), Instant::now());
-        }
         Ok(poll)
     }
 
