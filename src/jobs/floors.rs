@@ -39,6 +39,13 @@ impl Floors {
         floor.row.clone()
     }
 
+    /// Whether `shard` was last read from its start at least `every` before `now` (or never).
+    pub fn read_whole_since(&self, shard: u32, now: Instant, every: Duration) -> bool {
+        self.shards
+            .get(&shard)
+            .is_none_or(|floor| now.saturating_duration_since(floor.full_scan_at) >= every)
+    }
+
     /// Notes what a read of `shard` found first (`full`: it read from the start).
     pub fn polled(&mut self, shard: u32, full: bool, first: Option<String>, now: Instant) {
         let floor = self.shards.entry(shard).or_insert_with(|| Floor {
@@ -78,6 +85,10 @@ mod tests {
         assert_eq!(floors.from(3, start).as_deref(), Some("job-d"));
         // Jobs may appear below the floor: the shard is read whole again after a while,
         // and that read sets the floor wherever its first job is.
+        let soon = start + every / 10;
+        assert!(!floors.read_whole_since(3, soon, every / 5));
+        assert!(floors.read_whole_since(3, soon, every / 10));
+        assert!(floors.read_whole_since(5, soon, every), "never read whole");
         let later = start + every;
         assert_eq!(floors.from(3, later), None);
         floors.polled(3, true, Some("job-a".into()), later);

@@ -98,6 +98,9 @@ const RECORD_BYTES_BOUND: usize = 4096;
 /// How often a worker polls a shard from its start rather than from its floor (see
 /// [`Floors`]).
 const FULL_POLL_EVERY: Duration = Duration::from_millis(500);
+/// How often at most a worker reads a shard from its start because nothing was available
+/// past its floor.
+const RECHECK_EMPTY_EVERY: Duration = Duration::from_millis(50);
 
 /// Longest pause of the worker loop after a failed step (the store unreachable).
 const STEP_BACKOFF_CAP_MS: i64 = 2_000;
@@ -154,19 +157,25 @@ impl Worker {
         millis(self.settings.lease)
     }
 
-    /// Reads a shard for available jobs from its floor, or from its start every
-    /// [`FULL_POLL_EVERY`]. A split's parts sort right after their job, which is at or above
-    /// the floor while it runs, so they are found at once; a job enqueued under an older id (a
-    /// deleted event's removal, a dead letter re-queued) waits for the next read from the
-    /// start. An empty shard is not read from its start on every wake: on an LSM store that
+    /// Reads a shard for available jobs from its floor; if none are there, from its start
+    /// (jobs enqueued under older ids, such as a split's parts or a deleted event's removal,
+    /// sit below the floor), but at most every [`RECHECK_EMPTY_EVERY`]: on an LSM store that
     /// read wades through every job deleted since the last compaction, and idle workers are
     /// woken by every post.
     async fn poll(&mut self, shard: u32) -> JobResult<queue::Poll> {
         let from = self.floors.from(shard, Instant::now());
-        let poll =
+        let mut poll =
             queue::available(self.store.as_ref(), shard, from.as_deref(), now_ms()).await?;
         self.floors
             .polled(shard, from.is_none(), poll.first.clone(), Instant::now());
+        if from.is_some()
+            && poll.available.is_empty()
+            && self.floors.read_whole_since(shard, Instant::now(), RECHECK_EMPTY_EVERY)
+        {
+            poll = queue::available(self.store.as_ref(), shard, None, now_ms()).await?;
+            self.floors
+                .polled(shard, true, poll.first.clone(), Instant::now());
+        }
         Ok(poll)
     }
 
