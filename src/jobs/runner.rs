@@ -170,7 +170,9 @@ impl Worker {
             .polled(shard, from.is_none(), poll.first.clone(), Instant::now());
         if from.is_some()
             && poll.available.is_empty()
-            && self.floors.read_whole_since(shard, Instant::now(), RECHECK_EMPTY_EVERY)
+            && self
+                .floors
+                .read_whole_since(shard, Instant::now(), RECHECK_EMPTY_EVERY)
         {
             poll = queue::available(self.store.as_ref(), shard, None, now_ms()).await?;
             self.floors

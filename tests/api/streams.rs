@@ -1,7 +1,8 @@
 //! Live streams over server-sent events, read with a real SSE client (`eventsource-stream`
 //! over `reqwest`): entries arrive live and in order, a reconnect resumes with no gap and no
 //! duplicate, removals, unfollows and merged authors' posts are told, limits are 429s, a slow
-//! client is told it lagged, and streams end on revocation and shutdown.
+//! client is told it lagged, a store failure is told as `error`, and streams end on revocation
+//! and shutdown.
 
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -26,6 +27,7 @@ on_both_backends!(
     a_revoked_tokens_stream_closes_and_shutdown_closes_every_stream,
     a_quiet_stream_sends_heartbeats,
     a_moved_read_marker_is_sent_to_every_stream_of_its_subject,
+    a_store_failure_is_sent_as_error_and_a_reconnect_resumes_with_no_gap,
 );
 
 /// How long any single expected event may take.
@@ -250,6 +252,31 @@ async fn a_deleted_event_is_sent_as_removed(backend: Backend) {
     // And the stream goes on.
     post(&app, "writer", "after").await;
     assert_eq!(stream.entries(1).await.0, ["after"]);
+}
+
+async fn a_store_failure_is_sent_as_error_and_a_reconnect_resumes_with_no_gap(backend: Backend) {
+    use fanline::store::Table;
+    use fanline::store::fault::{Calls, Fault, Op};
+
+    let (app, mut stream) = reader_of_writer(backend, |_| {}).await;
+    post(&app, "writer", "before").await;
+    let (_, last_id) = stream.entries(1).await;
+    // Timeline reads fail (the fan-out only writes timelines, so the entry still lands).
+    app.faults
+        .fail_always(Calls::on(Op::Query, Table::Timelines), Fault::Unavailable);
+    post(&app, "writer", "during").await;
+    let failed = stream.expect("error", 1).await;
+    let body: Value = serde_json::from_str(&failed[0].data).expect("an error body");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    stream.expect_end().await;
+
+    app.faults.clear();
+    let mut resumed = Sse::open(&app, &stream_path("reader"), Some(&last_id))
+        .await
+        .expect("reopened");
+    assert_eq!(resumed.entries(1).await.0, ["during"]);
+    post(&app, "writer", "after").await;
+    assert_eq!(resumed.entries(1).await.0, ["after"]);
 }
 
 async fn an_unfollow_is_sent_and_a_merged_authors_posts_arrive_like_pushed_ones(backend: Backend) {
