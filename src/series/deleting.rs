@@ -7,10 +7,12 @@
 //! delete comes after them.
 
 use super::catalogue::{meta_partition, tag_partition};
+use super::latest::{self, LATEST_ROW};
 use super::layout::NAMES_PARTITION;
 use super::layout::{bucket_of, day_start, parse_day, parse_ticks, partition, row_key};
 use super::plan::{days_partition, days_query};
 use super::reading::Range;
+use super::retention::RETENTION_ROW;
 use super::{Series, SeriesName, codec, journal};
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
@@ -46,7 +48,7 @@ async fn days_page(
 
 impl Series {
     /// Deletes the points of `series` in `range`; returns how many went. The series and its
-    /// tags stay.
+    /// tags stay; a latest point among those deleted gives way to the newest one left.
     pub async fn delete_points(&self, series: &SeriesName, range: Range) -> DomainResult<u64> {
         let store = self.store.as_ref();
         let name = series.as_str();
@@ -67,13 +69,15 @@ impl Series {
                 deleted += delete_in_day(store, name, day, range).await?;
             }
             if !full {
+                latest::after_delete(store, name, range.from, range.to).await?;
                 return Ok(deleted);
             }
             after_day = days.last().map(|row| row.row.clone());
         }
     }
 
-    /// Deletes `series`: its points, its days, its tags and its name. 404 if unknown.
+    /// Deletes `series`: its points, its days, its tags, latest record, retention and name.
+    /// 404 if unknown.
     pub async fn delete_series(&self, series: &SeriesName) -> DomainResult<()> {
         let store = self.store.as_ref();
         let name = series.as_str();
@@ -131,6 +135,8 @@ impl Series {
             .map(|tag| Write::delete(Table::SeriesIndex, tag_partition(tag), name))
             .collect();
         writes.push(Write::delete(Table::SeriesIndex, &meta, "tags"));
+        writes.push(Write::delete(Table::SeriesIndex, &meta, LATEST_ROW));
+        writes.push(Write::delete(Table::SeriesIndex, &meta, RETENTION_ROW));
         writes.push(Write::delete(Table::SeriesIndex, NAMES_PARTITION, name));
         store.batch_write(writes).await?;
         Ok(())
