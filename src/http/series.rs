@@ -35,13 +35,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(read_tags, write_tags))
         .routes(routes!(read_retention, write_retention))
         .routes(routes!(read_latest))
-        .routes(routes!(read_latest_listed))
-        // `/v1/series/latest` is a route of its own, so it takes the DELETE of the series
-        // named `latest` too; documented as `DELETE /v1/series/{series}`.
-        .route(
-            "/v1/series/latest",
-            axum::routing::delete(delete_series_named_latest),
-        )
+        .routes(routes!(read_latest_listed, delete_series_named_latest))
 }
 
 pub(super) fn series_name(text: &str) -> Result<SeriesName, ApiError> {
@@ -468,7 +462,17 @@ async fn delete_series(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `DELETE /v1/series/{series}` for the series named `latest`.
+/// Deletes the series named `latest`: `/v1/series/latest` is the route of the latest values
+/// of many series, so it takes this series' `DELETE /v1/series/{series}` too.
+#[utoipa::path(
+    delete,
+    path = "/v1/series/latest",
+    tag = "series",
+    responses(
+        (status = NO_CONTENT, description = "Deleted"),
+        (status = NOT_FOUND, description = "No series named `latest`", body = ErrorBody),
+    )
+)]
 async fn delete_series_named_latest(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
     state.series.delete_series(&series_name("latest")?).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -592,9 +596,13 @@ impl From<RetentionSetting> for RetentionResponse {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RetentionRequest {
-    /// `forever`, or a duration of whole seconds such as `30d`, `12h` or `1w`, of at least
-    /// `1h`; null to follow the server's default again.
-    #[schema(required = true, example = "30d")]
+    /// `forever`, or a duration such as `30d`, `12h` or `1w`, of at least `1h`; null to
+    /// follow the server's default again.
+    #[schema(
+        required = true,
+        example = "30d",
+        pattern = r"^(?:forever|[1-9][0-9]{0,5}[hdw]|(?:[6-9][0-9]|[1-9][0-9]{2,5})m|(?:3[6-9][0-9]{2}|[4-9][0-9]{3}|[1-9][0-9]{4,6})s)$"
+    )]
     #[serde(deserialize_with = "present")]
     retention: Option<String>,
 }

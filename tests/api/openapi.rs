@@ -20,7 +20,7 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 36] = [
+const OPERATIONS: [&str; 37] = [
     "GET /healthz",
     "GET /metrics",
     "GET /openapi.json",
@@ -31,6 +31,7 @@ const OPERATIONS: [&str; 36] = [
     "GET /v1/admin/tokens",
     "DELETE /v1/admin/tokens/{token_id}",
     "GET /v1/series",
+    "DELETE /v1/series/latest",
     "GET /v1/series/latest",
     "DELETE /v1/series/{series}",
     "DELETE /v1/series/{series}/points",
