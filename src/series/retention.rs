@@ -498,7 +498,9 @@ mod tests {
         }
         assert_eq!(Retention::Forever.text(), "forever");
         // The edges of the pattern the OpenAPI document gives.
-        for edge in ["1h", "60m", "3600s", "9999999s", "999999m", "999999d", "999999w"] {
+        for edge in [
+            "1h", "60m", "3600s", "9999999s", "999999m", "999999d", "999999w",
+        ] {
             assert!(Retention::parse(edge).is_ok(), "{edge}");
         }
     }

@@ -55,8 +55,9 @@ async fn stopped(mut app: TestApp) -> TestStore {
 }
 
 async fn expired_points_are_hidden_at_once_and_the_sweep_then_deletes_their_rows(backend: Backend) {
-    // Sweeps an hour apart: the one at start-up finds nothing, and no other comes.
-    let app = spawn_app_with(TestStore::new(backend).await, |config| config.workers = 2).await;
+    // No workers: the sweep enqueued at start-up waits in the queue, and the next is an
+    // hour away, so nothing is swept until the app below with workers.
+    let app = spawn_app_with(TestStore::new(backend).await, |config| config.workers = 0).await;
     let old = ticks(OLD_DAY);
     // Three old days, 3 points a day in rows of their own, and two recent points.
     let mut all: Vec<Value> = (0..3)
@@ -121,7 +122,7 @@ async fn expired_points_are_hidden_at_once_and_the_sweep_then_deletes_their_rows
 
     // A retention the newest point is past: the latest value is hidden too.
     let store = stopped(app).await;
-    let app = spawn_app_with(store, |config| config.workers = 2).await;
+    let app = spawn_app_with(store, |config| config.workers = 0).await;
     write(&app, "gone", points(old, SECOND, 2, |_| 1.0)).await;
     put_retention(&app, "gone", json!({"retention": "1w"})).await;
     let latest = app
