@@ -100,22 +100,7 @@ impl Series {
                 let Some(day) = parse_day(&day_row.row) else {
                     continue;
                 };
-                let part = partition(name, day);
-                loop {
-                    let rows = store
-                        .query(Query::partition(Table::SeriesPoints, &part, 500))
-                        .await?;
-                    if rows.is_empty() {
-                        break;
-                    }
-                    store
-                        .batch_write(
-                            rows.into_iter()
-                                .map(|row| Write::delete(Table::SeriesPoints, &part, row.row))
-                                .collect(),
-                        )
-                        .await?;
-                }
+                delete_rows(store, &partition(name, day), None).await?;
                 store
                     .batch_write(vec![Write::delete(
                         Table::SeriesIndex,
@@ -140,6 +125,36 @@ impl Series {
         writes.push(Write::delete(Table::SeriesIndex, NAMES_PARTITION, name));
         store.batch_write(writes).await?;
         Ok(())
+    }
+}
+
+/// Deletes the rows of points partition `part` keyed before `end` (all with `None`), 500 at a
+/// time, unconditionally; returns how many went.
+pub(super) async fn delete_rows(
+    store: &dyn Store,
+    part: &str,
+    end: Option<String>,
+) -> DomainResult<u64> {
+    const PAGE: usize = 500;
+    let mut deleted = 0;
+    loop {
+        let rows = store
+            .query(Query::partition(Table::SeriesPoints, part, PAGE).range(None, end.clone()))
+            .await?;
+        let count = rows.len();
+        if count > 0 {
+            store
+                .batch_write(
+                    rows.into_iter()
+                        .map(|row| Write::delete(Table::SeriesPoints, part, row.row))
+                        .collect(),
+                )
+                .await?;
+        }
+        deleted += count as u64;
+        if count < PAGE {
+            return Ok(deleted);
+        }
     }
 }
 

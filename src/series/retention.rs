@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::catalogue::{meta_partition, register};
+use super::deleting::delete_rows;
 use super::journal::Prepared;
 use super::latest::WriteHead;
 use super::layout::{
@@ -57,8 +58,6 @@ const MIN_RETENTION_SECS: u64 = 3600;
 const FOREVER: &str = "forever";
 /// Series read per page of a sweep (one checkpoint each).
 const SWEEP_PAGE: usize = 100;
-/// Rows deleted per batch when a day expires.
-const DELETE_PAGE: usize = 500;
 /// Where the time of the last sweep is kept, in `meta`.
 const SWEEP_PARTITION: &str = "series-retention";
 const SWEEP_ROW: &str = "last-sweep";
@@ -340,30 +339,12 @@ pub async fn expire(store: &dyn Store, series: &str, floor: u64) -> DomainResult
     }
     // A row's points lie within its bucket, so a row keyed before the floor's bucket has
     // expired whole.
-    let part = partition(series, first_kept_day);
-    loop {
-        let rows = store
-            .query(
-                Query::partition(Table::SeriesPoints, &part, DELETE_PAGE)
-                    .range(None, Some(row_key(bucket_of(floor)))),
-            )
-            .await?;
-        let count = rows.len();
-        if count == 0 {
-            break;
-        }
-        store
-            .batch_write(
-                rows.into_iter()
-                    .map(|row| Write::delete(Table::SeriesPoints, &part, row.row))
-                    .collect(),
-            )
-            .await?;
-        deleted += count as u64;
-        if count < DELETE_PAGE {
-            break;
-        }
-    }
+    deleted += delete_rows(
+        store,
+        &partition(series, first_kept_day),
+        Some(row_key(bucket_of(floor))),
+    )
+    .await?;
     latest::expire(store, series, floor).await?;
     Ok(deleted)
 }
@@ -371,24 +352,7 @@ pub async fn expire(store: &dyn Store, series: &str, floor: u64) -> DomainResult
 /// Deletes one expired day of `series`: its rows, what is derived from them, then its
 /// index row (last, so no row is ever unreachable).
 async fn expire_day(store: &dyn Store, series: &str, day: u64) -> DomainResult<u64> {
-    let part = partition(series, day);
-    let mut deleted = 0;
-    loop {
-        let rows = store
-            .query(Query::partition(Table::SeriesPoints, &part, DELETE_PAGE))
-            .await?;
-        if rows.is_empty() {
-            break;
-        }
-        deleted += rows.len() as u64;
-        store
-            .batch_write(
-                rows.into_iter()
-                    .map(|row| Write::delete(Table::SeriesPoints, &part, row.row))
-                    .collect(),
-            )
-            .await?;
-    }
+    let deleted = delete_rows(store, &partition(series, day), None).await?;
     delete_derived_rows(store, series, day).await?;
     store
         .batch_write(vec![Write::delete(
