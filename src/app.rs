@@ -132,7 +132,8 @@ async fn app_state(
     .with_backlog(backlog.clone())
     .with_notices(notices.clone());
     let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
-        .with_notices(notices.clone());
+        .with_notices(notices.clone())
+        .with_default_retention(config.series_retention);
     Ok(AppState {
         timelines: Arc::new(timelines),
         series: Arc::new(series),
@@ -224,6 +225,16 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 /// The job workers of one process, with the handlers of every domain.
 pub struct Workers {
     workers: Vec<Worker>,
+    /// Enqueues the series retention sweeps the workers run.
+    retention_sweeps: RetentionSweeps,
+}
+
+/// What scheduling retention sweeps needs.
+struct RetentionSweeps {
+    store: Arc<dyn Store>,
+    settings: crate::series::RetentionSettings,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
 }
 
 impl Workers {
@@ -247,7 +258,7 @@ impl Workers {
             wake,
             notices,
         )
-        .extend(crate::series::job_handlers(store));
+        .extend(crate::series::job_handlers(store, config.series_retention));
         let workers = (0..config.workers)
             .map(|_| {
                 Worker::new(
@@ -260,13 +271,29 @@ impl Workers {
                 )
             })
             .collect();
-        Ok(Workers { workers })
+        let retention_sweeps = RetentionSweeps {
+            store: store.clone(),
+            settings: config.retention_settings(),
+            wake: wake.clone(),
+            shutdown: shutdown.clone(),
+        };
+        Ok(Workers {
+            workers,
+            retention_sweeps,
+        })
     }
 
     pub fn spawn_on(self, tracker: &TaskTracker) {
         for worker in self.workers {
             tracker.spawn(worker.run());
         }
+        let sweeps = self.retention_sweeps;
+        tracker.spawn(crate::series::retention::keep_sweeping(
+            sweeps.store,
+            sweeps.settings,
+            sweeps.wake,
+            sweeps.shutdown,
+        ));
     }
 }
 

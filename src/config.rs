@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use crate::http::serve::ConnectionLimits;
 use crate::http::stream::StreamLimits;
 use crate::jobs::RunnerSettings;
+use crate::series::{Retention, RetentionSettings};
 use crate::store::{DynamoConfig, EmbeddedSettings};
 use crate::timeline::Settings;
 use crate::timeline::fanout::FanoutSettings;
@@ -203,6 +204,19 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(8..=1_048_576))]
     pub write_buffer_mb: u64,
 
+    /// How long series keep their points when they have no retention of their own:
+    /// `forever`, or a duration such as `30d`, `12h` or `1w` (at least `1h`). Older points
+    /// are never read and are deleted by the retention sweep.
+    #[arg(long, env = "FANLINE_SERIES_RETENTION", default_value = "forever",
+          value_parser = crate::series::retention::parse_flag)]
+    pub series_retention: Retention,
+
+    /// Milliseconds between series retention sweeps (one process of all those sharing the
+    /// store enqueues each; a worker runs it).
+    #[arg(long, env = "FANLINE_SERIES_RETENTION_SWEEP_MS", default_value_t = 3_600_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub series_retention_sweep_ms: u64,
+
     /// Token lookups the server caches (each for at most 500 ms).
     #[arg(long, env = "FANLINE_TOKEN_CACHE_ENTRIES", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
@@ -291,6 +305,13 @@ impl Config {
         }
     }
 
+    pub fn retention_settings(&self) -> RetentionSettings {
+        RetentionSettings {
+            default: self.series_retention,
+            sweep_every: Duration::from_millis(self.series_retention_sweep_ms),
+        }
+    }
+
     pub fn dynamo_config(&self) -> DynamoConfig {
         DynamoConfig {
             endpoint: self.dynamodb_endpoint.clone(),
@@ -349,6 +370,8 @@ mod tests {
         assert_eq!(config.cache_mb, 32);
         assert_eq!(config.write_buffer_mb, 32);
         assert_eq!(config.token_cache_entries, 10_000);
+        assert_eq!(config.series_retention, Retention::Forever);
+        assert_eq!(config.series_retention_sweep_ms, 3_600_000);
         let embedded = config.embedded_settings();
         assert_eq!(embedded.cache_bytes, 32 * 1024 * 1024);
         assert_eq!(embedded.write_buffer_bytes, 32 * 1024 * 1024);

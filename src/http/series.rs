@@ -1,5 +1,5 @@
-//! The series API: points by range, step aggregates, aligned series, deletes, tags and the
-//! catalogue.
+//! The series API: points by range, step aggregates, aligned series, deletes, tags, the
+//! catalogue, retention and the latest value.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -17,7 +17,10 @@ use super::schema::{Aggregation, Cursor, Name, SeriesNames, Step, Tag};
 use crate::keys::Ticks;
 use crate::series::catalogue::DEFAULT_LIST_PAGE;
 use crate::series::reading::{DEFAULT_SERIES_PAGE, Range};
-use crate::series::{Aggregate, MAX_POINTS_PER_SERIES_WRITE, NewPoints, Point, SeriesName};
+use crate::series::{
+    Aggregate, Latest, MAX_POINTS_PER_SERIES_WRITE, NewPoints, Point, Retention, RetentionSetting,
+    SeriesName,
+};
 
 /// Largest series request body: a batch of 200,000 points at about 70 bytes each.
 pub const MAX_SERIES_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -30,6 +33,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(write_points, read_points, delete_points))
         .routes(routes!(delete_series))
         .routes(routes!(read_tags, write_tags))
+        .routes(routes!(read_retention, write_retention))
+        .routes(routes!(read_latest))
+        .routes(routes!(read_latest_listed, delete_series_named_latest))
 }
 
 pub(super) fn series_name(text: &str) -> Result<SeriesName, ApiError> {
@@ -456,6 +462,22 @@ async fn delete_series(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Deletes the series named `latest`: `/v1/series/latest` is the route of the latest values
+/// of many series, so it takes this series' `DELETE /v1/series/{series}` too.
+#[utoipa::path(
+    delete,
+    path = "/v1/series/latest",
+    tag = "series",
+    responses(
+        (status = NO_CONTENT, description = "Deleted"),
+        (status = NOT_FOUND, description = "No series named `latest`", body = ErrorBody),
+    )
+)]
+async fn delete_series_named_latest(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+    state.series.delete_series(&series_name("latest")?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Tags {
@@ -544,4 +566,168 @@ async fn list_series(
         )
         .await?;
     Ok(axum::Json(PageResponse::new(list.items, list.next_cursor)))
+}
+
+/// A series' retention.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct RetentionResponse {
+    /// `forever`, or a duration in its largest whole unit: `30d`, `36h`, `90m`, `3601s`.
+    #[schema(example = "30d")]
+    retention: String,
+    /// The retention in seconds; null for forever.
+    seconds: Option<u64>,
+    /// `series` when set on this series, `default` when it follows the server's
+    /// (`--series-retention`).
+    #[schema(pattern = "^(series|default)$")]
+    source: String,
+}
+
+impl From<RetentionSetting> for RetentionResponse {
+    fn from(setting: RetentionSetting) -> Self {
+        RetentionResponse {
+            retention: setting.retention.text(),
+            seconds: setting.retention.seconds(),
+            source: if setting.own { "series" } else { "default" }.to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct RetentionRequest {
+    /// `forever`, or a duration such as `30d`, `12h` or `1w`, of at least `1h`; null to
+    /// follow the server's default again.
+    #[schema(
+        required = true,
+        example = "30d",
+        pattern = r"^(?:forever|[1-9][0-9]{0,5}[hdw]|(?:[6-9][0-9]|[1-9][0-9]{2,5})m|(?:3[6-9][0-9]{2}|[4-9][0-9]{3}|[1-9][0-9]{4,6})s)$"
+    )]
+    #[serde(deserialize_with = "present")]
+    retention: Option<String>,
+}
+
+/// An `Option` field that must be present, though it may be null (serde takes a missing
+/// `Option` field for null unless told otherwise).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    Option::deserialize(deserializer)
+}
+
+/// How long a series keeps its points.
+#[utoipa::path(
+    get,
+    path = "/v1/series/{series}/retention",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name")),
+    responses(
+        (status = OK, description = "The retention in force", body = RetentionResponse),
+        (status = NOT_FOUND, description = "No such series", body = ErrorBody),
+    )
+)]
+async fn read_retention(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+) -> Result<axum::Json<RetentionResponse>, ApiError> {
+    let series = series_name(&series)?;
+    Ok(axum::Json(state.series.retention(&series).await?.into()))
+}
+
+/// Sets how long a series keeps its points (creating it in the catalogue if need be). Reads
+/// stop returning older points at once; the retention sweep deletes them.
+#[utoipa::path(
+    put,
+    path = "/v1/series/{series}/retention",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name")),
+    request_body = RetentionRequest,
+    responses(
+        (status = OK, description = "The retention now in force", body = RetentionResponse),
+    )
+)]
+async fn write_retention(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+    Json(request): Json<RetentionRequest>,
+) -> Result<axum::Json<RetentionResponse>, ApiError> {
+    let series = series_name(&series)?;
+    let retention = request
+        .retention
+        .as_deref()
+        .map(Retention::parse)
+        .transpose()
+        .map_err(|message| ApiError::bad_request("invalid_retention", message))?;
+    let setting = state.series.set_retention(&series, retention).await?;
+    Ok(axum::Json(setting.into()))
+}
+
+/// The latest value of a series.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct LatestResponse {
+    #[schema(value_type = Name)]
+    pub(crate) series: String,
+    /// RFC 3339; null when the series has no point within its retention.
+    #[schema(format = DateTime, required = true)]
+    pub(crate) at: Option<String>,
+    /// Null when the series has no point within its retention.
+    #[schema(required = true)]
+    pub(crate) value: Option<f64>,
+}
+
+impl From<Latest> for LatestResponse {
+    fn from(latest: Latest) -> Self {
+        LatestResponse {
+            series: latest.series,
+            at: latest
+                .point
+                .map(|point| Ticks::clamped(point.at).to_string()),
+            value: latest.point.map(|point| point.value),
+        }
+    }
+}
+
+/// The newest point of a series: one read, whatever its size.
+#[utoipa::path(
+    get,
+    path = "/v1/series/{series}/latest",
+    tag = "series",
+    params(("series" = Name, Path, description = "The series name")),
+    responses(
+        (status = OK, description = "The newest point, or nulls when there is none", body = LatestResponse),
+        (status = NOT_FOUND, description = "No such series", body = ErrorBody),
+    )
+)]
+async fn read_latest(
+    State(state): State<AppState>,
+    Path(series): Path<String>,
+) -> Result<axum::Json<LatestResponse>, ApiError> {
+    let series = series_name(&series)?;
+    Ok(axum::Json(state.series.latest(&series).await?.into()))
+}
+
+/// The newest point of each series of a listing page, in name order: the listing of
+/// `GET /v1/series` (same parameters, same cursors), then one batch read.
+#[utoipa::path(
+    get,
+    path = "/v1/series/latest",
+    tag = "series",
+    params(ListParams),
+    responses((status = OK, description = "A page of latest values", body = PageResponse<LatestResponse>))
+)]
+async fn read_latest_listed(
+    State(state): State<AppState>,
+    Query(params): Query<ListParams>,
+) -> Result<axum::Json<PageResponse<LatestResponse>>, ApiError> {
+    let page = state
+        .series
+        .latest_listed(
+            params.start.as_deref(),
+            params.tag.as_deref(),
+            params.limit.unwrap_or(DEFAULT_LIST_PAGE),
+            params.cursor.as_deref(),
+        )
+        .await?;
+    Ok(axum::Json(PageResponse::new(
+        page.items.into_iter().map(LatestResponse::from).collect(),
+        page.next_cursor,
+    )))
 }

@@ -7,10 +7,12 @@
 //! delete comes after them.
 
 use super::catalogue::{meta_partition, tag_partition};
+use super::latest::{self, LATEST_ROW};
 use super::layout::NAMES_PARTITION;
 use super::layout::{bucket_of, day_start, parse_day, parse_ticks, partition, row_key};
 use super::plan::{days_partition, days_query};
 use super::reading::Range;
+use super::retention::RETENTION_ROW;
 use super::{Series, SeriesName, codec, journal};
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
@@ -46,7 +48,7 @@ async fn days_page(
 
 impl Series {
     /// Deletes the points of `series` in `range`; returns how many went. The series and its
-    /// tags stay.
+    /// tags stay; a latest point among those deleted gives way to the newest one left.
     pub async fn delete_points(&self, series: &SeriesName, range: Range) -> DomainResult<u64> {
         let store = self.store.as_ref();
         let name = series.as_str();
@@ -67,13 +69,15 @@ impl Series {
                 deleted += delete_in_day(store, name, day, range).await?;
             }
             if !full {
+                latest::after_delete(store, name, range.from, range.to).await?;
                 return Ok(deleted);
             }
             after_day = days.last().map(|row| row.row.clone());
         }
     }
 
-    /// Deletes `series`: its points, its days, its tags and its name. 404 if unknown.
+    /// Deletes `series`: its points, its days, its tags, latest record, retention and name.
+    /// 404 if unknown.
     pub async fn delete_series(&self, series: &SeriesName) -> DomainResult<()> {
         let store = self.store.as_ref();
         let name = series.as_str();
@@ -96,22 +100,7 @@ impl Series {
                 let Some(day) = parse_day(&day_row.row) else {
                     continue;
                 };
-                let part = partition(name, day);
-                loop {
-                    let rows = store
-                        .query(Query::partition(Table::SeriesPoints, &part, 500))
-                        .await?;
-                    if rows.is_empty() {
-                        break;
-                    }
-                    store
-                        .batch_write(
-                            rows.into_iter()
-                                .map(|row| Write::delete(Table::SeriesPoints, &part, row.row))
-                                .collect(),
-                        )
-                        .await?;
-                }
+                delete_rows(store, &partition(name, day), None).await?;
                 store
                     .batch_write(vec![Write::delete(
                         Table::SeriesIndex,
@@ -131,9 +120,41 @@ impl Series {
             .map(|tag| Write::delete(Table::SeriesIndex, tag_partition(tag), name))
             .collect();
         writes.push(Write::delete(Table::SeriesIndex, &meta, "tags"));
+        writes.push(Write::delete(Table::SeriesIndex, &meta, LATEST_ROW));
+        writes.push(Write::delete(Table::SeriesIndex, &meta, RETENTION_ROW));
         writes.push(Write::delete(Table::SeriesIndex, NAMES_PARTITION, name));
         store.batch_write(writes).await?;
         Ok(())
+    }
+}
+
+/// Deletes the rows of points partition `part` keyed before `end` (all with `None`), 500 at a
+/// time, unconditionally; returns how many went.
+pub(super) async fn delete_rows(
+    store: &dyn Store,
+    part: &str,
+    end: Option<String>,
+) -> DomainResult<u64> {
+    const PAGE: usize = 500;
+    let mut deleted = 0;
+    loop {
+        let rows = store
+            .query(Query::partition(Table::SeriesPoints, part, PAGE).range(None, end.clone()))
+            .await?;
+        let count = rows.len();
+        if count > 0 {
+            store
+                .batch_write(
+                    rows.into_iter()
+                        .map(|row| Write::delete(Table::SeriesPoints, part, row.row))
+                        .collect(),
+                )
+                .await?;
+        }
+        deleted += count as u64;
+        if count < PAGE {
+            return Ok(deleted);
+        }
     }
 }
 

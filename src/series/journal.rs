@@ -25,9 +25,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::SeriesName;
 use super::plan::{self, merge};
+use super::retention::Retention;
 use super::{Point, codec};
+use super::{SeriesName, latest};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{
     Condition, Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table, Write,
@@ -349,10 +350,22 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
 
 /// Merges `points` into `series`' rows in transactions of a few rows each, planning again
 /// when another writer changed a row first. Index rows go first, so no row is ever
-/// unreachable.
+/// unreachable. The latest record is written with them (reads overlay a committed batch, so
+/// its newest point is already visible).
 pub async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> DomainResult<()> {
+    let names = [series];
     for _ in 0..APPLY_ATTEMPTS {
-        let mut planned = plan::plan(store, series, points).await?.writes;
+        let (plan, heads) = futures::try_join!(
+            plan::plan(store, series, points),
+            // Only its latest record matters here: the write dropped expired points already.
+            latest::read_heads(store, &names, Retention::Forever),
+        )?;
+        let mut planned = plan.writes;
+        planned.extend(
+            heads
+                .first()
+                .map(|head| latest::write_after(series, head, points)),
+        );
         planned.sort_by_key(|write| write.table() != Table::SeriesIndex);
         let mut conflict = false;
         for group in planned.chunks(APPLY_WRITES_PER_TRANSACTION.min(MAX_TRANSACTION_WRITES)) {

@@ -10,15 +10,19 @@
 //! - [`reading`]: raw pages, step aggregates, aligned series
 //! - [`deleting`]: range and whole-series deletes, a page at a time
 //! - [`catalogue`]: series names and tags
+//! - [`retention`]: how long points are kept, and the sweep job that deletes expired ones
+//! - [`latest`]: each series' latest point, kept up to date by every write
 
 pub(crate) mod catalogue;
 pub mod codec;
 mod deleting;
 mod journal;
+pub mod latest;
 pub mod layout;
 pub(crate) mod live;
 mod plan;
 pub(crate) mod reading;
+pub mod retention;
 mod scan;
 mod writing;
 
@@ -31,7 +35,9 @@ use crate::notices::Notices;
 use crate::store::Store;
 use crate::timeline::{check_no_dot_segments, check_printable};
 
+pub use latest::{Latest, LatestPage};
 pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage};
+pub use retention::{Retention, RetentionSetting, RetentionSettings};
 pub use writing::NewPoints;
 
 /// Longest series name, in UTF-8 bytes.
@@ -85,6 +91,8 @@ pub struct Series {
     wake_workers: Arc<Notify>,
     /// Tells live tails of the points written.
     notices: Notices,
+    /// The retention of series with none of their own.
+    default_retention: Retention,
 }
 
 impl Series {
@@ -94,6 +102,7 @@ impl Series {
             cursors,
             wake_workers,
             notices: Notices::local(),
+            default_retention: Retention::Forever,
         }
     }
 
@@ -104,9 +113,15 @@ impl Series {
     }
 }
 
-/// The job handlers of the series domain: applying committed batches.
-pub fn job_handlers(store: &Arc<dyn Store>) -> crate::jobs::Handlers {
-    crate::jobs::Handlers::default().with(Arc::new(journal::ApplyBatchHandler {
-        store: store.clone(),
-    }))
+/// The job handlers of the series domain: applying committed batches, and retention sweeps
+/// (which apply `default_retention` to series with none of their own).
+pub fn job_handlers(store: &Arc<dyn Store>, default_retention: Retention) -> crate::jobs::Handlers {
+    crate::jobs::Handlers::default()
+        .with(Arc::new(journal::ApplyBatchHandler {
+            store: store.clone(),
+        }))
+        .with(Arc::new(retention::SweepHandler {
+            store: store.clone(),
+            default: default_retention,
+        }))
 }

@@ -237,7 +237,14 @@ impl Series {
         let scope = format!("series/{series}/{}/{}", range.from, range.to);
         let from = self.page_start(&scope, range, cursor)?;
         let store = self.store.as_ref();
-        let mut scan = Scan::open(store, series.as_str(), from, range.to).await?;
+        let mut scan = Scan::open(
+            store,
+            series.as_str(),
+            from,
+            range.to,
+            self.default_retention,
+        )
+        .await?;
         let mut points = Vec::with_capacity(limit.min(4096));
         while let Some(point) = scan.next(store).await? {
             if points.len() == limit {
@@ -276,7 +283,14 @@ impl Series {
         let store = self.store.as_ref();
         let mut buckets = Buckets {
             series: series.clone(),
-            scan: Scan::open(store, series.as_str(), from, range.to).await?,
+            scan: Scan::open(
+                store,
+                series.as_str(),
+                from,
+                range.to,
+                self.default_retention,
+            )
+            .await?,
             step,
             aggregate,
             pending: None,
@@ -324,12 +338,11 @@ impl Series {
         );
         let from = self.page_start(&scope, range, cursor)?;
         let store = self.store.as_ref();
-        let scans = futures::future::try_join_all(
-            names
-                .iter()
-                .map(|name| Scan::open(store, name.as_str(), from, range.to)),
-        )
-        .await?;
+        let scans =
+            futures::future::try_join_all(names.iter().map(|name| {
+                Scan::open(store, name.as_str(), from, range.to, self.default_retention)
+            }))
+            .await?;
         let mut streams: Vec<Buckets> = scans
             .into_iter()
             .zip(names)

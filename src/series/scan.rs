@@ -9,8 +9,9 @@ use std::collections::VecDeque;
 
 use super::layout::{bucket_of, day_of, day_start, parse_day, partition, row_key};
 use super::plan::days_query;
+use super::retention::{self, Retention};
 use super::{Point, codec, journal};
-use crate::keys::MAX_TICKS;
+use crate::keys::{MAX_TICKS, Ticks};
 use crate::store::{Query, Store, Table};
 use crate::timeline::{DomainError, DomainResult};
 
@@ -37,8 +38,16 @@ pub struct Scan {
 }
 
 impl Scan {
-    /// Opens a scan: the days index and the pending-batch markers in one round.
-    pub async fn open(store: &dyn Store, series: &str, from: u64, to: u64) -> DomainResult<Scan> {
+    /// Opens a scan: the days index, the pending-batch markers and the series' retention in
+    /// one round. The scan starts no earlier than the retention's floor, so it never returns
+    /// an expired point, swept or not.
+    pub async fn open(
+        store: &dyn Store,
+        series: &str,
+        from: u64,
+        to: u64,
+        default: Retention,
+    ) -> DomainResult<Scan> {
         let to = to.min(END_OF_TIME);
         let mut scan = Scan {
             series: series.to_owned(),
@@ -57,13 +66,21 @@ impl Scan {
             .query_many(vec![
                 scan.days_query(day_of(from)),
                 super::layout::markers_query(series),
+                retention::retention_query(series),
             ])
             .await?
             .into_iter();
-        scan.take_days(answers.next().unwrap_or_default());
+        let days = answers.next().unwrap_or_default();
         let markers = answers.next().unwrap_or_default();
+        let own = answers.next().unwrap_or_default();
+        let retention = retention::effective(own.first().map(|row| row.value.as_ref()), default)?;
+        scan.from = from.max(retention.floor(Ticks::now().get()));
+        if scan.from >= scan.to {
+            return Ok(scan);
+        }
+        scan.take_days(days);
         if !markers.is_empty() {
-            scan.overlay = journal::pending_points(store, markers, from, to)
+            scan.overlay = journal::pending_points(store, markers, scan.from, to)
                 .await?
                 .into();
         }
@@ -81,7 +98,10 @@ impl Scan {
             Some(last) if full => Some(last + 1),
             _ => None,
         };
-        self.days.extend(days);
+        // Days wholly expired but not yet swept are not read.
+        let first_day = day_of(self.from);
+        self.days
+            .extend(days.into_iter().filter(|day| *day >= first_day));
     }
 
     /// Reads more stored points; `false` when there are none left.

@@ -9,7 +9,9 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::journal::{self, Prepared};
-use super::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, plan};
+use super::{
+    MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, latest, plan, retention,
+};
 use crate::keys::{MAX_TICKS, Ticks, event_row_key};
 use crate::store::{MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, StoreError, Write, write_bytes};
 use crate::timeline::posting::event_writes;
@@ -98,6 +100,26 @@ pub fn normalise(batch: Vec<NewPoints>) -> DomainResult<Vec<(SeriesName, Vec<Poi
         .collect())
 }
 
+/// Each series' points with the event that announces them.
+fn prepare(series: Vec<(SeriesName, Vec<Point>)>, received: Ticks) -> DomainResult<Vec<Prepared>> {
+    series
+        .into_iter()
+        .map(|(name, points)| {
+            let event = readings_event(&name, &points, received)?;
+            Ok(Prepared {
+                series: name,
+                points,
+                event,
+            })
+        })
+        .collect()
+}
+
+/// Points written (after merging repeated times).
+fn written(prepared: &[Prepared]) -> usize {
+    prepared.iter().map(|one| one.points.len()).sum()
+}
+
 /// The `readings` event announcing `points` (not empty) on `series`.
 fn readings_event(series: &SeriesName, points: &[Point], received: Ticks) -> DomainResult<Event> {
     let author = SubjectId::parse(series.as_str()).map_err(DomainError::Corrupt)?;
@@ -137,27 +159,26 @@ impl Series {
     pub async fn write(&self, batch: Vec<NewPoints>) -> DomainResult<usize> {
         let series = normalise(batch)?;
         let received = Ticks::now();
-        let mut prepared = Vec::with_capacity(series.len());
-        for (name, points) in series {
-            let event = readings_event(&name, &points, received)?;
-            prepared.push(Prepared {
-                series: name,
-                points,
-                event,
-            });
-        }
-        let written = prepared.iter().map(|one| one.points.len()).sum();
-        if prepared.is_empty() {
-            return Ok(0);
-        }
+        let mut prepared = prepare(series, received)?;
         let store = self.store.as_ref();
         for attempt in 0..MAX_ATTEMPTS {
-            let plans = futures::future::try_join_all(
-                prepared
-                    .iter()
-                    .map(|one| plan::plan(store, one.series.as_str(), &one.points)),
-            )
-            .await?;
+            if prepared.is_empty() {
+                return Ok(0);
+            }
+            let names: Vec<&str> = prepared.iter().map(|one| one.series.as_str()).collect();
+            let (plans, heads) = futures::try_join!(
+                futures::future::try_join_all(prepared.iter().map(|one| plan::plan(
+                    store,
+                    one.series.as_str(),
+                    &one.points
+                )),),
+                latest::read_heads(store, &names, self.default_retention),
+            )?;
+            // Points past their series' retention are dropped: plan again without them.
+            if let Some(kept) = retention::drop_expired(&prepared, &heads) {
+                prepared = prepare(kept, received)?;
+                continue;
+            }
             // A batch committed earlier but not yet applied comes first: apply it here, so
             // this write lands after it (reads would otherwise still show the batch's values).
             let pending: Vec<&String> = plans
@@ -168,8 +189,9 @@ impl Series {
                 continue;
             }
             let mut writes: Vec<Write> = Vec::new();
-            for (one, plan) in prepared.iter().zip(plans) {
+            for ((one, plan), head) in prepared.iter().zip(plans).zip(&heads) {
                 writes.extend(plan.writes);
+                writes.push(latest::write_after(one.series.as_str(), head, &one.points));
                 writes.extend(event_writes(&one.event, received));
             }
             let bytes: usize = writes.iter().map(write_bytes).sum();
@@ -177,13 +199,13 @@ impl Series {
                 journal::stage_and_commit(store, &prepared).await?;
                 self.wake_workers.notify_one();
                 self.tell_tails(&prepared);
-                return Ok(written);
+                return Ok(written(&prepared));
             }
             match store.transact(writes).await {
                 Ok(()) => {
                     self.wake_workers.notify_one();
                     self.tell_tails(&prepared);
-                    return Ok(written);
+                    return Ok(written(&prepared));
                 }
                 Err(StoreError::ConditionFailed) => {
                     // Another writer changed a row first: read again and merge again.

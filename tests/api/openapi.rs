@@ -20,7 +20,7 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 32] = [
+const OPERATIONS: [&str; 37] = [
     "GET /healthz",
     "GET /metrics",
     "GET /openapi.json",
@@ -31,10 +31,15 @@ const OPERATIONS: [&str; 32] = [
     "GET /v1/admin/tokens",
     "DELETE /v1/admin/tokens/{token_id}",
     "GET /v1/series",
+    "DELETE /v1/series/latest",
+    "GET /v1/series/latest",
     "DELETE /v1/series/{series}",
     "DELETE /v1/series/{series}/points",
+    "GET /v1/series/{series}/latest",
     "GET /v1/series/{series}/points",
     "POST /v1/series/{series}/points",
+    "GET /v1/series/{series}/retention",
+    "PUT /v1/series/{series}/retention",
     "GET /v1/series/{series}/stream",
     "GET /v1/series/{series}/tags",
     "PUT /v1/series/{series}/tags",

@@ -32,35 +32,40 @@ async fn app(backend: Backend) -> TestApp {
 }
 
 /// Ticks of an RFC 3339 time.
-fn ticks(text: &str) -> u64 {
+pub(crate) fn ticks(text: &str) -> u64 {
     Ticks::parse_rfc3339(text).expect("time").get()
 }
 
 /// RFC 3339 of ticks, as the API prints it.
-fn text(ticks: u64) -> String {
+pub(crate) fn text(ticks: u64) -> String {
     Ticks::new(ticks).expect("ticks").to_string()
 }
 
-const SECOND: u64 = 10_000_000;
+pub(crate) const SECOND: u64 = 10_000_000;
 
 /// The partition of `series`' points on the day of `time` (as `series::layout` names it).
-fn day_partition(series: &str, time: &str) -> String {
+pub(crate) fn day_partition(series: &str, time: &str) -> String {
     format!("{series}#{:07}", ticks(time) / (86_400 * SECOND))
 }
 const ORIGIN: &str = "2026-03-01T00:00:00Z";
 
 /// `count` points `spacing` ticks apart from `start`, valued by `value(i)`.
-fn points(start: u64, spacing: u64, count: u64, value: impl Fn(u64) -> f64) -> Vec<Value> {
+pub(crate) fn points(
+    start: u64,
+    spacing: u64,
+    count: u64,
+    value: impl Fn(u64) -> f64,
+) -> Vec<Value> {
     (0..count)
         .map(|i| json!({"at": text(start + i * spacing), "value": value(i)}))
         .collect()
 }
 
-fn points_path(series: &str) -> String {
+pub(crate) fn points_path(series: &str) -> String {
     format!("/v1/series/{}/points", segment(series))
 }
 
-async fn write(api: &Api, series: &str, points: Vec<Value>) -> Reply {
+pub(crate) async fn write(api: &Api, series: &str, points: Vec<Value>) -> Reply {
     api.post_json(&points_path(series), &json!({ "points": points }))
         .await
 }
@@ -89,7 +94,7 @@ pub(crate) async fn read_all(api: &Api, series: &str, query: &str) -> Vec<(Strin
     }
 }
 
-async fn stored_rows(app: &TestApp, table: Table, partition: &str) -> usize {
+pub(crate) async fn stored_rows(app: &TestApp, table: Table, partition: &str) -> usize {
     app.faults
         .query(Query::partition(table, partition, 10_000))
         .await
@@ -599,7 +604,7 @@ async fn aligned_series_share_rows_with_null_for_missing_values(backend: Backend
     assert_eq!(missing_step.status, StatusCode::BAD_REQUEST);
 }
 
-async fn put_tags(api: &Api, series: &str, tags: Value) -> Reply {
+pub(crate) async fn put_tags(api: &Api, series: &str, tags: Value) -> Reply {
     let path = format!("/v1/series/{}/tags", segment(series));
     api.send(
         api.client

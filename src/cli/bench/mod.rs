@@ -213,7 +213,10 @@ impl Rig {
             &wake,
             &crate::notices::Notices::local(),
         )
-        .extend(crate::series::job_handlers(&bench_store.store));
+        .extend(crate::series::job_handlers(
+            &bench_store.store,
+            crate::series::Retention::Forever,
+        ));
         Ok(Rig {
             bench_store,
             timelines,
