@@ -286,13 +286,8 @@ fn parse_line(line: &str) -> Result<Line, String> {
 const KEY_ESCAPES: &[u8] = b", =";
 
 fn parse_timestamp(text: &str) -> Result<i64, String> {
-    let digits = text.strip_prefix('-').unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
-        return Err(format!(
-            "invalid timestamp {text:?}: an integer is expected"
-        ));
-    }
-    text.parse()
+    whole::<i64>(text, true)
+        .ok_or_else(|| format!("invalid timestamp {text:?}: an integer is expected"))?
         .map_err(|_| format!("timestamp {text} is out of range"))
 }
 
@@ -304,23 +299,18 @@ fn number(key: &str, text: &str) -> Result<f64, String> {
         "f" | "F" | "false" | "False" | "FALSE" => return Ok(0.0),
         _ => {}
     }
-    if let Some(integer) = text.strip_suffix('i') {
-        if !is_integer(integer, true) {
-            return Err(invalid());
-        }
-        let value: i64 = integer
-            .parse()
-            .map_err(|_| format!("integer {text} of field {key:?} is out of range"))?;
-        return Ok(value as f64);
+    // Integers become the nearest double: exact up to 2^53, rounded beyond.
+    if let Some(digits) = text.strip_suffix('i') {
+        return whole::<i64>(digits, true)
+            .ok_or_else(invalid)?
+            .map(|value| value as f64)
+            .map_err(|_| format!("integer {text} of field {key:?} is out of range"));
     }
-    if let Some(unsigned) = text.strip_suffix('u') {
-        if !is_integer(unsigned, false) {
-            return Err(invalid());
-        }
-        let value: u64 = unsigned
-            .parse()
-            .map_err(|_| format!("unsigned integer {text} of field {key:?} is out of range"))?;
-        return Ok(value as f64);
+    if let Some(digits) = text.strip_suffix('u') {
+        return whole::<u64>(digits, false)
+            .ok_or_else(invalid)?
+            .map(|value| value as f64)
+            .map_err(|_| format!("unsigned integer {text} of field {key:?} is out of range"));
     }
     // Rust also reads `inf`, `NaN` and `infinity`: line protocol has none of them.
     let float_like = text.bytes().any(|byte| byte.is_ascii_digit())
@@ -339,13 +329,16 @@ fn number(key: &str, text: &str) -> Result<f64, String> {
     Ok(value)
 }
 
-fn is_integer(text: &str, signed: bool) -> bool {
-    let digits = if signed {
-        text.strip_prefix('-').unwrap_or(text)
+/// `digits` as a whole number: `None` if not digits (with a `-` first when `signed`), an
+/// error if out of `T`'s range.
+fn whole<T: std::str::FromStr>(digits: &str, signed: bool) -> Option<Result<T, T::Err>> {
+    let unsigned = if signed {
+        digits.strip_prefix('-').unwrap_or(digits)
     } else {
-        text
+        digits
     };
-    !digits.is_empty() && digits.bytes().all(|byte| byte.is_ascii_digit())
+    (!unsigned.is_empty() && unsigned.bytes().all(|byte| byte.is_ascii_digit()))
+        .then(|| digits.parse())
 }
 
 /// A position in one line.
@@ -500,6 +493,8 @@ mod tests {
     fn lines_of_one_series_gather_their_points_in_order() {
         let series = parsed("m,b=2,a=1 v=1 10\nm,a=1,b=2 v=2 5\nm v=3 7\n");
         assert_eq!(names(&series), ["m.v,a=1,b=2", "m.v"]);
+        let first_lines: Vec<usize> = series.iter().map(|one| one.first_line).collect();
+        assert_eq!(first_lines, [1, 3]);
         let values: Vec<f64> = series[0].points.iter().map(|point| point.value).collect();
         assert_eq!(values, [1.0, 2.0]);
     }

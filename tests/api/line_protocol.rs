@@ -359,23 +359,14 @@ async fn the_token_scheme_works_and_errors_have_influxdb_shape(backend: Backend)
     assert_eq!(whoami.body["kind"], "admin", "{whoami:?}");
 }
 
-/// The virtualenv `scripts/test` installs `influxdb-client` into, beside schemathesis (or
-/// the one `FANLINE_SCHEMATHESIS` names): its `python3`.
+/// The `python3` of the virtualenv `scripts/test` installs `influxdb-client` into, beside
+/// schemathesis.
 fn python() -> PathBuf {
-    let schemathesis = std::env::var_os("FANLINE_SCHEMATHESIS").map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("target/tools/schemathesis/bin/schemathesis")
-        },
-        PathBuf::from,
-    );
-    let python = schemathesis.with_file_name("python3");
+    let python = crate::openapi::schemathesis().with_file_name("python3");
     assert!(
         python.exists(),
-        "no Python virtualenv at {}: run the tests with scripts/test, which installs \
-         influxdb-client as pinned in scripts/requirements-test.txt, or install it yourself \
-         (python3 -m venv target/tools/schemathesis && \
-         target/tools/schemathesis/bin/pip install -r scripts/requirements-test.txt)",
+        "no python3 beside schemathesis at {}: run the tests with scripts/test, which \
+         installs influxdb-client as pinned in scripts/requirements-test.txt",
         python.display()
     );
     python

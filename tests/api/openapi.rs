@@ -424,7 +424,7 @@ fn hooks_file() -> PathBuf {
 }
 
 /// The schemathesis that `scripts/test` installs, or the one `FANLINE_SCHEMATHESIS` names.
-fn schemathesis() -> PathBuf {
+pub(crate) fn schemathesis() -> PathBuf {
     let path = std::env::var_os("FANLINE_SCHEMATHESIS").map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
