@@ -12,6 +12,7 @@
 //! - [`catalogue`]: series names and tags
 //! - [`retention`]: how long points are kept, and the sweep job that deletes expired ones
 //! - [`latest`]: each series' latest point, kept up to date by every write
+//! - [`line_protocol`]: InfluxDB line protocol parsed into series points and tags
 
 pub(crate) mod catalogue;
 pub mod codec;
@@ -19,6 +20,7 @@ mod deleting;
 mod journal;
 pub mod latest;
 pub mod layout;
+pub mod line_protocol;
 pub(crate) mod live;
 mod plan;
 pub(crate) mod reading;

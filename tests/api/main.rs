@@ -20,6 +20,7 @@ mod import;
 mod latest;
 mod lifecycle;
 mod limits;
+mod line_protocol;
 mod markers;
 mod openapi;
 mod posting;

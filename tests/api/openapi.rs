@@ -20,7 +20,8 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 37] = [
+const OPERATIONS: [&str; 38] = [
+    "POST /api/v2/write",
     "GET /healthz",
     "GET /metrics",
     "GET /openapi.json",
@@ -428,7 +429,7 @@ fn hooks_file() -> PathBuf {
 }
 
 /// The schemathesis that `scripts/test` installs, or the one `FANLINE_SCHEMATHESIS` names.
-fn schemathesis() -> PathBuf {
+pub(crate) fn schemathesis() -> PathBuf {
     let path = std::env::var_os("FANLINE_SCHEMATHESIS").map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))

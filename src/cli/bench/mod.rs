@@ -8,6 +8,7 @@
 //! server's CPU per pushed entry ([`streams`]).
 
 mod lifecycle;
+mod line_protocol;
 mod mixed;
 #[cfg(test)]
 mod page_cost;
