@@ -10,6 +10,8 @@
 //! - [`reading`]: raw pages, step aggregates, aligned series
 //! - [`deleting`]: range and whole-series deletes, a page at a time
 //! - [`catalogue`]: series names and tags
+//! - [`rollup`], [`rollup_write`], [`rollup_read`]: minute and hour summaries kept with
+//!   the points, and stepped reads from them
 
 pub(crate) mod catalogue;
 pub mod codec;
@@ -19,6 +21,9 @@ pub mod layout;
 pub(crate) mod live;
 mod plan;
 pub(crate) mod reading;
+pub mod rollup;
+mod rollup_read;
+pub mod rollup_write;
 mod scan;
 mod writing;
 
@@ -31,7 +36,7 @@ use crate::notices::Notices;
 use crate::store::Store;
 use crate::timeline::{check_no_dot_segments, check_printable};
 
-pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage};
+pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage, Range, Rollups};
 pub use writing::NewPoints;
 
 /// Longest series name, in UTF-8 bytes.

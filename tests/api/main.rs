@@ -24,6 +24,7 @@ mod openapi;
 mod posting;
 mod reliability;
 mod restart;
+mod rollups;
 mod series;
 mod startup;
 mod streams;
