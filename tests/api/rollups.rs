@@ -322,7 +322,10 @@ async fn a_stepped_read_over_a_range_with_rollups_matches_the_raw_points(backend
                     // Through JSON text and back, as the answer came (serde_json's
                     // parser may land one unit off the exact double, alike for both).
                     let text_value = serde_json::to_string(&value).expect("json");
-                    (text(*bucket), serde_json::from_str(&text_value).expect("json"))
+                    (
+                        text(*bucket),
+                        serde_json::from_str(&text_value).expect("json"),
+                    )
                 })
                 .collect();
             assert_eq!(got, want, "{step} {aggregate}");

@@ -11,6 +11,7 @@ mod lifecycle;
 mod mixed;
 #[cfg(test)]
 mod page_cost;
+mod rollups;
 mod series;
 mod server;
 mod social;

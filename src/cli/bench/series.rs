@@ -1,6 +1,7 @@
 //! `fanline bench series`: points ingested per second over HTTP (an in-process server on a
 //! fresh store), one-day reads over HTTP, raw and stepped, and bytes per point on disk
-//! (embedded store only).
+//! (embedded store only), and a one-year stepped read with and without rollups
+//! ([`super::rollups`]).
 //!
 //! Values are a daily sine with noise in every mantissa bit, so the disk figure is not helped
 //! by values that compress well.
@@ -70,6 +71,10 @@ pub struct SeriesBenchArgs {
     /// Series the imported points spread over (interleaved lines, 1 Hz each).
     #[arg(long, default_value_t = 10)]
     pub import_series: usize,
+    /// Days of the 1 Hz series whose stepped read (`step=1d`) is timed with rollups and
+    /// without; 0 skips it.
+    #[arg(long, default_value_t = 365)]
+    pub rollup_days: u64,
 }
 
 pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
@@ -112,6 +117,17 @@ pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
     server.stop().await?;
     bench_store.close().await?;
 
+    if args.rollup_days > 0 {
+        super::rollups::year_read(
+            args.store,
+            args.dynamodb_endpoint.as_deref(),
+            parent.path(),
+            args.rollup_days,
+            first_day,
+            args.read_samples,
+        )
+        .await?;
+    }
     if args.disk_series > 0 && args.disk_days > 0 {
         if args.store == StoreKind::Embedded {
             disk_per_point(&args, parent.path(), start).await?;
@@ -419,7 +435,7 @@ fn http_series_name(index: usize) -> String {
 }
 
 /// A temperature-like reading: 20 ± 5 over a day, plus noise that fills the mantissa.
-fn sensor_value(second: u64, noise: &mut StdRng) -> f64 {
+pub(super) fn sensor_value(second: u64, noise: &mut StdRng) -> f64 {
     let phase = (second % DAY_SECONDS) as f64 / DAY_SECONDS as f64 * std::f64::consts::TAU;
     5.0f64.mul_add(phase.sin(), 20.0 + noise.random_range(-0.5..0.5))
 }
