@@ -136,6 +136,7 @@ impl Series {
             .collect();
         writes.push(Write::delete(Table::SeriesIndex, &meta, "tags"));
         writes.push(Write::delete(Table::SeriesIndex, NAMES_PARTITION, name));
+        writes.push(rollup::complete_delete(name));
         store.batch_write(writes).await?;
         Ok(())
     }

@@ -12,6 +12,9 @@
 //! - Sizes: a summary takes at most 43 bytes (34 when its scaled sum is the plain one times
 //!   2^-64, nearly always), so an hour row is at most 2.6 KB and a day row 1 KB: a points
 //!   write adds one of each per hour it touches (3 DynamoDB WCU) to the 7 KB rows it rewrites.
+//! - Row `complete` of partition `{series}` is written by the first write of a series with
+//!   no points: from then on every day with points has a day row, so a read may enumerate
+//!   day rows without the days index. Series with points from before rollups never get it.
 //! - Every write of rollups puts the day row under a compare-and-swap on its version, and
 //!   hour rows under one on their value, in the same transaction as the points: the day row
 //!   orders all writers of a day (see [`super::rollup_write`]).
@@ -29,6 +32,9 @@ pub const MINUTES_PER_HOUR: usize = 60;
 pub const HOURS_PER_DAY: usize = 24;
 /// The row of a day's hour states.
 pub const DAY_ROW: &str = "day";
+/// The row, in partition `{series}`, saying every day of the series with points has a day
+/// row (it had none when rollups began): a read may take a missing day row for "no points".
+pub const COMPLETE_ROW: &str = "complete";
 
 /// 2^-64. A sum of values scaled by it cannot overflow (a bucket holds fewer than 2^64
 /// points, each at most `f64::MAX`), and scaling by a power of two is exact above the
@@ -293,6 +299,20 @@ fn decode_slots(mut rest: &[u8], slots: usize) -> Result<Vec<(usize, Option<Summ
 /// The hour (0 to 23) of the day a time falls in.
 pub fn hour_index(at: u64) -> usize {
     ((at % PARTITION_SPAN) / HOUR) as usize
+}
+
+/// The query of `series`' [`COMPLETE_ROW`] (two slots: DynamoDB's `BETWEEN` may spend one
+/// on the end).
+pub fn complete_query(series: &str) -> crate::store::Query {
+    crate::store::Query::partition(Table::SeriesRollups, series, 2).range(
+        Some(COMPLETE_ROW.to_owned()),
+        Some(format!("{COMPLETE_ROW}/")),
+    )
+}
+
+/// The delete of `series`' [`COMPLETE_ROW`], for a series delete.
+pub fn complete_delete(series: &str) -> Write {
+    Write::delete(Table::SeriesRollups, series, COMPLETE_ROW)
 }
 
 /// Deletes of every rollup row of `series` on `day` (the day row and its 24 hour rows):

@@ -10,8 +10,9 @@
 //!
 //! **When.** [`RollupScan`] serves steps that are whole minutes (so buckets start on
 //! minutes) for `avg`, `min`, `max`, `sum` and `count` (`first` and `last` are not rolled
-//! up), when the series has no pending batch. For each day the days index lists it reads the
-//! day row; a clean hour wholly inside its bucket is one piece, an hour cut by the range or a
+//! up), when the series has no pending batch. It reads the day row of each day of the
+//! range (of each day the days index lists, for a long range or a series with points from
+//! before rollups); a clean hour wholly inside its bucket is one piece, an hour cut by the range or a
 //! bucket edge takes its minutes from its hour row, and what remains (the minutes cut by the
 //! range's ends, dirty hours, days without rollups) is read as points.
 
@@ -21,14 +22,18 @@ use super::Point;
 use super::layout::{PARTITION_SPAN, day_start, partition};
 use super::plan::{days_query, read_all};
 use super::rollup::{
-    DAY_ROW, DayRow, HOUR, HOURS_PER_DAY, HourState, MINUTE, Summary, decode_hour, hour_row,
+    DAY_ROW, DayRow, HOUR, HOURS_PER_DAY, HourState, MINUTE, Summary, complete_query, decode_hour,
+    hour_row,
 };
 use super::scan::Scan;
 use crate::store::{Key, Store, Table};
 use crate::timeline::{DomainError, DomainResult};
 
 /// Day rows read per round.
-const DAYS_PER_ROUND: usize = 64;
+const DAYS_PER_ROUND: usize = 128;
+/// Ranges of a complete series up to this many days read a day row for each day, rather
+/// than the days index first (a read of all time lists the days that have points).
+const MAX_LISTED_DAYS: u64 = 1_500;
 
 /// What a stepped read adds up: a point, or the summary of a whole minute or hour.
 #[derive(Clone, Copy, Debug)]
@@ -170,6 +175,8 @@ pub struct RollupScan {
     from: u64,
     to: u64,
     step: u64,
+    /// Every day with points has a day row: a day without one has no points.
+    complete: bool,
     days: VecDeque<u64>,
     segments: VecDeque<Segment>,
 }
@@ -189,28 +196,34 @@ impl RollupScan {
         }
         let first_day = from / PARTITION_SPAN;
         let last_day = (to - 1) / PARTITION_SPAN;
-        let mut answers = read_all(
-            store,
-            vec![
-                days_query(series, first_day, last_day, 1_000),
+        let mut answers = store
+            .query_many(vec![
                 super::layout::markers_query(series),
-            ],
-        )
-        .await?
-        .into_iter();
-        let days = answers.next().unwrap_or_default();
+                complete_query(series),
+            ])
+            .await?
+            .into_iter();
         if !answers.next().unwrap_or_default().is_empty() {
             return Ok(None);
         }
+        let complete = !answers.next().unwrap_or_default().is_empty();
+        let days: VecDeque<u64> = if complete && last_day - first_day < MAX_LISTED_DAYS {
+            (first_day..=last_day).collect()
+        } else {
+            let rows =
+                read_all(store, vec![days_query(series, first_day, last_day, 1_000)]).await?;
+            rows.iter()
+                .flatten()
+                .filter_map(|row| super::layout::parse_day(&row.row))
+                .collect()
+        };
         Ok(Some(RollupScan {
             series: series.to_owned(),
             from,
             to,
             step,
-            days: days
-                .iter()
-                .filter_map(|row| super::layout::parse_day(&row.row))
-                .collect(),
+            complete,
+            days,
             segments: VecDeque::new(),
         }))
     }
@@ -301,8 +314,10 @@ impl RollupScan {
                 self.to.min(day_start(day) + PARTITION_SPAN),
             );
             let Some(row) = row else {
-                // Points from before rollups.
-                self.points(low, high);
+                if !self.complete {
+                    // Points from before rollups.
+                    self.points(low, high);
+                }
                 continue;
             };
             for hour in 0..HOURS_PER_DAY {

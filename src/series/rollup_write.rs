@@ -25,8 +25,8 @@ use bytes::Bytes;
 use super::layout::{ROW_SPAN, day_of, day_start, parse_ticks, partition, row_key};
 use super::plan::read_all;
 use super::rollup::{
-    DAY_ROW, DayRow, HOUR, HOURS_PER_DAY, HourState, MINUTE, decode_hour, encode_hour, hour_index,
-    hour_of, hour_row, minutes_of,
+    COMPLETE_ROW, DAY_ROW, DayRow, HOUR, HOURS_PER_DAY, HourState, MINUTE, decode_hour,
+    encode_hour, hour_index, hour_of, hour_row, minutes_of,
 };
 use super::{Point, codec};
 use crate::store::{Condition, Item, Query, Store, StoreError, Table, Write};
@@ -60,9 +60,15 @@ impl RollupReads {
         RollupReads { days }
     }
 
-    /// Two queries a day: its day row, and its touched hours' rows.
+    /// Whether the series has any day (so it cannot be marked complete), then two queries a
+    /// day: its day row, and its touched hours' rows.
     pub fn queries(&self, series: &str) -> Vec<Query> {
-        let mut queries = Vec::with_capacity(self.days.len() * 2);
+        let mut queries = Vec::with_capacity(1 + self.days.len() * 2);
+        queries.push(Query::partition(
+            Table::SeriesIndex,
+            super::plan::days_partition(series),
+            1,
+        ));
         for (day, hours) in &self.days {
             let part = partition(series, *day);
             let (first, last) = (hours[0], hours[hours.len() - 1]);
@@ -77,7 +83,7 @@ impl RollupReads {
 
     /// How many queries [`RollupReads::queries`] makes.
     pub fn query_count(&self) -> usize {
-        self.days.len() * 2
+        1 + self.days.len() * 2
     }
 }
 
@@ -150,6 +156,7 @@ pub fn writes(
 ) -> DomainResult<Vec<Write>> {
     let mut writes = Vec::new();
     let mut answers = answers.into_iter();
+    let new_series = answers.next().unwrap_or_default().is_empty();
     for (day, hours) in &reads.days {
         let part = partition(series, *day);
         let (old_day, mut day_row) =
@@ -181,6 +188,12 @@ pub fn writes(
             writes.extend(hour_write(&part, *hour, old_hour, &minutes));
         }
         writes.push(day_write(&part, old_day, day_row));
+    }
+    if new_series && !reads.days.is_empty() {
+        writes.push(Write::put(
+            Table::SeriesRollups,
+            Item::new(series, COMPLETE_ROW, Bytes::new()),
+        ));
     }
     Ok(writes)
 }
