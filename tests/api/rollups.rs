@@ -363,7 +363,7 @@ async fn assert_reads_agree(series: &Series, name: &SeriesName) {
 
 /// Points written before rollups existed have no rollup rows (simulated here by deleting
 /// them): reads use their points; a write into such a day keeps it on points; a range delete
-/// recomputes the day's rollups from its points.
+/// recomputes the day's rollups from its points; deleting the series deletes them all.
 async fn a_series_from_before_rollups_reads_its_points_until_a_delete_repairs_a_day(
     backend: Backend,
 ) {
@@ -421,4 +421,17 @@ async fn a_series_from_before_rollups_reads_its_points_until_a_delete_repairs_a_
     // The cut emptied hour 5 (its one point was at 5:00:40).
     assert!(matches!(day_row.hours[5], HourState::Empty));
     assert!(matches!(day_row.hours[4], HourState::Clean(_)));
+
+    // Deleting the series deletes its rollups.
+    series.delete_series(&name).await.expect("delete series");
+    for partition in (0..3)
+        .map(|day| format!("legacy#{:07}", start / DAY + day))
+        .chain(["legacy".to_owned()])
+    {
+        let left = store
+            .query(Query::partition(Table::SeriesRollups, &partition, 10))
+            .await
+            .expect("query");
+        assert!(left.is_empty(), "{partition}: {left:?}");
+    }
 }
