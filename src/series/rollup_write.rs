@@ -105,6 +105,14 @@ fn read_day_row(items: Vec<Item>, known: bool) -> DomainResult<(Option<Bytes>, D
     }
 }
 
+/// Rows' values by row key.
+fn by_row(items: Vec<Item>) -> BTreeMap<String, Bytes> {
+    items
+        .into_iter()
+        .map(|item| (item.row, item.value))
+        .collect()
+}
+
 fn guarded(old: Option<Bytes>) -> Condition {
     match old {
         Some(old) => Condition::Equals(old),
@@ -161,12 +169,7 @@ pub fn writes(
         let part = partition(series, *day);
         let (old_day, mut day_row) =
             read_day_row(answers.next().unwrap_or_default(), known_days.contains(day))?;
-        let mut hour_rows: BTreeMap<String, Bytes> = answers
-            .next()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|item| (item.row, item.value))
-            .collect();
+        let mut hour_rows = by_row(answers.next().unwrap_or_default());
         for hour in hours {
             let old_hour = hour_rows.remove(&hour_row(*hour));
             let mut minutes = match (&day_row.hours[*hour], &old_hour) {
@@ -243,12 +246,7 @@ pub async fn repair_day(store: &dyn Store, series: &str, day: u64) -> DomainResu
                 .range(Some(row_key(start)), Some(row_key(start + HOUR)))
         }));
         let mut answers = read_all(store, queries).await?.into_iter();
-        let mut hour_rows: BTreeMap<String, Bytes> = answers
-            .next()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|item| (item.row, item.value))
-            .collect();
+        let mut hour_rows = by_row(answers.next().unwrap_or_default());
         let mut writes = Vec::new();
         for (hour, rows) in dirty.iter().zip(answers) {
             let hour_start = day_start(day) + *hour as u64 * HOUR;

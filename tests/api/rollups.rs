@@ -294,14 +294,7 @@ async fn a_stepped_read_over_a_range_with_rollups_matches_the_raw_points(backend
     );
     for (step, step_ticks) in [("1h", HOUR), ("1d", DAY), ("30m", 30 * MINUTE)] {
         for aggregate in ["sum", "count", "min", "max", "avg"] {
-            let mut want: Vec<(u64, Vec<f64>)> = Vec::new();
-            for (at, value) in raw.iter().filter(|(at, _)| *at >= from && *at < to) {
-                let bucket = at - at % step_ticks;
-                match want.last_mut() {
-                    Some((last, values)) if *last == bucket => values.push(*value),
-                    _ => want.push((bucket, vec![*value])),
-                }
-            }
+            let want = crate::series::step_buckets(&raw, (from, to), step_ticks);
             let query = format!(
                 "from={}&to={}&step={step}&agg={aggregate}&limit=10",
                 text(from),
@@ -311,14 +304,7 @@ async fn a_stepped_read_over_a_range_with_rollups_matches_the_raw_points(backend
             let want: Vec<(String, f64)> = want
                 .iter()
                 .map(|(bucket, values)| {
-                    let sum: f64 = values.iter().sum();
-                    let value = match aggregate {
-                        "avg" => sum / values.len() as f64,
-                        "min" => values.iter().copied().fold(f64::INFINITY, f64::min),
-                        "max" => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                        "sum" => sum,
-                        _ => values.len() as f64,
-                    };
+                    let value = crate::series::reference(aggregate, values);
                     // Through JSON text and back, as the answer came (serde_json's
                     // parser may land one unit off the exact double, alike for both).
                     let text_value = serde_json::to_string(&value).expect("json");

@@ -14,12 +14,12 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::sync::Notify;
 
-use super::series::sensor_value;
+use super::series::write_seconds_in;
 use super::{BenchStore, millis, percentile};
 use crate::config::StoreKind;
 use crate::cursor::CursorCodec;
-use crate::series::layout::{PARTITION_SPAN, TICKS_PER_SECOND, day_start};
-use crate::series::{Aggregate, NewPoints, Point, Range, Rollups, Series, SeriesName};
+use crate::series::layout::{PARTITION_SPAN, day_start};
+use crate::series::{Aggregate, Range, Rollups, Series, SeriesName};
 use crate::store::{Condition, Item, Key, Query, Store, StoreResult, Table, Write};
 use crate::timeline::cursor_key;
 
@@ -128,24 +128,9 @@ pub(super) async fn year_read(
     let seconds = days * 86_400;
     let mut noise = StdRng::seed_from_u64(365);
     let started = Instant::now();
-    let mut second = 0;
-    while second < seconds {
-        let end = seconds.min(second + WRITE_SECONDS);
-        let points = (second..end)
-            .map(|at_second| Point {
-                at: start + at_second * TICKS_PER_SECOND,
-                value: sensor_value(at_second, &mut noise),
-            })
-            .collect();
-        series
-            .write(vec![NewPoints {
-                series: name.clone(),
-                points,
-            }])
-            .await
-            .context("failed to write the year")?;
-        second = end;
-    }
+    write_seconds_in(&series, &name, (start, seconds), WRITE_SECONDS, &mut noise)
+        .await
+        .context("failed to write the year")?;
     println!(
         "rollups: wrote {seconds} points ({days} days at 1 Hz) through Series::write in writes of {WRITE_SECONDS} in {:.1} s",
         started.elapsed().as_secs_f64()

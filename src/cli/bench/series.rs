@@ -405,9 +405,27 @@ async fn write_seconds(
     seconds: u64,
     noise: &mut StdRng,
 ) -> anyhow::Result<()> {
+    write_seconds_in(
+        series,
+        name,
+        (start, seconds),
+        MAX_POINTS_PER_SERIES_WRITE as u64,
+        noise,
+    )
+    .await
+}
+
+/// Writes `seconds` points at 1 Hz from `start` to `series`, `chunk` points a write.
+pub(super) async fn write_seconds_in(
+    series: &Series,
+    name: &SeriesName,
+    (start, seconds): (u64, u64),
+    chunk: u64,
+    noise: &mut StdRng,
+) -> anyhow::Result<()> {
     let mut second = 0;
     while second < seconds {
-        let end = seconds.min(second + MAX_POINTS_PER_SERIES_WRITE as u64);
+        let end = seconds.min(second + chunk);
         let points = (second..end)
             .map(|at_second| Point {
                 at: start + at_second * TICKS_PER_SECOND,
