@@ -178,7 +178,13 @@ pub fn writes(
                 (HourState::Clean(_), Some(old)) => {
                     decode_hour(old).map_err(DomainError::Corrupt)?
                 }
-                _ => vec![None; super::rollup::MINUTES_PER_HOUR],
+                // A clean hour without its minutes: recomputing it would lose the minutes
+                // of the buckets not written now, so it waits for a repair.
+                (HourState::Clean(_), None) => {
+                    day_row.hours[*hour] = HourState::Dirty;
+                    continue;
+                }
+                (HourState::Empty, _) => vec![None; super::rollup::MINUTES_PER_HOUR],
             };
             let hour_start = day_start(*day) + *hour as u64 * HOUR;
             for (bucket, points) in buckets.range(hour_start..hour_start + HOUR) {
