@@ -9,9 +9,11 @@
 //! - Summaries are exact folds: a minute's is its points added up in time order, an hour's
 //!   its minutes' in order; [`super::reading`] adds up raw points in exactly that shape, so
 //!   a read from rollups equals one from points bit for bit (see [`Fold`](super::rollup_read)).
-//! - Sizes: a summary takes at most 43 bytes (34 when its scaled sum is the plain one times
-//!   2^-64, nearly always), so an hour row is at most 2.6 KB and a day row 1 KB: a points
-//!   write adds one of each per hour it touches (3 DynamoDB WCU) to the 7 KB rows it rewrites.
+//! - Sizes: a slot is its index, a tag, the count (a varint: 1 or 2 bytes for a minute or an
+//!   hour at 1 Hz) and min, max and sum (24 bytes); 8 more for the scaled sum when it is not
+//!   the sum times 2^-64 (an overflowed sum). So at 1 Hz an hour row is about 1.7 KB (at most
+//!   2.7 KB) and a day row about 0.7 KB (at most 1.1 KB): a points write adds the day row and
+//!   one hour row per hour it touches (about 3 DynamoDB WCU) to the 7 KB rows it rewrites.
 //! - Row `complete` of partition `{series}` is written by the first write of a series with
 //!   no points: from then on every day with points has a day row, so a read may enumerate
 //!   day rows without the days index. Series with points from before rollups never get it.
