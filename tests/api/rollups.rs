@@ -1,8 +1,8 @@
 //! Rollups: stepped reads served from minute and hour rollups equal, bit for bit, the same
 //! reads from points (and aligned reads step alike), after random writes (late and
-//! overwritten points, writes too large
-//! for one transaction) and range deletes; and over HTTP a stepped read equals the
-//! aggregate computed here from the raw points.
+//! overwritten points, writes too large for one transaction) and range deletes; over HTTP a
+//! stepped read equals the aggregate computed here from the raw points; series from before
+//! rollups read their points.
 
 use std::sync::Arc;
 
