@@ -61,7 +61,7 @@ pub fn decode(base: u64, bytes: &[u8]) -> Result<Vec<Point>, String> {
         .collect())
 }
 
-fn put_varint(bytes: &mut Vec<u8>, mut value: u64) {
+pub(super) fn put_varint(bytes: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         bytes.push((value as u8) | 0x80);
         value >>= 7;
@@ -69,7 +69,7 @@ fn put_varint(bytes: &mut Vec<u8>, mut value: u64) {
     bytes.push(value as u8);
 }
 
-fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
+pub(super) fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
     let mut value = 0u64;
     for (index, &byte) in bytes.iter().enumerate().take(10) {
         value |= u64::from(byte & 0x7f).checked_shl(7 * index as u32)?;

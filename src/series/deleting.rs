@@ -4,7 +4,9 @@
 //! A range delete rewrites the rows it cuts through and deletes the rows it covers, each
 //! under a compare-and-swap on the value it read, so points written meanwhile outside the
 //! range are never lost. Batches committed before the delete are applied first, so the
-//! delete comes after them.
+//! delete comes after them. Each transaction marks the rollup hours it changes dirty, and
+//! when a day is done its rollups are recomputed from what is left (see
+//! [`super::rollup_write`]); deleting a series deletes its rollups with its points.
 
 use super::catalogue::{meta_partition, tag_partition};
 use super::latest::{self, LATEST_ROW};
@@ -13,7 +15,8 @@ use super::layout::{bucket_of, day_start, parse_day, parse_ticks, partition, row
 use super::plan::{days_partition, days_query};
 use super::reading::Range;
 use super::retention::RETENTION_ROW;
-use super::{Series, SeriesName, codec, journal};
+use super::rollup::hour_index;
+use super::{Series, SeriesName, codec, journal, rollup, rollup_write};
 use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
@@ -101,6 +104,7 @@ impl Series {
                     continue;
                 };
                 delete_rows(store, &partition(name, day), None).await?;
+                store.batch_write(rollup::day_deletes(name, day)).await?;
                 store
                     .batch_write(vec![Write::delete(
                         Table::SeriesIndex,
@@ -123,6 +127,7 @@ impl Series {
         writes.push(Write::delete(Table::SeriesIndex, &meta, LATEST_ROW));
         writes.push(Write::delete(Table::SeriesIndex, &meta, RETENTION_ROW));
         writes.push(Write::delete(Table::SeriesIndex, NAMES_PARTITION, name));
+        writes.push(rollup::complete_delete(name));
         store.batch_write(writes).await?;
         Ok(())
     }
@@ -170,15 +175,23 @@ async fn delete_in_day(
     let mut after: Option<String> = None;
     let mut deleted = 0;
     let mut attempts = 0;
+    let mut cut_any = false;
     loop {
-        let rows = store
-            .query(
+        // The day row with the rows: a page's transaction marks the hours it changes dirty
+        // under a compare-and-swap on it.
+        let mut answers = store
+            .query_many(vec![
                 Query::partition(Table::SeriesPoints, &part, ROWS_PER_STEP)
                     .range(Some(start.clone()), Some(row_key(range.to)))
                     .after(after.clone()),
-            )
-            .await?;
+                rollup_write::day_row_read(series, day),
+            ])
+            .await?
+            .into_iter();
+        let rows = answers.next().unwrap_or_default();
+        let day_row = answers.next().unwrap_or_default();
         let full = rows.len() >= ROWS_PER_STEP;
+        let mut hours = Vec::new();
         let last = rows.last().map(|row| row.row.clone());
         let mut writes = Vec::new();
         let mut cut = 0;
@@ -195,6 +208,7 @@ async fn delete_in_day(
                 continue;
             }
             cut += (points.len() - kept.len()) as u64;
+            hours.push(hour_index(key));
             writes.push(if kept.is_empty() {
                 Write::Delete {
                     table: Table::SeriesPoints,
@@ -211,8 +225,12 @@ async fn delete_in_day(
             });
         }
         if !writes.is_empty() {
+            writes.push(rollup_write::mark_dirty(series, day, day_row, hours)?);
             match store.transact(writes).await {
-                Ok(()) => deleted += cut,
+                Ok(()) => {
+                    deleted += cut;
+                    cut_any = true;
+                }
                 Err(StoreError::ConditionFailed) if attempts < MAX_ATTEMPTS => {
                     // A writer changed one of these rows: read the same page again.
                     attempts += 1;
@@ -223,6 +241,9 @@ async fn delete_in_day(
         }
         attempts = 0;
         if !full {
+            if cut_any {
+                rollup_write::repair_day(store, series, day).await?;
+            }
             return Ok(deleted);
         }
         after = last;

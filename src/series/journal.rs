@@ -25,8 +25,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::layout::day_of;
 use super::plan::{self, merge};
 use super::retention::Retention;
+use super::rollup_write;
 use super::{Point, codec};
 use super::{SeriesName, latest};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
@@ -379,6 +381,13 @@ pub async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> Do
             }
         }
         if !conflict {
+            // Days whose rollups were unknown (written before rollups existed, or found
+            // half-written by a conflicting plan) are recomputed now.
+            let mut days: Vec<u64> = points.iter().map(|point| day_of(point.at)).collect();
+            days.dedup();
+            for day in days {
+                rollup_write::repair_day(store, series, day).await?;
+            }
             return Ok(());
         }
     }

@@ -13,6 +13,8 @@
 //! - [`retention`]: how long points are kept, and the sweep job that deletes expired ones
 //! - [`latest`]: each series' latest point, kept up to date by every write
 //! - [`line_protocol`]: InfluxDB line protocol parsed into series points and tags
+//! - [`rollup`], [`rollup_write`], [`rollup_read`]: minute and hour summaries kept with
+//!   the points, and stepped reads from them
 
 pub(crate) mod catalogue;
 pub mod codec;
@@ -25,6 +27,9 @@ pub(crate) mod live;
 mod plan;
 pub(crate) mod reading;
 pub mod retention;
+pub mod rollup;
+mod rollup_read;
+pub mod rollup_write;
 mod scan;
 mod writing;
 
@@ -38,7 +43,7 @@ use crate::store::Store;
 use crate::timeline::{check_no_dot_segments, check_printable};
 
 pub use latest::{Latest, LatestPage};
-pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage};
+pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage, Range, Rollups};
 pub use retention::{Retention, RetentionSetting, RetentionSettings};
 pub use writing::NewPoints;
 

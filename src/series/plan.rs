@@ -13,6 +13,7 @@ use super::layout::{
     MAX_POINTS_PER_ROW, ROW_SPAN, bucket_of, day_key, day_of, parse_day, parse_ticks, partition,
     row_key,
 };
+use super::rollup_write::{self, RollupReads};
 use super::{Point, codec};
 use crate::store::{Condition, Item, Query, Store, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
@@ -79,6 +80,8 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainRe
         (last_day - first_day + 1) as usize,
     )];
     queries.push(super::layout::markers_query(series));
+    let rollup_reads = RollupReads::new(points);
+    queries.extend(rollup_reads.queries(series));
     queries.extend(runs.iter().map(|(start, end)| {
         Query::partition(Table::SeriesPoints, partition(series, day_of(*start)), 1000)
             .range(Some(row_key(*start)), Some(row_key(*end)))
@@ -96,6 +99,8 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainRe
         .into_iter()
         .map(|marker| marker.row)
         .collect();
+    let rollup_answers: Vec<Vec<Item>> =
+        answers.by_ref().take(rollup_reads.query_count()).collect();
 
     // Rows by key time, per bucket.
     let mut rows: BTreeMap<u64, Row> = BTreeMap::new();
@@ -135,6 +140,13 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainRe
         row.changed = true;
     }
 
+    let rollup_writes = rollup_write::writes(
+        series,
+        &rollup_reads,
+        rollup_answers,
+        &touched_buckets(&rows),
+        &known_days,
+    )?;
     for row in rows.into_values().filter(|row| row.changed) {
         let part = partition(series, day_of(row.key));
         let mut chunks = row.points.chunks(MAX_POINTS_PER_ROW);
@@ -171,7 +183,23 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainRe
     if new_day {
         plan.push(super::catalogue::register(series));
     }
+    // Last, so a write applied over several transactions puts each day row after its rows.
+    plan.writes.extend(rollup_writes);
     Ok(plan)
+}
+
+/// Every point of each bucket a changed row lies in, by bucket start.
+fn touched_buckets(rows: &BTreeMap<u64, Row>) -> BTreeMap<u64, Vec<Point>> {
+    let mut buckets: BTreeMap<u64, Vec<Point>> = BTreeMap::new();
+    for row in rows.values().filter(|row| row.changed) {
+        buckets.entry(bucket_of(row.key)).or_default();
+    }
+    for (bucket, points) in &mut buckets {
+        for row in rows.range(*bucket..*bucket + ROW_SPAN).map(|(_, row)| row) {
+            points.extend_from_slice(&row.points);
+        }
+    }
+    buckets
 }
 
 /// Merges two sorted point lists; on equal times the new point replaces the old one.

@@ -3,6 +3,9 @@
 //! Every read streams points from a [`Scan`] and stops after one page; the cursor holds the
 //! time the next page starts at, signed together with the query it belongs to.
 
+use super::retention::Retention;
+use super::rollup::{SUM_SCALE, Summary};
+use super::rollup_read::{Fold, Piece, RollupScan, bucket_bounds};
 use super::scan::{END_OF_TIME, Scan};
 use super::{Point, Series, SeriesName};
 use crate::keys::Ticks;
@@ -98,60 +101,29 @@ pub struct AlignedPage {
     pub next_cursor: Option<String>,
 }
 
-/// 2^-64. A sum of values scaled by it cannot overflow (a bucket holds fewer than 2^64
-/// points, each at most `f64::MAX`), and scaling by a power of two is exact above the
-/// subnormals, so it recovers a sum or an average that overflowed only on the way.
-const SUM_SCALE: f64 = 1.0 / (1u128 << 64) as f64;
-
-/// Running totals of one bucket.
+/// A bucket's totals: its summary, and its first and last point (for `first` and `last`,
+/// which only reads of points answer).
 struct Totals {
-    count: u64,
-    sum: f64,
-    /// The values times [`SUM_SCALE`], added up: what the sum and the average come from
-    /// once `sum` has overflowed (`f64::MAX` twice averages to `f64::MAX`). Values under
-    /// 2^-958 lose precision in it, which shows only where huge values cancel out exactly.
-    scaled_sum: f64,
-    min: f64,
-    max: f64,
+    summary: Summary,
     first: f64,
     last: f64,
 }
 
 impl Totals {
-    fn new(point: Point) -> Totals {
-        Totals {
-            count: 1,
-            sum: point.value,
-            scaled_sum: point.value * SUM_SCALE,
-            min: point.value,
-            max: point.value,
-            first: point.value,
-            last: point.value,
-        }
-    }
-
-    fn add(&mut self, point: Point) {
-        self.count += 1;
-        self.sum += point.value;
-        self.scaled_sum += point.value * SUM_SCALE;
-        self.min = self.min.min(point.value);
-        self.max = self.max.max(point.value);
-        self.last = point.value;
-    }
-
     /// The bucket's `aggregate`, or `None` when no double holds it (a sum or an average
     /// past `f64::MAX`; points are finite, so nothing else can be).
     fn value(&self, aggregate: Aggregate) -> Option<f64> {
+        let summary = &self.summary;
         // A sum that never overflowed is finite: once infinite, it stays so.
-        let overflowed = !self.sum.is_finite();
-        let count = self.count as f64;
+        let overflowed = !summary.sum.is_finite();
+        let count = summary.count as f64;
         let value = match aggregate {
-            Aggregate::Avg if overflowed => self.scaled_sum / count / SUM_SCALE,
-            Aggregate::Avg => self.sum / count,
-            Aggregate::Sum if overflowed => self.scaled_sum / SUM_SCALE,
-            Aggregate::Sum => self.sum,
-            Aggregate::Min => self.min,
-            Aggregate::Max => self.max,
+            Aggregate::Avg if overflowed => summary.scaled_sum / count / SUM_SCALE,
+            Aggregate::Avg => summary.sum / count,
+            Aggregate::Sum if overflowed => summary.scaled_sum / SUM_SCALE,
+            Aggregate::Sum => summary.sum,
+            Aggregate::Min => summary.min,
+            Aggregate::Max => summary.max,
             Aggregate::Count => count,
             Aggregate::First => self.first,
             Aggregate::Last => self.last,
@@ -160,44 +132,124 @@ impl Totals {
     }
 }
 
+/// Whether a stepped read may use rollups (a benchmark compares it with one that may not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rollups {
+    Use,
+    Bypass,
+}
+
+/// Where a stepped read's pieces come from.
+enum Source {
+    Points(Scan),
+    Rollups(RollupScan),
+}
+
+impl Source {
+    /// Rollups when they can serve the read, else the points; either way from no earlier
+    /// than the retention floor (`default` unless the series has its own).
+    async fn open(
+        store: &dyn Store,
+        series: &str,
+        range: (u64, u64),
+        step: u64,
+        aggregate: Aggregate,
+        (rollups, default): (Rollups, Retention),
+    ) -> DomainResult<Source> {
+        let (from, to) = range;
+        let rolled_up = !matches!(aggregate, Aggregate::First | Aggregate::Last);
+        if rollups == Rollups::Use
+            && rolled_up
+            && let Some(scan) = RollupScan::open(store, series, range, step, default).await?
+        {
+            return Ok(Source::Rollups(scan));
+        }
+        Ok(Source::Points(
+            Scan::open(store, series, from, to, default).await?,
+        ))
+    }
+
+    async fn next(&mut self, store: &dyn Store) -> DomainResult<Option<Piece>> {
+        match self {
+            Source::Points(scan) => Ok(scan.next(store).await?.map(Piece::Point)),
+            Source::Rollups(scan) => scan.next(store).await,
+        }
+    }
+}
+
 /// One series' points folded into one value per step bucket.
 struct Buckets {
     /// For errors: which series a bucket that overflows belongs to.
     series: SeriesName,
-    scan: Scan,
+    source: Source,
+    /// The read's range: buckets are cut to it.
+    from: u64,
+    to: u64,
     step: u64,
     aggregate: Aggregate,
-    pending: Option<Point>,
+    pending: Option<Piece>,
 }
 
 impl Buckets {
+    async fn open(
+        store: &dyn Store,
+        series: &SeriesName,
+        range: (u64, u64),
+        step: u64,
+        aggregate: Aggregate,
+        sources: (Rollups, Retention),
+    ) -> DomainResult<Buckets> {
+        Ok(Buckets {
+            series: series.clone(),
+            source: Source::open(store, series.as_str(), range, step, aggregate, sources).await?,
+            from: range.0,
+            to: range.1,
+            step,
+            aggregate,
+            pending: None,
+        })
+    }
+
     /// The next non-empty bucket: its start and its value. A value no double holds is an
     /// error rather than an infinity, which JSON would print as `null`, "no points".
     async fn next(&mut self, store: &dyn Store) -> DomainResult<Option<(u64, f64)>> {
         let first = match self.pending.take() {
-            Some(point) => point,
-            None => match self.scan.next(store).await? {
-                Some(point) => point,
+            Some(piece) => piece,
+            None => match self.source.next(store).await? {
+                Some(piece) => piece,
                 None => return Ok(None),
             },
         };
-        let bucket = first.at - first.at % self.step;
-        let mut totals = Totals::new(first);
-        while let Some(point) = self.scan.next(store).await? {
-            if point.at - point.at % self.step != bucket {
-                self.pending = Some(point);
+        let bucket = first.at() - first.at() % self.step;
+        let (low, high) = bucket_bounds(first.at(), self.step, self.from, self.to);
+        let mut fold = Fold::new(low, high);
+        fold.push(first);
+        while let Some(piece) = self.source.next(store).await? {
+            if piece.at() - piece.at() % self.step != bucket {
+                self.pending = Some(piece);
                 break;
             }
-            totals.add(point);
+            fold.push(piece);
         }
-        let value = totals.value(self.aggregate).ok_or_else(|| {
-            DomainError::AggregateOverflow(format!(
-                "the {} of series {:?} in the bucket starting {} is too large for a 64-bit float",
-                self.aggregate.name(),
-                self.series.as_str(),
-                Ticks::clamped(bucket)
-            ))
-        })?;
+        fold.finish();
+        let value = fold
+            .total
+            .and_then(|summary| {
+                Totals {
+                    summary,
+                    first: fold.first.unwrap_or(f64::NAN),
+                    last: fold.last.unwrap_or(f64::NAN),
+                }
+                .value(self.aggregate)
+            })
+            .ok_or_else(|| {
+                DomainError::AggregateOverflow(format!(
+                    "the {} of series {:?} in the bucket starting {} is too large for a 64-bit float",
+                    self.aggregate.name(),
+                    self.series.as_str(),
+                    Ticks::clamped(bucket)
+                ))
+            })?;
         Ok(Some((bucket, value)))
     }
 }
@@ -262,7 +314,8 @@ impl Series {
     }
 
     /// One `aggregate` of `series` per `step` bucket in `range` (buckets are aligned to
-    /// multiples of `step` since 0001-01-01; empty ones are left out).
+    /// multiples of `step` since 0001-01-01; empty ones are left out). Read from rollups
+    /// where they serve (see [`super::rollup_read`]); the answer is the same either way.
     pub async fn aggregate(
         &self,
         series: &SeriesName,
@@ -271,6 +324,27 @@ impl Series {
         aggregate: Aggregate,
         limit: usize,
         cursor: Option<&str>,
+    ) -> DomainResult<AggregatePage> {
+        self.aggregate_with(
+            series,
+            range,
+            (step, aggregate),
+            limit,
+            cursor,
+            Rollups::Use,
+        )
+        .await
+    }
+
+    /// [`Series::aggregate`], from rollups or (`Rollups::Bypass`) from points only.
+    pub async fn aggregate_with(
+        &self,
+        series: &SeriesName,
+        range: Range,
+        (step, aggregate): (u64, Aggregate),
+        limit: usize,
+        cursor: Option<&str>,
+        rollups: Rollups,
     ) -> DomainResult<AggregatePage> {
         check_page(limit)?;
         let scope = format!(
@@ -281,20 +355,15 @@ impl Series {
         );
         let from = self.page_start(&scope, range, cursor)?;
         let store = self.store.as_ref();
-        let mut buckets = Buckets {
-            series: series.clone(),
-            scan: Scan::open(
-                store,
-                series.as_str(),
-                from,
-                range.to,
-                self.default_retention,
-            )
-            .await?,
+        let mut buckets = Buckets::open(
+            store,
+            series,
+            (from, range.to),
             step,
             aggregate,
-            pending: None,
-        };
+            (rollups, self.default_retention),
+        )
+        .await?;
         let mut rows = Vec::with_capacity(limit.min(4096));
         while let Some(row) = buckets.next(store).await? {
             if rows.len() == limit {
@@ -338,22 +407,17 @@ impl Series {
         );
         let from = self.page_start(&scope, range, cursor)?;
         let store = self.store.as_ref();
-        let scans =
-            futures::future::try_join_all(names.iter().map(|name| {
-                Scan::open(store, name.as_str(), from, range.to, self.default_retention)
-            }))
-            .await?;
-        let mut streams: Vec<Buckets> = scans
-            .into_iter()
-            .zip(names)
-            .map(|(scan, name)| Buckets {
-                series: name.clone(),
-                scan,
+        let mut streams = futures::future::try_join_all(names.iter().map(|name| {
+            Buckets::open(
+                store,
+                name,
+                (from, range.to),
                 step,
                 aggregate,
-                pending: None,
-            })
-            .collect();
+                (Rollups::Use, self.default_retention),
+            )
+        }))
+        .await?;
         let mut heads = Vec::with_capacity(streams.len());
         for stream in &mut streams {
             heads.push(stream.next(store).await?);
@@ -392,13 +456,19 @@ mod tests {
     use super::*;
 
     fn totals(values: &[f64]) -> Totals {
-        let mut points = values.iter().enumerate().map(|(at, value)| Point {
-            at: at as u64,
-            value: *value,
-        });
-        let mut totals = Totals::new(points.next().expect("a point"));
-        points.for_each(|point| totals.add(point));
-        totals
+        let mut fold = Fold::new(0, u64::MAX);
+        for (at, value) in values.iter().enumerate() {
+            fold.push(Piece::Point(Point {
+                at: at as u64,
+                value: *value,
+            }));
+        }
+        fold.finish();
+        Totals {
+            summary: fold.total.expect("a point"),
+            first: fold.first.expect("a point"),
+            last: fold.last.expect("a point"),
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //!
 //! Why a job and not DynamoDB TTL: an item's TTL is fixed when it is written, so shortening a
 //! series' retention would mean rewriting every row of it; TTL deletes up to days late, so
-//! reads must filter anyway; the days index, the latest record and (with rollups) derived rows
+//! reads must filter anyway; the days index, the latest record and the rollups
 //! must go with the points, which TTL cannot do; and the embedded store has no TTL. Deleting a
 //! 1 Hz series-day is 144 row deletes (6 `BatchWriteItem`s), against the 86,400 row rewrites
 //! that wrote it.
@@ -45,7 +45,7 @@ use super::layout::{
     NAMES_PARTITION, TICKS_PER_SECOND, bucket_of, day_of, parse_day, partition, row_key,
 };
 use super::plan::{days_partition, days_query};
-use super::{Point, Series, SeriesName, latest};
+use super::{Point, Series, SeriesName, latest, rollup};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome, now_ms};
 use crate::keys::{MAX_TICKS, Ticks};
 use crate::store::{Condition, Item, Key, Query, Store, StoreError, Table, Write};
@@ -350,10 +350,12 @@ pub async fn expire(store: &dyn Store, series: &str, floor: u64) -> DomainResult
 }
 
 /// Deletes one expired day of `series`: its rows, what is derived from them, then its
-/// index row (last, so no row is ever unreachable).
+/// index row (last, so no row is ever unreachable). The day's rollups go before its index row
+/// too, so a sweep cut short deletes them again.
 async fn expire_day(store: &dyn Store, series: &str, day: u64) -> DomainResult<u64> {
     let deleted = delete_rows(store, &partition(series, day), None).await?;
-    delete_derived_rows(store, series, day).await?;
+    // The day's rollups: a complete series trusts its day rows, so they go with the points.
+    store.batch_write(rollup::day_deletes(series, day)).await?;
     store
         .batch_write(vec![Write::delete(
             Table::SeriesIndex,
@@ -362,13 +364,6 @@ async fn expire_day(store: &dyn Store, series: &str, day: u64) -> DomainResult<u
         )])
         .await?;
     Ok(deleted)
-}
-
-/// The hook for rows derived from a series-day's points (the minute and hour rollups): called
-/// once per expired day, after its points went and before its index row goes, so a sweep cut
-/// short calls it again. Nothing is derived yet.
-async fn delete_derived_rows(_store: &dyn Store, _series: &str, _day: u64) -> DomainResult<()> {
-    Ok(())
 }
 
 /// How often sweeps run, and the default they apply.

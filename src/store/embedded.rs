@@ -14,7 +14,7 @@
 //! thread keeps the tables' memtables (writes not yet flushed to disk) within the write
 //! buffer by flushing the biggest one whenever they outgrow it (fjall 3.1 takes a
 //! `max_write_buffer_size` but does not enforce it; its own bound is 64 MiB per table, and
-//! there are 20 tables).
+//! there are 21 tables).
 
 use std::collections::HashMap;
 use std::ops::Bound;

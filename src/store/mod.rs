@@ -136,6 +136,9 @@ pub enum Table {
     /// Series -> batch id: committed batches not yet applied to the series' rows; reads
     /// overlay their points.
     SeriesPending,
+    /// `{series}#{day}` -> `day` (the day's hour summaries) and `hour/{HH}` (that hour's
+    /// minute summaries): the rollups of one series-day (see `series::rollup`).
+    SeriesRollups,
     /// Token id -> `token` (the hash of its secret and what it may do); `owner/{name}` ->
     /// token id (the tokens issued for a subject or series, for listing).
     Tokens,
@@ -147,7 +150,7 @@ pub enum Table {
 }
 
 impl Table {
-    pub(crate) const ALL: [Table; 20] = [
+    pub(crate) const ALL: [Table; 21] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -165,6 +168,7 @@ impl Table {
         Table::SeriesIndex,
         Table::SeriesBatches,
         Table::SeriesPending,
+        Table::SeriesRollups,
         Table::Tokens,
         Table::Markers,
         Table::Notices,
@@ -190,6 +194,7 @@ impl Table {
             Table::SeriesIndex => "seriesIndex",
             Table::SeriesBatches => "seriesBatches",
             Table::SeriesPending => "seriesPending",
+            Table::SeriesRollups => "seriesRollups",
             Table::Tokens => "tokens",
             Table::Markers => "readMarkers",
             Table::Notices => "notices",

@@ -27,6 +27,7 @@ mod posting;
 mod reliability;
 mod restart;
 mod retention;
+mod rollups;
 mod series;
 mod startup;
 mod streams;

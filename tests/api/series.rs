@@ -386,8 +386,26 @@ async fn a_write_after_a_batch_not_yet_applied_lands_after_it(backend: Backend) 
     assert_eq!(stored_rows(&app, Table::SeriesPending, "s").await, 0);
 }
 
+/// The values of `pairs` (in time order) in `[from, to)` by step bucket (aligned to
+/// multiples of the step since 0001-01-01), empty buckets left out.
+pub(crate) fn step_buckets(
+    pairs: &[(u64, f64)],
+    (from, to): (u64, u64),
+    step: u64,
+) -> Vec<(u64, Vec<f64>)> {
+    let mut buckets: Vec<(u64, Vec<f64>)> = Vec::new();
+    for (at, value) in pairs.iter().filter(|(at, _)| *at >= from && *at < to) {
+        let bucket = at - at % step;
+        match buckets.last_mut() {
+            Some((last, values)) if *last == bucket => values.push(*value),
+            _ => buckets.push((bucket, vec![*value])),
+        }
+    }
+    buckets
+}
+
 /// The reference aggregate of `values` in one bucket.
-fn reference(aggregate: &str, values: &[f64]) -> f64 {
+pub(crate) fn reference(aggregate: &str, values: &[f64]) -> f64 {
     match aggregate {
         "avg" => values.iter().sum::<f64>() / values.len() as f64,
         "min" => values.iter().copied().fold(f64::INFINITY, f64::min),
@@ -437,15 +455,7 @@ async fn step_aggregates_match_a_reference_computed_here(backend: Backend) {
     let to = start + 3 * 3600 * SECOND - 45 * SECOND;
     for (step, step_ticks) in [("60s", 60 * SECOND), ("7m", 420 * SECOND)] {
         for aggregate in ["avg", "min", "max", "sum", "count", "first", "last"] {
-            // Buckets are aligned to multiples of the step since 0001-01-01.
-            let mut want: Vec<(u64, Vec<f64>)> = Vec::new();
-            for (at, value) in pairs.iter().filter(|(at, _)| *at >= from && *at < to) {
-                let bucket = at - at % step_ticks;
-                match want.last_mut() {
-                    Some((last, values)) if *last == bucket => values.push(*value),
-                    _ => want.push((bucket, vec![*value])),
-                }
-            }
+            let want = step_buckets(&pairs, (from, to), step_ticks);
             let query = format!(
                 "from={}&to={}&step={step}&agg={aggregate}&limit=50",
                 text(from),

@@ -12,6 +12,7 @@ mod line_protocol;
 mod mixed;
 #[cfg(test)]
 mod page_cost;
+mod rollups;
 mod series;
 mod server;
 mod social;

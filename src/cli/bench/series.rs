@@ -1,6 +1,7 @@
 //! `fanline bench series`: points ingested per second over HTTP (an in-process server on a
 //! fresh store), as JSON and as line protocol ([`super::line_protocol`]), one-day reads over
-//! HTTP, raw and stepped, and bytes per point on disk (embedded store only).
+//! HTTP, raw and stepped, bytes per point on disk (embedded store only), and a one-year
+//! stepped read with and without rollups ([`super::rollups`]).
 //!
 //! Values are a daily sine with noise in every mantissa bit, so the disk figure is not helped
 //! by values that compress well.
@@ -74,6 +75,10 @@ pub struct SeriesBenchArgs {
     /// Line protocol over HTTP (`POST /api/v2/write`), plain and gzip.
     #[command(flatten)]
     pub line_protocol: LineProtocolBenchArgs,
+    /// Days of the 1 Hz series whose stepped read (`step=1d`) is timed with rollups and
+    /// without; 0 skips it.
+    #[arg(long, default_value_t = 365)]
+    pub rollup_days: u64,
 }
 
 pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
@@ -117,6 +122,17 @@ pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
     server.stop().await?;
     bench_store.close().await?;
 
+    if args.rollup_days > 0 {
+        super::rollups::year_read(
+            args.store,
+            args.dynamodb_endpoint.as_deref(),
+            parent.path(),
+            args.rollup_days,
+            first_day,
+            args.read_samples,
+        )
+        .await?;
+    }
     if args.disk_series > 0 && args.disk_days > 0 {
         if args.store == StoreKind::Embedded {
             disk_per_point(&args, parent.path(), start).await?;
@@ -394,9 +410,27 @@ async fn write_seconds(
     seconds: u64,
     noise: &mut StdRng,
 ) -> anyhow::Result<()> {
+    write_seconds_in(
+        series,
+        name,
+        (start, seconds),
+        MAX_POINTS_PER_SERIES_WRITE as u64,
+        noise,
+    )
+    .await
+}
+
+/// Writes `seconds` points at 1 Hz from `start` to `series`, `chunk` points a write.
+pub(super) async fn write_seconds_in(
+    series: &Series,
+    name: &SeriesName,
+    (start, seconds): (u64, u64),
+    chunk: u64,
+    noise: &mut StdRng,
+) -> anyhow::Result<()> {
     let mut second = 0;
     while second < seconds {
-        let end = seconds.min(second + MAX_POINTS_PER_SERIES_WRITE as u64);
+        let end = seconds.min(second + chunk);
         let points = (second..end)
             .map(|at_second| Point {
                 at: start + at_second * TICKS_PER_SECOND,
@@ -424,7 +458,7 @@ fn http_series_name(index: usize) -> String {
 }
 
 /// A temperature-like reading: 20 ± 5 over a day, plus noise that fills the mantissa.
-fn sensor_value(second: u64, noise: &mut StdRng) -> f64 {
+pub(super) fn sensor_value(second: u64, noise: &mut StdRng) -> f64 {
     let phase = (second % DAY_SECONDS) as f64 / DAY_SECONDS as f64 * std::f64::consts::TAU;
     5.0f64.mul_add(phase.sin(), 20.0 + noise.random_range(-0.5..0.5))
 }
