@@ -10,12 +10,14 @@
 //! - [`reading`]: raw pages, step aggregates, aligned series
 //! - [`deleting`]: range and whole-series deletes, a page at a time
 //! - [`catalogue`]: series names and tags
+//! - [`line_protocol`]: InfluxDB line protocol parsed into series points and tags
 
 pub(crate) mod catalogue;
 pub mod codec;
 mod deleting;
 mod journal;
 pub mod layout;
+pub mod line_protocol;
 pub(crate) mod live;
 mod plan;
 pub(crate) mod reading;
