@@ -2,12 +2,22 @@
 //! `POST /v1/series/{series}/points` (for the topic's series) or, when it is not JSON, as
 //! InfluxDB line protocol. Everything the domain would refuse is refused here, per message,
 //! so that one bad message never fails the batch it is written with.
+//!
+//! Line protocol maps each line to series as `POST /api/v2/write` does
+//! ([`crate::series::line_protocol`]), at nanosecond precision, within the topic's scope:
+//! every series a message maps to must be the topic's series or one under it (its name
+//! followed by `.` or `,`), so `fanline/series/cpu/points` takes any line of measurement
+//! `cpu`, and the broker's topic ACLs say who may write what. Every line needs a timestamp:
+//! a message comes again after a crash, and a line stamped on arrival would then write its
+//! point twice, at two times.
 
 use serde::Deserialize;
 
 use crate::keys::{MAX_TICKS, Ticks};
+use crate::series::line_protocol::{self, Precision};
 use crate::series::{
-    MAX_POINTS_PER_BATCH, MAX_POINTS_PER_SERIES_WRITE, NewPoints, Point, SeriesName,
+    MAX_POINTS_PER_BATCH, MAX_POINTS_PER_SERIES_WRITE, MAX_SERIES_PER_BATCH, NewPoints, Point,
+    SeriesName,
 };
 
 /// Largest payload read, as the HTTP API's largest series body.
@@ -86,12 +96,59 @@ fn checked_point(at: u64, value: f64) -> Result<Point, String> {
     Ok(Point { at, value })
 }
 
-/// Line protocol is not read yet: the parser comes with `POST /api/v2/write`.
-fn decode_lines(_series: &str, _text: &str) -> Result<Vec<NewPoints>, Invalid> {
-    let _ = MAX_POINTS_PER_BATCH;
-    Err(Invalid(
-        "not JSON, and line protocol is not supported yet".to_owned(),
-    ))
+/// The series of line protocol `text`, every one of them in the scope of `topic_series`.
+fn decode_lines(topic_series: &str, text: &str) -> Result<Vec<NewPoints>, Invalid> {
+    // A line without a timestamp gets `now`: the greatest time, which no nanosecond
+    // timestamp reaches (an i64 of them ends in 2262), marks it.
+    let lines = line_protocol::parse(text, Precision::Nanoseconds, Ticks::MAX)
+        .map_err(|err| Invalid(format!("not JSON, nor line protocol: {err}")))?;
+    if lines.is_empty() {
+        return Err(Invalid("no points: the payload is empty".to_owned()));
+    }
+    if lines.len() > MAX_SERIES_PER_BATCH {
+        return Err(Invalid(format!(
+            "a message writes at most {MAX_SERIES_PER_BATCH} series"
+        )));
+    }
+    let points: usize = lines.iter().map(|one| one.points.len()).sum();
+    if points > MAX_POINTS_PER_BATCH {
+        return Err(Invalid(format!(
+            "a message holds at most {MAX_POINTS_PER_BATCH} points"
+        )));
+    }
+    let mut writes = Vec::with_capacity(lines.len());
+    for one in lines {
+        if !in_scope(topic_series, one.name.as_str()) {
+            return Err(Invalid(format!(
+                "a line maps to series {:?}, outside the topic's series {topic_series:?} \
+                 (which takes {topic_series:?} and the series named after it with . or ,)",
+                one.name.as_str()
+            )));
+        }
+        if one.points.iter().any(|point| point.at == MAX_TICKS) {
+            return Err(Invalid(
+                "a line has no timestamp: over MQTT every line needs one, or a message \
+                 sent again would write its points a second time"
+                    .to_owned(),
+            ));
+        }
+        for point in &one.points {
+            checked_point(point.at, point.value).map_err(Invalid)?;
+        }
+        writes.push(NewPoints {
+            series: one.name,
+            points: one.points,
+        });
+    }
+    Ok(writes)
+}
+
+/// Whether `series` is the topic's series or one under it.
+fn in_scope(topic_series: &str, series: &str) -> bool {
+    match series.strip_prefix(topic_series) {
+        Some(rest) => rest.is_empty() || rest.starts_with(['.', ',']),
+        None => false,
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +180,60 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn line_protocol_goes_to_the_mapped_series_within_the_topic_scope() {
+        let text = "cpu,host=a usage_idle=99.5,usage_user=0.5 1767225600000000000\n\
+                    cpu,host=a usage_idle=98 1767225601000000000\n";
+        let origin = Ticks::parse_rfc3339("2026-01-01T00:00:00Z")
+            .expect("time")
+            .get();
+        for scope in ["cpu", "cpu.usage_idle,host=a"] {
+            let writes = decode(scope, text.as_bytes());
+            if scope != "cpu" {
+                let Invalid(message) = writes.expect_err("usage_user is outside");
+                assert!(message.contains("outside the topic"), "{message}");
+                continue;
+            }
+            let writes = writes.expect("valid");
+            let names: Vec<&str> = writes.iter().map(|one| one.series.as_str()).collect();
+            assert_eq!(names, ["cpu.usage_idle,host=a", "cpu.usage_user,host=a"]);
+            assert_eq!(
+                writes[0].points,
+                [
+                    Point {
+                        at: origin,
+                        value: 99.5
+                    },
+                    Point {
+                        at: origin + 10_000_000,
+                        value: 98.0
+                    }
+                ]
+            );
+        }
+        assert!(in_scope("cpu", "cpu.x"));
+        assert!(in_scope("cpu.x", "cpu.x,host=a"));
+        assert!(!in_scope("cpu", "cpus.x"));
+        assert!(!in_scope("cpu", "cpu\\.x.y"));
+    }
+
+    #[test]
+    fn bad_line_protocol_messages_say_why() {
+        let cases: [(&str, &str); 4] = [
+            ("cpu usage=1", "no timestamp"),
+            ("cpu usage=\"text\" 1", "line 1"),
+            ("cpu usage=1 1\nmem,host=a used=2 1", "outside the topic"),
+            ("\n# nothing\n", "no points"),
+        ];
+        for (text, expected) in cases {
+            let Invalid(message) = decode("cpu", text.as_bytes()).expect_err(expected);
+            assert!(
+                message.contains(expected),
+                "{message} should say {expected}"
+            );
+        }
     }
 
     #[test]

@@ -37,6 +37,8 @@ const MAX_PACKET_BYTES: usize = 268_435_455 + 5;
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How long a stopping subscriber waits for its acknowledgements and DISCONNECT to go out.
 const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Payloads parsed on the executor thread, in all, at most (about 100 µs of parsing).
+const DECODE_INLINE_BYTES: usize = 16 * 1024;
 /// One log line per kind of trouble per this long, at most, with the count of those skipped.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -295,15 +297,11 @@ impl Writer {
     /// Writes the valid messages of `batch` in as few store writes as the limits allow, and
     /// acknowledges every message, in the order received, once its write is committed.
     async fn write_batch(&mut self, batch: Vec<Received>) -> Committed {
+        let decoded = self.decode(&batch).await;
         let messages: Vec<Message> = batch
             .into_iter()
-            .map(|received| {
-                let decoded = match self.filter.series_of(&received.publish.topic) {
-                    Some(series) => payload::decode(series, &received.publish.payload),
-                    None => Err(Invalid("the topic does not match the filter".to_owned())),
-                };
-                Message { received, decoded }
-            })
+            .zip(decoded)
+            .map(|(received, decoded)| Message { received, decoded })
             .collect();
         let mut chunk: Vec<Message> = Vec::new();
         let (mut points, mut series) = (0, 0);
@@ -328,6 +326,43 @@ impl Writer {
             chunk.push(message);
         }
         self.write_chunk(chunk).await
+    }
+
+    /// The points of each message of `batch`; parsed off the executor threads when the
+    /// payloads are large (megabytes of line protocol take milliseconds).
+    async fn decode(&self, batch: &[Received]) -> Vec<Result<Vec<NewPoints>, Invalid>> {
+        let filter = self.filter.clone();
+        let inputs: Vec<(String, bytes::Bytes)> = batch
+            .iter()
+            .map(|received| {
+                let publish = &received.publish;
+                (publish.topic.clone(), publish.payload.clone())
+            })
+            .collect();
+        let decode_all = move || -> Vec<Result<Vec<NewPoints>, Invalid>> {
+            inputs
+                .iter()
+                .map(|(topic, payload)| match filter.series_of(topic) {
+                    Some(series) => payload::decode(series, payload),
+                    None => Err(Invalid("the topic does not match the filter".to_owned())),
+                })
+                .collect()
+        };
+        let bytes: usize = batch
+            .iter()
+            .map(|received| received.publish.payload.len())
+            .sum();
+        if bytes <= DECODE_INLINE_BYTES {
+            return decode_all();
+        }
+        match tokio::task::spawn_blocking(decode_all).await {
+            Ok(decoded) => decoded,
+            // A payload that crashes the parser would crash it every time it comes again.
+            Err(err) => batch
+                .iter()
+                .map(|_| Err(Invalid(format!("the payload could not be parsed: {err}"))))
+                .collect(),
+        }
     }
 
     /// Writes `chunk`'s valid messages in one store write, retried until committed, then
