@@ -60,7 +60,7 @@ impl MqttMetrics {
         );
         registry.register(
             "fanline_mqtt_connected",
-            "1 while the MQTT subscriber is connected to its broker",
+            "1 while the MQTT subscriber is connected to its broker and subscribed",
             self.connected.clone(),
         );
         registry.register(

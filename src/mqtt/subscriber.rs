@@ -161,6 +161,7 @@ impl Pump {
     async fn run(mut self) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         let mut failure_log = LogLimit::default();
+        let mut connected = false;
         loop {
             let event = tokio::select! {
                 biased;
@@ -170,8 +171,8 @@ impl Pump {
             match event {
                 Ok(Event::Incoming(Packet::ConnAck(connack))) => {
                     self.connection.fetch_add(1, Ordering::SeqCst);
+                    connected = true;
                     backoff.reset();
-                    self.metrics.connected.set(1);
                     info!(
                         session_present = connack.session_present,
                         "connected to the MQTT broker"
@@ -202,10 +203,13 @@ impl Pump {
                             topic = %self.filter.subscription,
                             "the MQTT broker refused the subscription (check its ACLs)"
                         );
+                    } else {
+                        self.metrics.connected.set(1);
                     }
                 }
                 Ok(_) => {}
                 Err(err) => {
+                    connected = false;
                     self.metrics.connected.set(0);
                     self.metrics.connection_failures.inc();
                     let delay = backoff.next_delay();
@@ -224,7 +228,9 @@ impl Pump {
                 }
             }
         }
-        self.disconnect().await;
+        if connected {
+            self.disconnect().await;
+        }
         self.metrics.connected.set(0);
     }
 
@@ -232,9 +238,6 @@ impl Pump {
     /// session kept by the broker. Messages still arriving are not acknowledged; they come
     /// again on the next start.
     async fn disconnect(&mut self) {
-        if self.metrics.connected.get() == 0 {
-            return;
-        }
         // After the acknowledgements in the queue: requests go out in order.
         if self.client.try_disconnect().is_err() {
             return;

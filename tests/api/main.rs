@@ -20,6 +20,7 @@ mod import;
 mod lifecycle;
 mod limits;
 mod markers;
+mod mqtt;
 mod openapi;
 mod posting;
 mod reliability;
