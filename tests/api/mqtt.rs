@@ -21,6 +21,7 @@ use crate::series::read_all;
 on_both_backends!(
     a_json_message_becomes_points_readable_over_http,
     a_line_protocol_message_becomes_points_of_its_mapped_series,
+    a_message_delivered_twice_leaves_each_point_once,
     bad_messages_are_counted_and_the_next_good_one_still_lands,
     a_store_outage_holds_messages_unacknowledged_until_they_are_written,
     messages_in_flight_when_the_process_is_killed_land_once_after_a_restart,
@@ -276,11 +277,7 @@ async fn a_json_message_becomes_points_readable_over_http(backend: Backend) {
     let points = wait_for_points(&app, "room-1", 3).await;
     assert_eq!(
         points,
-        [
-            (printed(0), 20.5),
-            (printed(1), 21.0),
-            (printed(2), 21.5)
-        ]
+        [(printed(0), 20.5), (printed(1), 21.0), (printed(2), 21.5)]
     );
     wait_for_metric(&app, &messages("written"), |value| value == 1.0).await;
     assert_eq!(app.metric("fanline_mqtt_points_total").await, 3.0);
@@ -300,13 +297,30 @@ async fn a_line_protocol_message_becomes_points_of_its_mapped_series(backend: Ba
     publisher.publish("cpu", lines).await;
 
     let idle = wait_for_points(&app, "cpu.usage_idle,host=a", 2).await;
-    assert_eq!(
-        idle,
-        [(printed(0), 99.5), (printed(1), 98.0)]
-    );
+    assert_eq!(idle, [(printed(0), 99.5), (printed(1), 98.0)]);
     let user = wait_for_points(&app, "cpu.usage_user,host=a", 1).await;
     assert_eq!(user, [(printed(0), 0.5)]);
     wait_for_metric(&app, &messages("written"), |value| value == 1.0).await;
+    publisher.close().await;
+    app.stop().await;
+}
+
+async fn a_message_delivered_twice_leaves_each_point_once(backend: Backend) {
+    let broker = Broker::start();
+    let mut app = app(backend, &broker).await;
+    let mut publisher = Publisher::connect(&broker);
+    wait_until_subscribed(&app).await;
+    // What a redelivery after a commit whose acknowledgement was lost looks like: the same
+    // message again (written alone, or merged with the first in one write).
+    let message = json_points(&[(0, 1.0), (1, 2.0), (2, 3.0)]);
+    publisher.publish("tank", message.clone()).await;
+    publisher.publish("tank", message).await;
+    wait_for_metric(&app, &messages("written"), |value| value == 2.0).await;
+    let points = wait_for_points(&app, "tank", 3).await;
+    assert_eq!(
+        points,
+        [(printed(0), 1.0), (printed(1), 2.0), (printed(2), 3.0)]
+    );
     publisher.close().await;
     app.stop().await;
 }
@@ -358,10 +372,7 @@ async fn a_store_outage_holds_messages_unacknowledged_until_they_are_written(bac
 
     app.faults.set_outage(None);
     let points = wait_for_points(&app, "pump-7", 2).await;
-    assert_eq!(
-        points,
-        [(printed(0), 1.0), (printed(1), 2.0)]
-    );
+    assert_eq!(points, [(printed(0), 1.0), (printed(1), 2.0)]);
     wait_for_metric(&app, &messages("written"), |value| value == 1.0).await;
     assert_eq!(app.metric(&messages("invalid")).await, 0.0);
     publisher.close().await;
@@ -416,9 +427,7 @@ async fn messages_in_flight_when_the_process_is_killed_land_once_after_a_restart
     //    acknowledged, some not committed.
     let (server, api) = serve_subscribed(&store, &broker, &client_id);
     let frozen = wait_for_points(&api, "frozen", 5).await;
-    let expected_frozen: Vec<(String, f64)> = (0..5)
-        .map(|n| (printed(n), f64::from(n)))
-        .collect();
+    let expected_frozen: Vec<(String, f64)> = (0..5).map(|n| (printed(n), f64::from(n))).collect();
     assert_eq!(
         frozen, expected_frozen,
         "each message of the frozen process, once"
@@ -455,6 +464,30 @@ async fn messages_in_flight_when_the_process_is_killed_land_once_after_a_restart
     publisher.close().await;
 }
 
+/// On DynamoDB, a `fanline worker` process subscribes as `serve` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_writes_mqtt_messages_too() {
+    let broker = Broker::start();
+    let store = TestStore::new(Backend::Dynamo).await;
+    let (server, api) = serve_command(fanline("serve", &store, 0));
+    let mut worker_command = fanline("worker", &store, 1);
+    worker_command
+        .env("FANLINE_METRICS_LISTEN", "127.0.0.1:0")
+        .env("FANLINE_MQTT_URL", broker.url());
+    let (worker, worker_ops) =
+        crate::restart::spawn_announcing(worker_command, "fanline worker metrics on ");
+    wait_until_subscribed(&worker_ops).await;
+    let mut publisher = Publisher::connect(&broker);
+    publisher.publish("meter-3", json_points(&[(0, 7.0)])).await;
+    let points = wait_for_points(&api, "meter-3", 1).await;
+    assert_eq!(points, [(printed(0), 7.0)]);
+    wait_for_metric(&worker_ops, &messages("written"), |value| value == 1.0).await;
+    publisher.close().await;
+    // Both exit cleanly on SIGTERM, the worker's subscriber with them.
+    stop(worker).await;
+    stop(server).await;
+}
+
 async fn the_subscriber_reconnects_after_the_broker_restarts(backend: Backend) {
     let broker = Broker::start();
     let mut app = app(backend, &broker).await;
@@ -475,10 +508,7 @@ async fn the_subscriber_reconnects_after_the_broker_restarts(backend: Backend) {
     let mut publisher = Publisher::connect(&broker);
     publisher.publish("boiler", json_points(&[(1, 2.0)])).await;
     let points = wait_for_points(&app, "boiler", 2).await;
-    assert_eq!(
-        points,
-        [(printed(0), 1.0), (printed(1), 2.0)]
-    );
+    assert_eq!(points, [(printed(0), 1.0), (printed(1), 2.0)]);
     publisher.close().await;
     app.stop().await;
     drop(broker);
