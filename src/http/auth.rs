@@ -32,6 +32,9 @@ enum Need {
     PublicRead(String),
     /// Adding points to this series: its device token, or the admin's.
     SeriesWrite(String),
+    /// Adding points to series named in the body (line protocol): the admin token or any
+    /// device token; the handler refuses a device the lines that are not its series.
+    SeriesWriteInBody,
     /// Any valid token.
     AnyToken,
 }
@@ -55,6 +58,7 @@ fn need(method: &Method, template: &str, param: impl Fn(&str) -> String) -> Need
         "/v1/series/{series}/points" if method == Method::POST => {
             Need::SeriesWrite(param("series"))
         }
+        "/api/v2/write" => Need::SeriesWriteInBody,
         _ => Need::Admin,
     }
 }
@@ -68,15 +72,18 @@ fn allows(principal: &Principal, need: &Need, public_events: bool) -> bool {
             own == subject
         }
         (Principal::Device(own), Need::SeriesWrite(series)) => own == series,
+        (Principal::Device(_), Need::SeriesWriteInBody) => true,
         _ => false,
     }
 }
 
-/// The bearer token of a request, if it has one.
+/// The bearer token of a request, if it has one: `Bearer <token>`, or `Token <token>` as
+/// the InfluxDB clients and Telegraf send it.
 pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+    (scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token"))
+        .then(|| token.trim())
 }
 
 /// Middleware of every API route: 401 without a valid token, 403 outside its rights.
@@ -354,6 +361,8 @@ mod tests {
         assert!(allows(&device, &Need::SeriesWrite("dev/1".into()), false));
         assert!(!allows(&device, &Need::SeriesWrite("dev/2".into()), false));
         assert!(!allows(&device, &Need::Subject("dev/1".into()), false));
+        assert!(allows(&device, &Need::SeriesWriteInBody, false));
+        assert!(!allows(&alice, &Need::SeriesWriteInBody, false));
         assert!(!allows(&alice, &Need::PublicRead("bob".into()), false));
         assert!(allows(&alice, &Need::PublicRead("bob".into()), true));
     }

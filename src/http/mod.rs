@@ -8,6 +8,7 @@ mod extract;
 mod fanout;
 mod following;
 mod health;
+mod influx;
 mod marker;
 mod metrics;
 mod openapi;
@@ -94,8 +95,20 @@ pub fn router(state: AppState, bodies: BodyLimits) -> Router {
             state.clone(),
             auth::authorize,
         ));
+    // The InfluxDB write API: InfluxDB's error shape for every answer, the token's too.
+    let influx = with_body_limit(
+        influx::router(),
+        influx::MAX_LINE_PROTOCOL_BYTES,
+        bodies.timeout,
+    )
+    .route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        auth::authorize,
+    ))
+    .route_layer(middleware::from_fn(influx::influx_errors));
     let (routes, mut document) = OpenApiRouter::with_openapi(openapi::base())
         .merge(api)
+        .merge(influx)
         .merge(health::router())
         .merge(metrics::router())
         .split_for_parts();

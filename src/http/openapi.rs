@@ -23,6 +23,7 @@ use utoipa::openapi::{OpenApi as Document, Ref, RefOr};
 
 use super::AppState;
 use super::error::ErrorBody;
+use super::influx::WritePrecision;
 use super::page::NoExtra;
 use super::schema::{After, Aggregation, Cursor, RowKey, SeriesNames, Step, Tag};
 
@@ -55,7 +56,8 @@ const PUBLIC_EVENTS_ROUTE: &str = "/v1/subjects/{subject}/events";
         RowKey,
         SeriesNames,
         Step,
-        Tag
+        Tag,
+        WritePrecision
     )),
     tags(
         (name = "events", description = "Subjects' event logs, their fan-out and deletes"),

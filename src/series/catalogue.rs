@@ -46,6 +46,27 @@ fn decode_tags(body: &[u8]) -> DomainResult<Vec<String>> {
     serde_json::from_slice(body).map_err(|_| DomainError::Corrupt("series tags".into()))
 }
 
+/// At most [`MAX_TAGS`], each printable and listed once.
+fn check_tags(tags: &[String]) -> DomainResult<()> {
+    if tags.len() > MAX_TAGS {
+        return Err(DomainError::invalid(
+            "too_many_tags",
+            format!("a series carries at most {MAX_TAGS} tags"),
+        ));
+    }
+    for (index, tag) in tags.iter().enumerate() {
+        check_printable("tag", tag, MAX_TAG_BYTES)
+            .map_err(|message| DomainError::invalid("invalid_tag", message))?;
+        if tags[..index].contains(tag) {
+            return Err(DomainError::invalid(
+                "duplicate_tag",
+                format!("tag {tag:?} is listed twice"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Series {
     /// Whether `series` is in the catalogue (it has had points or tags).
     pub async fn exists(&self, series: &SeriesName) -> DomainResult<bool> {
@@ -71,31 +92,40 @@ impl Series {
 
     /// Replaces the tags of `series` (creating it in the catalogue if need be).
     pub async fn set_tags(&self, series: &SeriesName, tags: Vec<String>) -> DomainResult<()> {
-        if tags.len() > MAX_TAGS {
-            return Err(DomainError::invalid(
-                "too_many_tags",
-                format!("a series carries at most {MAX_TAGS} tags"),
-            ));
-        }
-        for (index, tag) in tags.iter().enumerate() {
-            check_printable("tag", tag, MAX_TAG_BYTES)
-                .map_err(|message| DomainError::invalid("invalid_tag", message))?;
-            if tags[..index].contains(tag) {
-                return Err(DomainError::invalid(
-                    "duplicate_tag",
-                    format!("tag {tag:?} is listed twice"),
-                ));
-            }
-        }
+        self.change_tags(series, |_| Some(tags.clone())).await
+    }
+
+    /// Adds to the tags of `series` those of `tags` it lacks, keeping the others (the line
+    /// protocol write names a series' tags on every line; tags set otherwise stay). One read
+    /// when it has them all.
+    pub async fn add_tags(&self, series: &SeriesName, tags: &[String]) -> DomainResult<()> {
+        self.change_tags(series, |old| {
+            let missing: Vec<&String> = tags.iter().filter(|tag| !old.contains(tag)).collect();
+            (!missing.is_empty()).then(|| old.iter().chain(missing).cloned().collect())
+        })
+        .await
+    }
+
+    /// Sets the tags of `series` to `change(old tags)`, unless that is `None`, under a
+    /// compare-and-swap so concurrent changes are never lost.
+    async fn change_tags(
+        &self,
+        series: &SeriesName,
+        change: impl Fn(&[String]) -> Option<Vec<String>>,
+    ) -> DomainResult<()> {
         let name = series.as_str();
         let meta = meta_partition(name);
-        let body = Bytes::from(serde_json::to_vec(&tags).unwrap_or_default());
         for _ in 0..MAX_ATTEMPTS {
             let old_body = self.store.get(Table::SeriesIndex, &meta, TAGS_ROW).await?;
             let old = match &old_body {
                 Some(body) => decode_tags(body)?,
                 None => Vec::new(),
             };
+            let Some(tags) = change(&old) else {
+                return Ok(());
+            };
+            check_tags(&tags)?;
+            let body = Bytes::from(serde_json::to_vec(&tags).unwrap_or_default());
             let mut writes = vec![
                 Write::Put {
                     table: Table::SeriesIndex,

@@ -88,6 +88,9 @@ pub struct LineSeries {
     pub tags: Vec<String>,
     /// In the order of the text (not sorted, times may repeat: the series write merges).
     pub points: Vec<Point>,
+    /// The line (from 1) of its first point, for errors about the whole series (a device
+    /// token writing to a series not its own).
+    pub first_line: usize,
 }
 
 /// Why a text is not line protocol fanline takes; `line` counts from 1.
@@ -165,6 +168,7 @@ pub fn parse(text: &str, precision: Precision, now: Ticks) -> Result<Vec<LineSer
                 name: series_name,
                 tags: series_tags,
                 points: vec![point],
+                first_line: number + 1,
             });
         }
     }

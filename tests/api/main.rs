@@ -19,6 +19,7 @@ mod following;
 mod import;
 mod lifecycle;
 mod limits;
+mod line_protocol;
 mod markers;
 mod mqtt;
 mod openapi;

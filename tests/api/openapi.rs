@@ -20,7 +20,8 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 32] = [
+const OPERATIONS: [&str; 33] = [
+    "POST /api/v2/write",
     "GET /healthz",
     "GET /metrics",
     "GET /openapi.json",

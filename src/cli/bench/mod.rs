@@ -9,6 +9,7 @@
 //! through an MQTT broker ([`mqtt`]).
 
 mod lifecycle;
+mod line_protocol;
 mod mixed;
 mod mqtt;
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! `fanline bench series`: points ingested per second over HTTP (an in-process server on a
-//! fresh store), one-day reads over HTTP, raw and stepped, and bytes per point on disk
-//! (embedded store only).
+//! fresh store), as JSON and as line protocol ([`super::line_protocol`]), one-day reads over
+//! HTTP, raw and stepped, and bytes per point on disk (embedded store only).
 //!
 //! Values are a daily sine with noise in every mantissa bit, so the disk figure is not helped
 //! by values that compress well.
@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 
+use super::line_protocol::LineProtocolBenchArgs;
 use super::server::BenchServer;
 use super::{BenchStore, millis, percentile};
 use crate::cli::import::{DEFAULT_CHUNK_POINTS, ImportArgs};
@@ -70,6 +71,9 @@ pub struct SeriesBenchArgs {
     /// Series the imported points spread over (interleaved lines, 1 Hz each).
     #[arg(long, default_value_t = 10)]
     pub import_series: usize,
+    /// Line protocol over HTTP (`POST /api/v2/write`), plain and gzip.
+    #[command(flatten)]
+    pub line_protocol: LineProtocolBenchArgs,
 }
 
 pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
@@ -103,6 +107,7 @@ pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
     if args.http_points > 0 {
         http_ingest(&args, &server, start).await?;
     }
+    super::line_protocol::run(&args.line_protocol, &server, start).await?;
     if args.read_samples > 0 {
         one_day_reads(&args, &server, &bench_store, start).await?;
     }
