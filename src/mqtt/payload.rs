@@ -23,6 +23,14 @@ use crate::series::{
 /// Largest payload read, as the HTTP API's largest series body.
 pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 
+/// What a message writes: points, and the tags its series carry (line protocol only; they
+/// are added to those the series has).
+#[derive(Debug, Default)]
+pub struct Decoded {
+    pub writes: Vec<NewPoints>,
+    pub tags: Vec<(SeriesName, Vec<String>)>,
+}
+
 /// Why a message can never be written: it is acknowledged, counted and dropped.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Invalid(pub String);
@@ -42,7 +50,7 @@ struct PointBody {
 }
 
 /// The points of one message published on a topic whose series level is `series`.
-pub fn decode(series: &str, payload: &[u8]) -> Result<Vec<NewPoints>, Invalid> {
+pub fn decode(series: &str, payload: &[u8]) -> Result<Decoded, Invalid> {
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err(Invalid(format!(
             "the payload is {} bytes, more than {MAX_PAYLOAD_BYTES}",
@@ -62,7 +70,7 @@ fn series_name(text: &str) -> Result<SeriesName, Invalid> {
     SeriesName::parse(text).map_err(|message| Invalid(format!("series {text:?}: {message}")))
 }
 
-fn decode_json(series: &str, text: &str) -> Result<Vec<NewPoints>, Invalid> {
+fn decode_json(series: &str, text: &str) -> Result<Decoded, Invalid> {
     let series = series_name(series)?;
     let body: PointsBody = serde_json::from_str(text)
         .map_err(|err| Invalid(format!("not a JSON points body: {err}")))?;
@@ -82,7 +90,10 @@ fn decode_json(series: &str, text: &str) -> Result<Vec<NewPoints>, Invalid> {
                 .map_err(|message| Invalid(format!("points[{index}]: {message}")))
         })
         .collect::<Result<Vec<Point>, Invalid>>()?;
-    Ok(vec![NewPoints { series, points }])
+    Ok(Decoded {
+        writes: vec![NewPoints { series, points }],
+        tags: Vec::new(),
+    })
 }
 
 /// A point the domain accepts: a finite value at a time in range.
@@ -97,7 +108,7 @@ fn checked_point(at: u64, value: f64) -> Result<Point, String> {
 }
 
 /// The series of line protocol `text`, every one of them in the scope of `topic_series`.
-fn decode_lines(topic_series: &str, text: &str) -> Result<Vec<NewPoints>, Invalid> {
+fn decode_lines(topic_series: &str, text: &str) -> Result<Decoded, Invalid> {
     // A line without a timestamp gets `now`: the greatest time, which no nanosecond
     // timestamp reaches (an i64 of them ends in 2262), marks it.
     let lines = line_protocol::parse(text, Precision::Nanoseconds, Ticks::MAX)
@@ -116,12 +127,13 @@ fn decode_lines(topic_series: &str, text: &str) -> Result<Vec<NewPoints>, Invali
             "a message holds at most {MAX_POINTS_PER_BATCH} points"
         )));
     }
-    let mut writes = Vec::with_capacity(lines.len());
+    let mut decoded = Decoded::default();
     for one in lines {
         if !in_scope(topic_series, one.name.as_str()) {
             return Err(Invalid(format!(
-                "a line maps to series {:?}, outside the topic's series {topic_series:?} \
+                "line {} maps to series {:?}, outside the topic's series {topic_series:?} \
                  (which takes {topic_series:?} and the series named after it with . or ,)",
+                one.first_line,
                 one.name.as_str()
             )));
         }
@@ -135,12 +147,13 @@ fn decode_lines(topic_series: &str, text: &str) -> Result<Vec<NewPoints>, Invali
         for point in &one.points {
             checked_point(point.at, point.value).map_err(Invalid)?;
         }
-        writes.push(NewPoints {
+        decoded.tags.push((one.name.clone(), one.tags));
+        decoded.writes.push(NewPoints {
             series: one.name,
             points: one.points,
         });
     }
-    Ok(writes)
+    Ok(decoded)
 }
 
 /// Whether `series` is the topic's series or one under it.
@@ -157,11 +170,12 @@ mod tests {
 
     #[test]
     fn a_json_body_gives_the_points_of_the_topic_series() {
-        let written = decode(
+        let Decoded { writes: written, tags } = decode(
             "room-1",
             br#"{"points":[{"at":"2026-01-01T00:00:00Z","value":1.5},{"at":"2026-01-01T00:00:01Z","value":-2}]}"#,
         )
         .expect("valid");
+        assert!(tags.is_empty());
         assert_eq!(written.len(), 1);
         assert_eq!(written[0].series.as_str(), "room-1");
         let origin = Ticks::parse_rfc3339("2026-01-01T00:00:00Z")
@@ -196,7 +210,12 @@ mod tests {
                 assert!(message.contains("outside the topic"), "{message}");
                 continue;
             }
-            let writes = writes.expect("valid");
+            let Decoded { writes, tags } = writes.expect("valid");
+            assert_eq!(tags[0].0.as_str(), "cpu.usage_idle,host=a");
+            assert_eq!(
+                tags[0].1,
+                ["host:a", "_measurement:cpu", "_field:usage_idle"]
+            );
             let names: Vec<&str> = writes.iter().map(|one| one.series.as_str()).collect();
             assert_eq!(names, ["cpu.usage_idle,host=a", "cpu.usage_user,host=a"]);
             assert_eq!(

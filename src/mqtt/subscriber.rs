@@ -8,10 +8,12 @@
 //! the broker and comes again. A message written twice leaves one point per time, as
 //! every write does.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::{StreamExt as _, TryStreamExt as _};
 use rumqttc::{
     AsyncClient, Event, EventLoop, MqttOptions, Outgoing, Packet, Publish, QoS, SubscribeReasonCode,
 };
@@ -20,10 +22,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::metrics::{MqttMetrics, Outcome};
-use super::payload::{self, Invalid};
+use super::payload::{self, Decoded, Invalid};
 use super::settings::{MqttSettings, TopicFilter};
-use crate::series::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, NewPoints, Series};
-use crate::timeline::DomainError;
+use crate::series::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, NewPoints, Series, SeriesName};
+use crate::timeline::{DomainError, DomainResult};
 
 /// Requests (acknowledgements mostly) queued for the connection, at most.
 const REQUEST_CAPACITY: usize = 1024;
@@ -52,7 +54,7 @@ struct Received {
 /// A received message and what its payload holds.
 struct Message {
     received: Received,
-    decoded: Result<Vec<NewPoints>, Invalid>,
+    decoded: Result<Decoded, Invalid>,
 }
 
 /// One MQTT subscription writing into the series domain, until `shutdown` fires.
@@ -310,9 +312,9 @@ impl Writer {
         let (mut points, mut series) = (0, 0);
         for message in messages {
             let (message_points, message_series) = match &message.decoded {
-                Ok(writes) => (
-                    writes.iter().map(|write| write.points.len()).sum(),
-                    writes.len(),
+                Ok(decoded) => (
+                    decoded.writes.iter().map(|write| write.points.len()).sum(),
+                    decoded.writes.len(),
                 ),
                 Err(_) => (0, 0),
             };
@@ -333,7 +335,7 @@ impl Writer {
 
     /// The points of each message of `batch`; parsed off the executor threads when the
     /// payloads are large (megabytes of line protocol take milliseconds).
-    async fn decode(&self, batch: &[Received]) -> Vec<Result<Vec<NewPoints>, Invalid>> {
+    async fn decode(&self, batch: &[Received]) -> Vec<Result<Decoded, Invalid>> {
         let filter = self.filter.clone();
         let inputs: Vec<(String, bytes::Bytes)> = batch
             .iter()
@@ -342,7 +344,7 @@ impl Writer {
                 (publish.topic.clone(), publish.payload.clone())
             })
             .collect();
-        let decode_all = move || -> Vec<Result<Vec<NewPoints>, Invalid>> {
+        let decode_all = move || -> Vec<Result<Decoded, Invalid>> {
             inputs
                 .iter()
                 .map(|(topic, payload)| match filter.series_of(topic) {
@@ -393,11 +395,18 @@ impl Writer {
     /// with backoff until it is committed or the process stops. A write the domain refuses
     /// is split into one write per message, so that only the message at fault is dropped.
     async fn commit(&mut self, messages: &[&Message]) -> Committed {
-        let batch: Vec<NewPoints> = messages
+        let decoded: Vec<&Decoded> = messages
             .iter()
             .filter_map(|message| message.decoded.as_ref().ok())
-            .flatten()
-            .cloned()
+            .collect();
+        let batch: Vec<NewPoints> = decoded
+            .iter()
+            .flat_map(|one| one.writes.iter().cloned())
+            .collect();
+        // Each series' tags once, as the last message naming it has them.
+        let tags: BTreeMap<SeriesName, Vec<String>> = decoded
+            .iter()
+            .flat_map(|one| one.tags.iter().cloned())
             .collect();
         if batch.is_empty() {
             // Nothing to write (empty point lists): the messages count as written.
@@ -406,8 +415,14 @@ impl Writer {
         }
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         loop {
+            let write = async {
+                // Tags first, as `POST /api/v2/write` does: tags without their points are
+                // harmless, and the retry adds the points.
+                add_tags(&self.series, &tags).await?;
+                self.series.write(batch.clone()).await
+            };
             let written = tokio::select! {
-                written = self.series.write(batch.clone()) => written,
+                written = write => written,
                 () = cancelled_then(&self.shutdown, STOP_GRACE) => return Committed::Stopped,
             };
             match written {
@@ -477,6 +492,23 @@ impl Writer {
             warn!(error = %err, "failed to queue an MQTT acknowledgement");
         }
     }
+}
+
+/// Series tagged at once, at most, when a write adds tags.
+const TAG_UPDATES_IN_FLIGHT: usize = 32;
+
+/// Adds `tags` to their series (each one read, and written only when it lacks some).
+async fn add_tags(series: &Series, tags: &BTreeMap<SeriesName, Vec<String>>) -> DomainResult<()> {
+    // Collected first: a lazy `map` closure here makes the future not `Send` for every
+    // lifetime (rustc's higher-ranked `FnOnce` limitation).
+    let updates: Vec<_> = tags
+        .iter()
+        .map(|(name, tags)| series.add_tags(name, tags))
+        .collect();
+    futures::stream::iter(updates)
+        .buffer_unordered(TAG_UPDATES_IN_FLIGHT)
+        .try_collect::<()>()
+        .await
 }
 
 /// Fires `grace` after `token` does.

@@ -300,6 +300,9 @@ async fn a_line_protocol_message_becomes_points_of_its_mapped_series(backend: Ba
     assert_eq!(idle, [(printed(0), 99.5), (printed(1), 98.0)]);
     let user = wait_for_points(&app, "cpu.usage_user,host=a", 1).await;
     assert_eq!(user, [(printed(0), 0.5)]);
+    // The lines' tags are the series' tags, as over HTTP.
+    let tagged = crate::line_protocol::names_tagged(&app, "host:a").await;
+    assert_eq!(tagged, ["cpu.usage_idle,host=a", "cpu.usage_user,host=a"]);
     wait_for_metric(&app, &messages("written"), |value| value == 1.0).await;
     publisher.close().await;
     app.stop().await;
