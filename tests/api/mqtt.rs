@@ -6,12 +6,10 @@
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use fanline::cli::bench::Publisher;
 use fanline::store::fault::Fault;
-use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 use serde_json::json;
 
 use crate::helpers::{Api, Backend, TestApp, TestStore, spawn_app_with};
@@ -127,74 +125,47 @@ fn mosquitto_program() -> String {
     }
 }
 
-/// A test publisher: QoS 1 messages, counting the broker's acknowledgements.
-struct Publisher {
-    client: AsyncClient,
-    acked: Arc<AtomicU64>,
-    sent: u64,
-    task: tokio::task::JoinHandle<()>,
+/// A publisher connected to `broker`.
+fn connect_publisher(broker: &Broker) -> Publisher {
+    Publisher::connect("127.0.0.1", broker.port)
 }
 
-impl Publisher {
-    fn connect(broker: &Broker) -> Publisher {
-        let id = format!("test-publisher-{}", uuid::Uuid::new_v4().simple());
-        let mut options = MqttOptions::new(id, "127.0.0.1", broker.port);
-        options.set_max_packet_size(1 << 24, 1 << 24);
-        let (client, mut eventloop) = AsyncClient::new(options, 1000);
-        let acked = Arc::new(AtomicU64::new(0));
-        let counter = acked.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::PubAck(_))) => {
-                        counter.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
-                    Ok(_) => {}
-                    // The broker restarting: try again shortly.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-            }
-        });
-        Publisher {
-            client,
-            acked,
-            sent: 0,
-            task,
+/// Publishes `payload` on `fanline/series/{series}/points`.
+async fn publish(publisher: &mut Publisher, series: &str, payload: impl Into<Vec<u8>>) {
+    publisher
+        .publish(format!("fanline/series/{series}/points"), payload.into())
+        .await
+        .expect("queue the publish");
+}
+
+/// A broker, an app subscribed to it, and a publisher.
+struct Rig {
+    /// Runs as long as the rig; killed when it is dropped.
+    _broker: Broker,
+    app: TestApp,
+    publisher: Publisher,
+}
+
+impl Rig {
+    async fn start(backend: Backend) -> Rig {
+        let broker = Broker::start();
+        let app = app(backend, &broker).await;
+        let publisher = connect_publisher(&broker);
+        wait_until_subscribed(&app).await;
+        Rig {
+            _broker: broker,
+            app,
+            publisher,
         }
     }
 
-    /// Publishes on `fanline/series/{series}/points`.
     async fn publish(&mut self, series: &str, payload: impl Into<Vec<u8>>) {
-        self.client
-            .publish(
-                format!("fanline/series/{series}/points"),
-                QoS::AtLeastOnce,
-                false,
-                payload.into(),
-            )
-            .await
-            .expect("queue the publish");
-        self.sent += 1;
+        publish(&mut self.publisher, series, payload).await;
     }
 
-    /// Waits until the broker has acknowledged every message published so far.
-    async fn wait_until_broker_has_all(&self) {
-        let deadline = Instant::now() + DEADLINE;
-        while self.acked.load(Ordering::SeqCst) < self.sent {
-            assert!(
-                Instant::now() < deadline,
-                "the broker acknowledged {} of {} messages",
-                self.acked.load(Ordering::SeqCst),
-                self.sent
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn close(self) {
-        let _ = self.client.disconnect().await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    async fn stop(mut self) {
+        self.publisher.close().await;
+        self.app.stop().await;
     }
 }
 
@@ -266,73 +237,57 @@ async fn wait_until_subscribed(api: &Api) {
 }
 
 async fn a_json_message_becomes_points_readable_over_http(backend: Backend) {
-    let broker = Broker::start();
-    let mut app = app(backend, &broker).await;
-    let mut publisher = Publisher::connect(&broker);
-    wait_until_subscribed(&app).await;
-    publisher
-        .publish("room-1", json_points(&[(0, 20.5), (1, 21.0), (2, 21.5)]))
+    let mut rig = Rig::start(backend).await;
+    rig.publish("room-1", json_points(&[(0, 20.5), (1, 21.0), (2, 21.5)]))
         .await;
 
-    let points = wait_for_points(&app, "room-1", 3).await;
+    let points = wait_for_points(&rig.app, "room-1", 3).await;
     assert_eq!(
         points,
         [(printed(0), 20.5), (printed(1), 21.0), (printed(2), 21.5)]
     );
-    wait_for_metric(&app, &messages("written"), |value| value == 1.0).await;
-    assert_eq!(app.metric("fanline_mqtt_points_total").await, 3.0);
-    assert_eq!(app.metric(&messages("invalid")).await, 0.0);
-    publisher.close().await;
-    app.stop().await;
+    wait_for_metric(&rig.app, &messages("written"), |value| value == 1.0).await;
+    assert_eq!(rig.app.metric("fanline_mqtt_points_total").await, 3.0);
+    assert_eq!(rig.app.metric(&messages("invalid")).await, 0.0);
+    rig.stop().await;
 }
 
 async fn a_line_protocol_message_becomes_points_of_its_mapped_series(backend: Backend) {
-    let broker = Broker::start();
-    let mut app = app(backend, &broker).await;
-    let mut publisher = Publisher::connect(&broker);
-    wait_until_subscribed(&app).await;
+    let mut rig = Rig::start(backend).await;
     // 2026-01-01T00:00:00Z and one second later, in nanoseconds since 1970.
     let lines = "cpu,host=a usage_idle=99.5,usage_user=0.5 1767225600000000000\n\
                  cpu,host=a usage_idle=98 1767225601000000000\n";
-    publisher.publish("cpu", lines).await;
+    rig.publish("cpu", lines).await;
 
-    let idle = wait_for_points(&app, "cpu.usage_idle,host=a", 2).await;
+    let idle = wait_for_points(&rig.app, "cpu.usage_idle,host=a", 2).await;
     assert_eq!(idle, [(printed(0), 99.5), (printed(1), 98.0)]);
-    let user = wait_for_points(&app, "cpu.usage_user,host=a", 1).await;
+    let user = wait_for_points(&rig.app, "cpu.usage_user,host=a", 1).await;
     assert_eq!(user, [(printed(0), 0.5)]);
     // The lines' tags are the series' tags, as over HTTP.
-    let tagged = crate::line_protocol::names_tagged(&app, "host:a").await;
+    let tagged = crate::line_protocol::names_tagged(&rig.app, "host:a").await;
     assert_eq!(tagged, ["cpu.usage_idle,host=a", "cpu.usage_user,host=a"]);
-    wait_for_metric(&app, &messages("written"), |value| value == 1.0).await;
-    publisher.close().await;
-    app.stop().await;
+    wait_for_metric(&rig.app, &messages("written"), |value| value == 1.0).await;
+    rig.stop().await;
 }
 
 async fn a_message_delivered_twice_leaves_each_point_once(backend: Backend) {
-    let broker = Broker::start();
-    let mut app = app(backend, &broker).await;
-    let mut publisher = Publisher::connect(&broker);
-    wait_until_subscribed(&app).await;
+    let mut rig = Rig::start(backend).await;
     // What a redelivery after a commit whose acknowledgement was lost looks like: the same
     // message again (written alone, or merged with the first in one write).
     let message = json_points(&[(0, 1.0), (1, 2.0), (2, 3.0)]);
-    publisher.publish("tank", message.clone()).await;
-    publisher.publish("tank", message).await;
-    wait_for_metric(&app, &messages("written"), |value| value == 2.0).await;
-    let points = wait_for_points(&app, "tank", 3).await;
+    rig.publish("tank", message.clone()).await;
+    rig.publish("tank", message).await;
+    wait_for_metric(&rig.app, &messages("written"), |value| value == 2.0).await;
+    let points = wait_for_points(&rig.app, "tank", 3).await;
     assert_eq!(
         points,
         [(printed(0), 1.0), (printed(1), 2.0), (printed(2), 3.0)]
     );
-    publisher.close().await;
-    app.stop().await;
+    rig.stop().await;
 }
 
 async fn bad_messages_are_counted_and_the_next_good_one_still_lands(backend: Backend) {
-    let broker = Broker::start();
-    let mut app = app(backend, &broker).await;
-    let mut publisher = Publisher::connect(&broker);
-    wait_until_subscribed(&app).await;
+    let mut rig = Rig::start(backend).await;
     let bad: [(&str, Vec<u8>); 5] = [
         ("room-1", b"{\"points\": [".to_vec()),
         (
@@ -347,39 +302,33 @@ async fn bad_messages_are_counted_and_the_next_good_one_still_lands(backend: Bac
         ("cpu", b"cpu usage=1".to_vec()),
     ];
     for (series, payload) in bad {
-        publisher.publish(series, payload).await;
+        rig.publish(series, payload).await;
     }
-    publisher.publish("room-1", json_points(&[(5, 1.0)])).await;
+    rig.publish("room-1", json_points(&[(5, 1.0)])).await;
 
-    let points = wait_for_points(&app, "room-1", 1).await;
+    let points = wait_for_points(&rig.app, "room-1", 1).await;
     assert_eq!(points, [(printed(5), 1.0)]);
-    wait_for_metric(&app, &messages("written"), |value| value == 1.0).await;
-    assert_eq!(app.metric(&messages("invalid")).await, 5.0);
-    assert_eq!(read_all(&app, "cpu.usage", "").await, []);
-    publisher.close().await;
-    app.stop().await;
+    wait_for_metric(&rig.app, &messages("written"), |value| value == 1.0).await;
+    assert_eq!(rig.app.metric(&messages("invalid")).await, 5.0);
+    assert_eq!(read_all(&rig.app, "cpu.usage", "").await, []);
+    rig.stop().await;
 }
 
 async fn a_store_outage_holds_messages_unacknowledged_until_they_are_written(backend: Backend) {
-    let broker = Broker::start();
-    let mut app = app(backend, &broker).await;
-    let mut publisher = Publisher::connect(&broker);
-    wait_until_subscribed(&app).await;
-    app.faults.set_outage(Some(Fault::Unavailable));
-    publisher
-        .publish("pump-7", json_points(&[(0, 1.0), (1, 2.0)]))
+    let mut rig = Rig::start(backend).await;
+    rig.app.faults.set_outage(Some(Fault::Unavailable));
+    rig.publish("pump-7", json_points(&[(0, 1.0), (1, 2.0)]))
         .await;
     // Tried, failed, and tried again.
-    wait_for_metric(&app, &messages("failed"), |value| value >= 2.0).await;
-    assert_eq!(app.metric(&messages("written")).await, 0.0);
+    wait_for_metric(&rig.app, &messages("failed"), |value| value >= 2.0).await;
+    assert_eq!(rig.app.metric(&messages("written")).await, 0.0);
 
-    app.faults.set_outage(None);
-    let points = wait_for_points(&app, "pump-7", 2).await;
+    rig.app.faults.set_outage(None);
+    let points = wait_for_points(&rig.app, "pump-7", 2).await;
     assert_eq!(points, [(printed(0), 1.0), (printed(1), 2.0)]);
-    wait_for_metric(&app, &messages("written"), |value| value == 1.0).await;
-    assert_eq!(app.metric(&messages("invalid")).await, 0.0);
-    publisher.close().await;
-    app.stop().await;
+    wait_for_metric(&rig.app, &messages("written"), |value| value == 1.0).await;
+    assert_eq!(rig.app.metric(&messages("invalid")).await, 0.0);
+    rig.stop().await;
 }
 
 /// The value of round `round` of series `series` (exact in an f64).
@@ -411,18 +360,19 @@ async fn messages_in_flight_when_the_process_is_killed_land_once_after_a_restart
     let broker = Broker::start();
     let store = TestStore::new(backend).await;
     let client_id = format!("fanline-kill-{}", uuid::Uuid::new_v4().simple());
-    let mut publisher = Publisher::connect(&broker);
+    let mut publisher = connect_publisher(&broker);
 
     // 1. Frozen, then killed: the broker has sent it messages it never wrote.
     let (server, api) = serve_subscribed(&store, &broker, &client_id);
     wait_until_subscribed(&api).await;
     signal(&server, "STOP");
     for n in 0..5 {
-        publisher
-            .publish("frozen", json_points(&[(n, f64::from(n))]))
-            .await;
+        publish(&mut publisher, "frozen", json_points(&[(n, f64::from(n))])).await;
     }
-    publisher.wait_until_broker_has_all().await;
+    publisher
+        .wait_until_broker_has_all(DEADLINE)
+        .await
+        .expect("the broker has every message");
     signal(&server, "KILL");
     drop(server);
 
@@ -439,9 +389,12 @@ async fn messages_in_flight_when_the_process_is_killed_land_once_after_a_restart
     for round in 0..MESSAGES_PER_SERIES {
         for series in 0..SERIES {
             let value = stream_value(round, series);
-            publisher
-                .publish(&format!("stream-{series}"), json_points(&[(round, value)]))
-                .await;
+            publish(
+                &mut publisher,
+                &format!("stream-{series}"),
+                json_points(&[(round, value)]),
+            )
+            .await;
         }
     }
     wait_for_metric(&api, &messages("written"), |value| {
@@ -450,7 +403,10 @@ async fn messages_in_flight_when_the_process_is_killed_land_once_after_a_restart
     .await;
     let killed = tokio::task::spawn_blocking(move || server.kill());
     killed.await.expect("kill task");
-    publisher.wait_until_broker_has_all().await;
+    publisher
+        .wait_until_broker_has_all(DEADLINE)
+        .await
+        .expect("the broker has every message");
 
     let (server, api) = serve_subscribed(&store, &broker, &client_id);
     for series in 0..SERIES {
@@ -480,8 +436,8 @@ async fn a_worker_process_writes_mqtt_messages_too() {
     let (worker, worker_ops) =
         crate::restart::spawn_announcing(worker_command, "fanline worker metrics on ");
     wait_until_subscribed(&worker_ops).await;
-    let mut publisher = Publisher::connect(&broker);
-    publisher.publish("meter-3", json_points(&[(0, 7.0)])).await;
+    let mut publisher = connect_publisher(&broker);
+    publish(&mut publisher, "meter-3", json_points(&[(0, 7.0)])).await;
     let points = wait_for_points(&api, "meter-3", 1).await;
     assert_eq!(points, [(printed(0), 7.0)]);
     wait_for_metric(&worker_ops, &messages("written"), |value| value == 1.0).await;
@@ -495,8 +451,8 @@ async fn the_subscriber_reconnects_after_the_broker_restarts(backend: Backend) {
     let broker = Broker::start();
     let mut app = app(backend, &broker).await;
     wait_until_subscribed(&app).await;
-    let mut publisher = Publisher::connect(&broker);
-    publisher.publish("boiler", json_points(&[(0, 1.0)])).await;
+    let mut publisher = connect_publisher(&broker);
+    publish(&mut publisher, "boiler", json_points(&[(0, 1.0)])).await;
     wait_for_points(&app, "boiler", 1).await;
 
     publisher.close().await;
@@ -508,8 +464,8 @@ async fn the_subscriber_reconnects_after_the_broker_restarts(backend: Backend) {
     })
     .await;
     wait_until_subscribed(&app).await;
-    let mut publisher = Publisher::connect(&broker);
-    publisher.publish("boiler", json_points(&[(1, 2.0)])).await;
+    let mut publisher = connect_publisher(&broker);
+    publish(&mut publisher, "boiler", json_points(&[(1, 2.0)])).await;
     let points = wait_for_points(&app, "boiler", 2).await;
     assert_eq!(points, [(printed(0), 1.0), (printed(1), 2.0)]);
     publisher.close().await;

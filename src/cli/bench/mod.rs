@@ -39,7 +39,7 @@ use crate::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 
 pub use mixed::MixedBenchArgs;
-pub use mqtt::MqttBenchArgs;
+pub use mqtt::{MqttBenchArgs, Publisher};
 pub use series::SeriesBenchArgs;
 pub use social::SocialBenchArgs;
 pub use streams::StreamsBenchArgs;

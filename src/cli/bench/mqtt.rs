@@ -104,16 +104,14 @@ async fn one_run(
     let payloads: Vec<(String, Vec<u8>)> = (0..args.messages)
         .map(|index| message(args, &prefix, index, points))
         .collect();
-    let publisher = Publisher::connect(&args.mqtt_url).await?;
+    let broker = url::Url::parse(&args.mqtt_url).context("--mqtt-url is not a URL")?;
+    let host = broker.host_str().context("--mqtt-url names no host")?;
+    let mut publisher = Publisher::connect(host, broker.port().unwrap_or(1883));
     let started = Instant::now();
     for (topic, payload) in payloads {
-        publisher
-            .client
-            .publish(topic, QoS::AtLeastOnce, false, payload)
-            .await
-            .context("failed to publish")?;
+        publisher.publish(topic, payload).await?;
     }
-    publisher.wait_for_acks(args.messages as u64).await?;
+    publisher.wait_until_broker_has_all(STALL).await?;
     let published = started.elapsed();
     wait_for_metric(
         &server,
@@ -172,19 +170,20 @@ fn message(args: &MqttBenchArgs, prefix: &str, index: usize, points: usize) -> (
     (format!("{prefix}/{series}/points"), payload)
 }
 
-/// A QoS 1 publisher counting the broker's acknowledgements.
-struct Publisher {
+/// A QoS 1 publisher counting the broker's acknowledgements (the bench's, and the MQTT
+/// tests').
+pub struct Publisher {
     client: AsyncClient,
     acked: Arc<AtomicU64>,
+    sent: u64,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Publisher {
-    async fn connect(url: &str) -> anyhow::Result<Publisher> {
-        let parsed = url::Url::parse(url).context("--mqtt-url is not a URL")?;
-        let host = parsed.host_str().context("--mqtt-url names no host")?;
-        let id = format!("fanline-bench-pub-{}", uuid::Uuid::new_v4().simple());
-        let mut options = MqttOptions::new(&id[..23], host, parsed.port().unwrap_or(1883));
+    /// Connects in the background, reconnecting (with a clean session) after a failure.
+    pub fn connect(host: &str, port: u16) -> Publisher {
+        let id = format!("fanline-pub-{}", uuid::Uuid::new_v4().simple());
+        let mut options = MqttOptions::new(&id[..23], host, port);
         options
             .set_max_packet_size(1 << 26, 1 << 26)
             .set_inflight(1000);
@@ -195,38 +194,51 @@ impl Publisher {
             loop {
                 match eventloop.poll().await {
                     Ok(Event::Incoming(Packet::PubAck(_))) => {
-                        counter.fetch_add(1, Ordering::Relaxed);
+                        counter.fetch_add(1, Ordering::SeqCst);
                     }
                     Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
                     Ok(_) => {}
                     Err(err) => {
-                        tracing::warn!(error = %err, "bench publisher: connection failed");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        tracing::debug!(error = %err, "publisher: connection failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
             }
         });
-        Ok(Publisher {
+        Publisher {
             client,
             acked,
+            sent: 0,
             task,
-        })
+        }
     }
 
-    async fn wait_for_acks(&self, count: u64) -> anyhow::Result<()> {
-        let deadline = Instant::now() + STALL;
-        while self.acked.load(Ordering::Relaxed) < count {
+    /// Queues a QoS 1 message.
+    pub async fn publish(&mut self, topic: String, payload: Vec<u8>) -> anyhow::Result<()> {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, false, payload)
+            .await
+            .context("failed to publish")?;
+        self.sent += 1;
+        Ok(())
+    }
+
+    /// Waits until the broker has acknowledged every message published so far.
+    pub async fn wait_until_broker_has_all(&self, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        while self.acked.load(Ordering::SeqCst) < self.sent {
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "the broker acknowledged only {} of {count} messages",
-                self.acked.load(Ordering::Relaxed)
+                "the broker acknowledged {} of {} messages",
+                self.acked.load(Ordering::SeqCst),
+                self.sent
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(())
     }
 
-    async fn close(self) {
+    pub async fn close(self) {
         let _ = self.client.disconnect().await;
         let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
     }
