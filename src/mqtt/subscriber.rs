@@ -8,9 +8,9 @@
 //! the broker and comes again. A message written twice leaves one point per time, as
 //! every write does.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -120,8 +120,8 @@ impl Subscriber {
             connection,
             metrics,
             shutdown,
-            invalid_log: LogLimit::default(),
-            failure_log: LogLimit::default(),
+            invalid_log: Mutex::default(),
+            failure_log: Mutex::default(),
         };
         let writer_run = async move {
             writer.run().await;
@@ -263,8 +263,8 @@ struct Writer {
     connection: Arc<AtomicU64>,
     metrics: MqttMetrics,
     shutdown: CancellationToken,
-    invalid_log: LogLimit,
-    failure_log: LogLimit,
+    invalid_log: Mutex<LogLimit>,
+    failure_log: Mutex<LogLimit>,
 }
 
 /// Whether a write ended with the points committed (or refused for good), or was given up
@@ -299,8 +299,11 @@ impl Writer {
         }
     }
 
-    /// Writes the valid messages of `batch` in as few store writes as the limits allow, and
-    /// acknowledges every message, in the order received, once its write is committed.
+    /// Writes the valid messages of `batch` and acknowledges every message, in the order
+    /// received, once all are committed. Messages sharing no series are written in
+    /// concurrent store writes of a few series each (each one transaction, whose commits
+    /// the store groups); the messages of one series stay in one write, in order, so the
+    /// later of two values at one time wins, as it would one message at a time.
     async fn write_batch(&mut self, batch: Vec<Received>) -> Committed {
         let decoded = self.decode(&batch).await;
         let messages: Vec<Message> = batch
@@ -308,29 +311,28 @@ impl Writer {
             .zip(decoded)
             .map(|(received, decoded)| Message { received, decoded })
             .collect();
-        let mut chunk: Vec<Message> = Vec::new();
-        let (mut points, mut series) = (0, 0);
-        for message in messages {
-            let (message_points, message_series) = match &message.decoded {
-                Ok(decoded) => (
-                    decoded.writes.iter().map(|write| write.points.len()).sum(),
-                    decoded.writes.len(),
-                ),
-                Err(_) => (0, 0),
-            };
-            if points + message_points > MAX_POINTS_PER_BATCH
-                || series + message_series > MAX_SERIES_PER_BATCH
-            {
-                if let Committed::Stopped = self.write_chunk(std::mem::take(&mut chunk)).await {
-                    return Committed::Stopped;
-                }
-                (points, series) = (0, 0);
+        for message in &messages {
+            if let Err(invalid) = &message.decoded {
+                self.refuse(message, invalid);
             }
-            points += message_points;
-            series += message_series;
-            chunk.push(message);
         }
-        self.write_chunk(chunk).await
+        let valid: Vec<&Message> = messages
+            .iter()
+            .filter(|message| message.decoded.is_ok())
+            .collect();
+        let writes = chunks(&valid);
+        let committed =
+            futures::future::join_all(writes.iter().map(|chunk| self.commit(chunk))).await;
+        if committed
+            .iter()
+            .any(|committed| matches!(committed, Committed::Stopped))
+        {
+            return Committed::Stopped;
+        }
+        for message in &messages {
+            self.acknowledge(&message.received).await;
+        }
+        Committed::Yes
     }
 
     /// The points of each message of `batch`; parsed off the executor threads when the
@@ -370,31 +372,10 @@ impl Writer {
         }
     }
 
-    /// Writes `chunk`'s valid messages in one store write, retried until committed, then
-    /// acknowledges all of its messages.
-    async fn write_chunk(&mut self, chunk: Vec<Message>) -> Committed {
-        for message in &chunk {
-            if let Err(invalid) = &message.decoded {
-                self.refuse(message, invalid);
-            }
-        }
-        let valid: Vec<&Message> = chunk
-            .iter()
-            .filter(|message| message.decoded.is_ok())
-            .collect();
-        if let Committed::Stopped = self.commit(&valid).await {
-            return Committed::Stopped;
-        }
-        for message in &chunk {
-            self.acknowledge(&message.received).await;
-        }
-        Committed::Yes
-    }
-
     /// Writes the points of `messages` (all valid) in one store write, retrying failures
     /// with backoff until it is committed or the process stops. A write the domain refuses
     /// is split into one write per message, so that only the message at fault is dropped.
-    async fn commit(&mut self, messages: &[&Message]) -> Committed {
+    async fn commit(&self, messages: &[&Message]) -> Committed {
         let decoded: Vec<&Decoded> = messages
             .iter()
             .filter_map(|message| message.decoded.as_ref().ok())
@@ -448,7 +429,7 @@ impl Writer {
                 Err(err) => {
                     self.metrics.count(Outcome::Failed, messages.len() as u64);
                     let delay = backoff.next_delay();
-                    if let Some(skipped) = self.failure_log.allow() {
+                    if let Some(skipped) = allow(&self.failure_log) {
                         warn!(
                             error = %err,
                             messages = messages.len(),
@@ -468,9 +449,9 @@ impl Writer {
 
     /// Counts and logs a message that will never be written (it is acknowledged with the
     /// others, so the broker stops sending it).
-    fn refuse(&mut self, message: &Message, invalid: &Invalid) {
+    fn refuse(&self, message: &Message, invalid: &Invalid) {
         self.metrics.count(Outcome::Invalid, 1);
-        if let Some(skipped) = self.invalid_log.allow() {
+        if let Some(skipped) = allow(&self.invalid_log) {
             warn!(
                 topic = %message.received.publish.topic,
                 reason = %invalid.0,
@@ -493,6 +474,69 @@ impl Writer {
         }
     }
 }
+
+/// Whether a line may be logged now (see [`LogLimit::allow`]).
+fn allow(limit: &Mutex<LogLimit>) -> Option<u64> {
+    limit
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner())
+        .allow()
+}
+
+/// The valid messages of a batch in store writes: the messages that share a series (even
+/// through others) in one write, in the order received; writes of few series (at most
+/// [`SERIES_PER_WRITE`], unless one group of messages names more) and within the limits of
+/// one series write.
+fn chunks<'m>(messages: &[&'m Message]) -> Vec<Vec<&'m Message>> {
+    // Groups of messages joined by a series they share: (series, message indexes).
+    let mut groups: Vec<(BTreeSet<&SeriesName>, Vec<usize>)> = Vec::new();
+    for (index, message) in messages.iter().enumerate() {
+        let names: BTreeSet<&SeriesName> = match &message.decoded {
+            Ok(decoded) => decoded.writes.iter().map(|write| &write.series).collect(),
+            Err(_) => BTreeSet::new(),
+        };
+        let mut joined = (names, vec![index]);
+        let mut kept = Vec::with_capacity(groups.len() + 1);
+        for group in groups {
+            if group.0.is_disjoint(&joined.0) {
+                kept.push(group);
+            } else {
+                joined.0.extend(group.0);
+                joined.1.extend(group.1);
+            }
+        }
+        joined.1.sort_unstable();
+        kept.push(joined);
+        groups = kept;
+    }
+    groups.sort_by_key(|group| group.1[0]);
+    let size = |index: usize| match &messages[index].decoded {
+        Ok(decoded) => decoded.writes.iter().map(|write| write.points.len()).sum(),
+        Err(_) => 0,
+    };
+    let mut chunks: Vec<Vec<&Message>> = Vec::new();
+    let (mut series, mut points) = (0, 0);
+    for (names, indexes) in groups {
+        let group_points: usize = indexes.iter().map(|&index| size(index)).sum();
+        let fits = series + names.len() <= SERIES_PER_WRITE
+            && points + group_points <= MAX_POINTS_PER_BATCH
+            && series + names.len() <= MAX_SERIES_PER_BATCH;
+        if chunks.is_empty() || !fits {
+            chunks.push(Vec::new());
+            (series, points) = (0, 0);
+        }
+        series += names.len();
+        points += group_points;
+        if let Some(chunk) = chunks.last_mut() {
+            chunk.extend(indexes.iter().map(|&index| messages[index]));
+        }
+    }
+    chunks
+}
+
+/// Series a store write takes, at most, when a batch is spread over several: a few rows and
+/// a `readings` event each, so a write stays one transaction.
+const SERIES_PER_WRITE: usize = 16;
 
 /// Series tagged at once, at most, when a write adds tags.
 const TAG_UPDATES_IN_FLIGHT: usize = 32;
@@ -588,6 +632,57 @@ mod tests {
         assert!(backoff.next_delay() >= Duration::from_millis(500));
         backoff.reset();
         assert!(backoff.next_delay() <= Duration::from_millis(100));
+    }
+
+    fn message(series: &[&str]) -> Message {
+        let writes = series
+            .iter()
+            .map(|name| NewPoints {
+                series: SeriesName::parse(name).expect("name"),
+                points: vec![crate::series::Point { at: 1, value: 1.0 }],
+            })
+            .collect();
+        Message {
+            received: Received {
+                publish: Publish::new("t", QoS::AtLeastOnce, Vec::new()),
+                connection: 1,
+            },
+            decoded: Ok(Decoded {
+                writes,
+                tags: Vec::new(),
+            }),
+        }
+    }
+
+    #[test]
+    fn messages_sharing_a_series_share_a_write_and_the_others_spread_out() {
+        let mut batch: Vec<Message> = (0..20).map(|n| message(&[&format!("s{n}")])).collect();
+        batch.push(message(&["s3"]));
+        batch.push(message(&["s19", "s5"]));
+        let refs: Vec<&Message> = batch.iter().collect();
+        let chunks = chunks(&refs);
+        let names = |chunk: &Vec<&Message>| -> Vec<String> {
+            chunk
+                .iter()
+                .map(|message| {
+                    let decoded = message.decoded.as_ref().expect("valid");
+                    let names: Vec<&str> = decoded
+                        .writes
+                        .iter()
+                        .map(|write| write.series.as_str())
+                        .collect();
+                    names.join("+")
+                })
+                .collect()
+        };
+        // s5, s19 and the message naming both are one group, in the order received.
+        assert_eq!(chunks.len(), 2);
+        let first = names(&chunks[0]);
+        assert_eq!(first.len(), 16 + 2);
+        assert_eq!(&first[..5], ["s0", "s1", "s2", "s3", "s3"]);
+        assert_eq!(&first[5..8], ["s4", "s5", "s19"]);
+        assert_eq!(first[8], "s19+s5");
+        assert_eq!(names(&chunks[1]), ["s15", "s16", "s17", "s18"]);
     }
 
     #[test]
