@@ -29,8 +29,8 @@ use crate::timeline::{DomainError, DomainResult};
 
 /// Requests (acknowledgements mostly) queued for the connection, at most.
 const REQUEST_CAPACITY: usize = 1024;
-/// Messages written together in one store write, at most.
-const MAX_MESSAGES_PER_WRITE: usize = 256;
+/// Messages taken at once, at most: written together, then acknowledged together.
+const MAX_MESSAGES_PER_BATCH: usize = 256;
 /// MQTT's own largest packet: a larger limit in the client than any broker sends means a big
 /// message is refused here, acknowledged, and never breaks the connection in a loop.
 const MAX_PACKET_BYTES: usize = 268_435_455 + 5;
@@ -287,7 +287,7 @@ impl Writer {
             };
             // What else has arrived goes in the same store write.
             let mut batch = vec![first];
-            while batch.len() < MAX_MESSAGES_PER_WRITE {
+            while batch.len() < MAX_MESSAGES_PER_BATCH {
                 match self.received_rx.try_recv() {
                     Ok(received) => batch.push(received),
                     Err(_) => break,
