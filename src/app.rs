@@ -21,6 +21,7 @@ use crate::http::stream::Streams;
 use crate::http::{self, AppState, BodyLimits};
 use crate::jobs::{self, Backlog, Worker};
 use crate::metrics::Metrics;
+use crate::mqtt::{MqttSettings, Subscriber};
 use crate::notices::Notices;
 use crate::series::Series;
 use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
@@ -304,6 +305,8 @@ pub struct Application {
     limits: ConnectionLimits,
     metrics: Arc<Metrics>,
     workers: Workers,
+    /// Subscribed to the MQTT broker, when one is configured.
+    mqtt: Option<Subscriber>,
     /// Counted in the background while the server runs.
     backlog: Arc<Backlog>,
     store: Arc<dyn Store>,
@@ -326,6 +329,7 @@ impl Application {
         opened: OpenStore,
     ) -> anyhow::Result<Application> {
         let OpenStore { store, stats } = opened;
+        let mqtt_settings = MqttSettings::from_config(&config, "serve")?;
         let wake = Arc::new(Notify::new());
         let shutdown = CancellationToken::new();
         let notices = notices_for(&config, &store, &shutdown);
@@ -340,6 +344,14 @@ impl Application {
             shutdown: &shutdown,
         };
         let state = app_state(&config, shared, &admin_token, &backlog).await?;
+        let mqtt = mqtt_settings.map(|settings| {
+            Subscriber::new(
+                settings,
+                state.series.clone(),
+                metrics.mqtt.clone(),
+                shutdown.clone(),
+            )
+        });
         let router = http::router(
             state,
             BodyLimits {
@@ -357,6 +369,7 @@ impl Application {
             limits: connection_limits(&config),
             metrics,
             workers,
+            mqtt,
             backlog,
             store,
             notices,
@@ -378,6 +391,9 @@ impl Application {
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let tracker = TaskTracker::new();
         self.workers.spawn_on(&tracker);
+        if let Some(subscriber) = self.mqtt {
+            tracker.spawn(subscriber.run());
+        }
         let shutdown = self.shutdown.clone();
         tracker.spawn(
             self.backlog
@@ -405,6 +421,7 @@ impl Application {
 /// counters live in this process.
 pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     crate::config::warn_of_renamed_settings();
+    let mqtt_settings = MqttSettings::from_config(config, "worker")?;
     let OpenStore { store, stats } = open_store(config).await?;
     store.ping().await.context("the store does not answer")?;
     let wake = Arc::new(Notify::new());
@@ -414,6 +431,20 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     Workers::new(config, &store, &wake, &notices, &metrics, &shutdown)
         .await?
         .spawn_on(&tracker);
+    if let Some(settings) = mqtt_settings {
+        let key = cursor_key(store.as_ref())
+            .await
+            .context("failed to read the cursor key from the store (is it initialised?)")?;
+        let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
+            .with_notices(notices.clone());
+        let subscriber = Subscriber::new(
+            settings,
+            Arc::new(series),
+            metrics.mqtt.clone(),
+            shutdown.clone(),
+        );
+        tracker.spawn(subscriber.run());
+    }
     if let Some(address) = config.metrics_listen {
         // Its routes are open; no token is checked, so any unguessable one does.
         let backlog = Backlog::new(config.max_backlog);

@@ -221,6 +221,35 @@ pub struct Config {
     #[arg(long, env = "FANLINE_TOKEN_CACHE_ENTRIES", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub token_cache_entries: u64,
+
+    // MQTT ingestion (see "MQTT ingestion" in docs/operations.md).
+    /// MQTT broker to take sensor points from, `mqtt://[user[:password]@]host[:port]`;
+    /// `serve` and `worker` subscribe when it is set.
+    #[arg(long, env = "FANLINE_MQTT_URL", hide_env_values = true)]
+    pub mqtt_url: Option<String>,
+
+    /// Topic filter subscribed to at QoS 1; the level matched by its `+` is the series name.
+    /// A `$share/<group>/` prefix spreads the messages over the processes of a group.
+    #[arg(
+        long,
+        env = "FANLINE_MQTT_TOPIC",
+        default_value = "fanline/series/+/points"
+    )]
+    pub mqtt_topic: String,
+
+    /// MQTT client id: the broker keeps unacknowledged messages in this id's session across
+    /// restarts, so it must stay the same from one start to the next and differ between
+    /// processes. Default: `fanline` and a hash of the host name, the store and the address.
+    #[arg(long, env = "FANLINE_MQTT_CLIENT_ID")]
+    pub mqtt_client_id: Option<String>,
+
+    /// MQTT user name (instead of the one in FANLINE_MQTT_URL).
+    #[arg(long, env = "FANLINE_MQTT_USERNAME")]
+    pub mqtt_username: Option<String>,
+
+    /// MQTT password (instead of the one in FANLINE_MQTT_URL).
+    #[arg(long, env = "FANLINE_MQTT_PASSWORD", hide_env_values = true)]
+    pub mqtt_password: Option<String>,
 }
 
 /// Settings renamed since an earlier release: (old variable, new variable). An old name left
@@ -372,6 +401,8 @@ mod tests {
         assert_eq!(config.token_cache_entries, 10_000);
         assert_eq!(config.series_retention, Retention::Forever);
         assert_eq!(config.series_retention_sweep_ms, 3_600_000);
+        assert_eq!(config.mqtt_url, None);
+        assert_eq!(config.mqtt_topic, "fanline/series/+/points");
         let embedded = config.embedded_settings();
         assert_eq!(embedded.cache_bytes, 32 * 1024 * 1024);
         assert_eq!(embedded.write_buffer_bytes, 32 * 1024 * 1024);

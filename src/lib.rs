@@ -12,6 +12,7 @@
 //! - [`jobs`]: the generic job runner: queue shards, leases, checkpoints, retries, dead letters,
 //!   status records; handlers live with their domain
 //! - [`http`]: axum routers, extractors and the JSON error type
+//! - [`mqtt`]: MQTT ingestion: a broker subscription writing series points
 //! - [`metrics`]: Prometheus metrics of jobs, fan-out, HTTP and store traffic
 //! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
 //! - [`auth`]: admin, subject and device tokens: who a request acts as
@@ -26,6 +27,7 @@ mod http;
 pub mod jobs;
 pub mod keys;
 mod metrics;
+pub mod mqtt;
 pub mod notices;
 pub mod series;
 pub mod store;

@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::jobs::JobMetrics;
+use crate::mqtt::MqttMetrics;
 use crate::notices::{FeedStats, Notices};
 use crate::store::StoreStats;
 use crate::timeline::fanout::FanoutMetrics;
@@ -119,6 +120,7 @@ pub struct Metrics {
     pub http: HttpMetrics,
     pub connections: ConnectionMetrics,
     pub streams: StreamMetrics,
+    pub mqtt: MqttMetrics,
     /// Jobs waiting or leased in the queue, read from the store at each scrape.
     pub queue_depth: Gauge,
     /// Age of the oldest job in the queue, as the backlog was last counted.
@@ -150,6 +152,8 @@ impl Metrics {
         connections.register(&mut registry);
         let streams = StreamMetrics::default();
         streams.register(&mut registry);
+        let mqtt = MqttMetrics::default();
+        mqtt.register(&mut registry);
         let queue_depth = Gauge::default();
         registry.register(
             "fanline_jobs_queue_depth",
@@ -170,6 +174,7 @@ impl Metrics {
             http,
             connections,
             streams,
+            mqtt,
             queue_depth,
             backlog_age_seconds,
         }

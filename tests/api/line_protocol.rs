@@ -63,7 +63,7 @@ async fn points(api: &Api, series: &str) -> Vec<(String, f64)> {
     read_all(api, series, "limit=1000").await
 }
 
-async fn names_tagged(api: &Api, tag: &str) -> Vec<String> {
+pub(crate) async fn names_tagged(api: &Api, tag: &str) -> Vec<String> {
     let reply = api.get(&format!("/v1/series?tag={}", segment(tag))).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     reply.body["items"]

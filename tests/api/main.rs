@@ -22,6 +22,7 @@ mod lifecycle;
 mod limits;
 mod line_protocol;
 mod markers;
+mod mqtt;
 mod openapi;
 mod posting;
 mod reliability;

@@ -116,7 +116,7 @@ pub(crate) fn serve_command(command: Command) -> (Process, Api) {
 }
 
 /// Starts a command whose first line of output is `announcement` then an address.
-fn spawn_announcing(command: Command, announcement: &str) -> (Process, Api) {
+pub(crate) fn spawn_announcing(command: Command, announcement: &str) -> (Process, Api) {
     let mut process = Process::spawn(command);
     let stdout = process.0.stdout.take().expect("stdout");
     let mut line = String::new();

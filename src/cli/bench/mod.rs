@@ -5,11 +5,13 @@
 //! instead ([`series`]), `fanline bench social` a social workload over HTTP ([`social`]),
 //! `fanline bench mixed` every kind of request at once, on a running server or its own
 //! ([`mixed`]), `fanline bench streams` live timelines: post-to-stream latency and the
-//! server's CPU per pushed entry ([`streams`]).
+//! server's CPU per pushed entry ([`streams`]), `fanline bench mqtt` points ingested
+//! through an MQTT broker ([`mqtt`]).
 
 mod lifecycle;
 mod line_protocol;
 mod mixed;
+mod mqtt;
 #[cfg(test)]
 mod page_cost;
 mod rollups;
@@ -38,6 +40,7 @@ use crate::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 
 pub use mixed::MixedBenchArgs;
+pub use mqtt::{MqttBenchArgs, Publisher};
 pub use series::SeriesBenchArgs;
 pub use social::SocialBenchArgs;
 pub use streams::StreamsBenchArgs;
@@ -105,6 +108,9 @@ pub enum BenchKind {
     /// fixed rate over HTTP; latency from each post's 201 to its entry on every follower's
     /// stream, every delivery checked, and the server's CPU per pushed entry.
     Streams(StreamsBenchArgs),
+    /// MQTT ingestion: messages of a few points published through a broker (`--mqtt-url`)
+    /// at QoS 1, timed until all are committed: messages/s and points/s.
+    Mqtt(MqttBenchArgs),
 }
 
 /// One bench store: the backend, its traffic counters, and what must go when done.
@@ -289,6 +295,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(BenchKind::Social(social_args)) => return social::run(social_args).await,
         Some(BenchKind::Mixed(mixed_args)) => return mixed::run(mixed_args).await,
         Some(BenchKind::Streams(streams_args)) => return streams::run(streams_args).await,
+        Some(BenchKind::Mqtt(mqtt_args)) => return mqtt::run(mqtt_args).await,
         None => {}
     }
     let parent = tempfile::tempdir().context("failed to create a temp dir")?;
