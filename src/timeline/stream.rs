@@ -56,6 +56,8 @@ pub struct TimelineStream {
     position: Position,
     /// When the next read scans the whole catch-up window.
     next_window_scan: Instant,
+    /// Added to the deadline after the first window scan, to spread streams' scans.
+    window_scan_offset: Duration,
 }
 
 impl Timelines {
@@ -84,7 +86,11 @@ impl Timelines {
             owner: owner.clone(),
             subscription,
             position: self.catch_up_position(owner, &after)?,
+            // The first read scans the window; the next window scan comes at a random point of
+            // the period, so streams opened together (a server restart's reconnects) do not
+            // all scan their windows at the same moment ever after.
             next_window_scan: Instant::now(),
+            window_scan_offset: WINDOW_SCAN_EVERY.mul_f64(rand::random::<f64>()),
         })
     }
 }
@@ -111,7 +117,8 @@ impl TimelineStream {
             .collect();
         let now = Instant::now();
         let scan = if now >= self.next_window_scan {
-            self.next_window_scan = now + WINDOW_SCAN_EVERY;
+            self.next_window_scan =
+                now + WINDOW_SCAN_EVERY + std::mem::take(&mut self.window_scan_offset);
             Scan::Window
         } else {
             Scan::Recent(RECENT_SPAN)
