@@ -289,7 +289,7 @@ impl Workers {
             tracker.spawn(worker.run());
         }
         let sweeps = self.retention_sweeps;
-        tracker.spawn(crate::series::retention::keep_sweeping(
+        tracker.spawn(crate::series::expiry::keep_sweeping(
             sweeps.store,
             sweeps.settings,
             sweeps.wake,

@@ -14,7 +14,6 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::jobs::JobMetrics;
-use crate::mqtt::MqttMetrics;
 use crate::notices::{FeedStats, Notices};
 use crate::store::StoreStats;
 use crate::timeline::fanout::FanoutMetrics;
@@ -296,5 +295,75 @@ impl Collector for NoticesCollector {
             )?)?;
         }
         Ok(())
+    }
+}
+
+/// What became of an MQTT message.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum MqttOutcome {
+    /// Committed, then acknowledged.
+    Written,
+    /// Never writable (bad payload, series or value): acknowledged and dropped.
+    Invalid,
+    /// A write attempt failed (store outage): not acknowledged, retried.
+    Failed,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MqttOutcomeLabels {
+    outcome: &'static str,
+}
+
+/// The MQTT subscriber's counters.
+#[derive(Clone, Debug, Default)]
+pub struct MqttMetrics {
+    messages: Family<MqttOutcomeLabels, Counter>,
+    pub points: Counter,
+    pub connected: Gauge,
+    pub connection_failures: Counter,
+}
+
+impl MqttMetrics {
+    pub fn count(&self, outcome: MqttOutcome, messages: u64) {
+        let outcome = match outcome {
+            MqttOutcome::Written => "written",
+            MqttOutcome::Invalid => "invalid",
+            MqttOutcome::Failed => "failed",
+        };
+        self.messages
+            .get_or_create(&MqttOutcomeLabels { outcome })
+            .inc_by(messages);
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        // Every outcome shows from the start, at 0, so a rate over it is defined.
+        for outcome in [
+            MqttOutcome::Written,
+            MqttOutcome::Invalid,
+            MqttOutcome::Failed,
+        ] {
+            self.count(outcome, 0);
+        }
+        registry.register(
+            "fanline_mqtt_messages",
+            "MQTT messages by outcome: written (committed, then acknowledged), invalid \
+             (acknowledged and dropped), failed (write attempts that failed; retried)",
+            self.messages.clone(),
+        );
+        registry.register(
+            "fanline_mqtt_points",
+            "Points committed from MQTT messages",
+            self.points.clone(),
+        );
+        registry.register(
+            "fanline_mqtt_connected",
+            "1 while the MQTT subscriber is connected to its broker and subscribed",
+            self.connected.clone(),
+        );
+        registry.register(
+            "fanline_mqtt_connection_failures",
+            "MQTT connections lost or refused (each followed by a reconnect after a backoff)",
+            self.connection_failures.clone(),
+        );
     }
 }

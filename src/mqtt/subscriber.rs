@@ -21,9 +21,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::metrics::{MqttMetrics, Outcome};
 use super::payload::{self, Decoded, Invalid};
 use super::settings::{MqttSettings, TopicFilter};
+use crate::metrics::{MqttMetrics, MqttOutcome as Outcome};
 use crate::series::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, NewPoints, Series, SeriesName};
 use crate::timeline::{DomainError, DomainResult};
 

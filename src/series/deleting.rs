@@ -12,7 +12,7 @@ use super::catalogue::{meta_partition, tag_partition};
 use super::latest::{self, LATEST_ROW};
 use super::layout::NAMES_PARTITION;
 use super::layout::{bucket_of, day_start, parse_day, parse_ticks, partition, row_key};
-use super::plan::{days_partition, days_query};
+use super::layout::{days_partition, days_query};
 use super::reading::Range;
 use super::retention::RETENTION_ROW;
 use super::rollup::hour_index;

@@ -23,8 +23,8 @@
 use bytes::Bytes;
 
 use super::catalogue::{SeriesList, meta_partition};
+use super::layout::days_partition;
 use super::layout::{NAMES_PARTITION, parse_day, parse_ticks, partition};
-use super::plan::days_partition;
 use super::retention::{self, Retention, retention_key};
 use super::{Point, Series, SeriesName, codec};
 use crate::keys::Ticks;

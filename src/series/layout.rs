@@ -18,14 +18,17 @@
 //! [`MAX_ITEM_BYTES`]: crate::store::MAX_ITEM_BYTES
 //! [`MAX_TRANSACTION_BYTES`]: crate::store::MAX_TRANSACTION_BYTES
 
+use crate::store::{Item, Query, Store, Table};
+use crate::timeline::DomainResult;
+
 /// Ticks per second (100 ns each).
 /// The index partition listing every series.
 pub const NAMES_PARTITION: &str = "names";
 
 /// The query of a series' markers of committed, not yet applied batches (few: one per
 /// batch in flight).
-pub fn markers_query(series: &str) -> crate::store::Query {
-    crate::store::Query::partition(crate::store::Table::SeriesPending, series, 100)
+pub fn markers_query(series: &str) -> Query {
+    Query::partition(Table::SeriesPending, series, 100)
 }
 
 pub const TICKS_PER_SECOND: u64 = 10_000_000;
@@ -80,6 +83,34 @@ pub fn parse_day(key: &str) -> Option<u64> {
         return None;
     }
     key.parse().ok()
+}
+
+/// The index partition listing the days a series has points on.
+pub fn days_partition(series: &str) -> String {
+    format!("days/{series}")
+}
+
+/// The query of the days `series` has points on, from `first` to `last` inclusive, `limit`
+/// a page.
+pub fn days_query(series: &str, first: u64, last: u64, limit: usize) -> Query {
+    Query::partition(Table::SeriesIndex, days_partition(series), limit)
+        .range(Some(day_key(first)), Some(day_key(last + 1)))
+}
+
+/// Runs `queries` in one round, then pages on through any answer that filled its limit.
+pub async fn read_all(store: &dyn Store, queries: Vec<Query>) -> DomainResult<Vec<Vec<Item>>> {
+    let mut answers = store.query_many(queries.clone()).await?;
+    for (query, answer) in queries.into_iter().zip(answers.iter_mut()) {
+        let mut next = query;
+        let mut full = answer.len() >= next.limit;
+        while full {
+            next.start_after = answer.last().map(|item| item.row.clone());
+            let page = store.query(next.clone()).await?;
+            full = page.len() >= next.limit;
+            answer.extend(page);
+        }
+    }
+    Ok(answers)
 }
 
 #[cfg(test)]

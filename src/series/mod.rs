@@ -10,7 +10,8 @@
 //! - [`reading`]: raw pages, step aggregates, aligned series
 //! - [`deleting`]: range and whole-series deletes, a page at a time
 //! - [`catalogue`]: series names and tags
-//! - [`retention`]: how long points are kept, and the sweep job that deletes expired ones
+//! - [`retention`]: how long points are kept
+//! - [`expiry`]: expired points dropped from writes, and the sweep job that deletes them
 //! - [`latest`]: each series' latest point, kept up to date by every write
 //! - [`line_protocol`]: InfluxDB line protocol parsed into series points and tags
 //! - [`rollup`], [`rollup_write`], [`rollup_read`]: minute and hour summaries kept with
@@ -19,6 +20,7 @@
 pub(crate) mod catalogue;
 pub mod codec;
 mod deleting;
+pub mod expiry;
 mod journal;
 pub mod latest;
 pub mod layout;
@@ -42,9 +44,10 @@ use crate::notices::Notices;
 use crate::store::Store;
 use crate::timeline::{check_no_dot_segments, check_printable};
 
+pub use expiry::RetentionSettings;
 pub use latest::{Latest, LatestPage};
 pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage, Range, Rollups};
-pub use retention::{Retention, RetentionSetting, RetentionSettings};
+pub use retention::{Retention, RetentionSetting};
 pub use writing::NewPoints;
 
 /// Longest series name, in UTF-8 bytes.
@@ -127,7 +130,7 @@ pub fn job_handlers(store: &Arc<dyn Store>, default_retention: Retention) -> cra
         .with(Arc::new(journal::ApplyBatchHandler {
             store: store.clone(),
         }))
-        .with(Arc::new(retention::SweepHandler {
+        .with(Arc::new(expiry::SweepHandler {
             store: store.clone(),
             default: default_retention,
         }))

@@ -10,25 +10,13 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::layout::{
-    MAX_POINTS_PER_ROW, ROW_SPAN, bucket_of, day_key, day_of, parse_day, parse_ticks, partition,
-    row_key,
+    MAX_POINTS_PER_ROW, ROW_SPAN, bucket_of, day_key, day_of, days_partition, days_query,
+    parse_day, parse_ticks, partition, read_all, row_key,
 };
 use super::rollup_write::{self, RollupReads};
 use super::{Point, codec};
 use crate::store::{Condition, Item, Query, Store, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
-
-/// The index partition listing the days a series has points on.
-pub fn days_partition(series: &str) -> String {
-    format!("days/{series}")
-}
-
-/// The query of the days `series` has points on, from `first` to `last` inclusive, `limit`
-/// a page.
-pub fn days_query(series: &str, first: u64, last: u64, limit: usize) -> Query {
-    Query::partition(Table::SeriesIndex, days_partition(series), limit)
-        .range(Some(day_key(first)), Some(day_key(last + 1)))
-}
 
 /// The row writes of one planned points write.
 #[derive(Debug, Default)]
@@ -221,25 +209,6 @@ pub fn merge(old: &[Point], new: &[Point]) -> Vec<Point> {
     merged.extend_from_slice(&old[i..]);
     merged.extend_from_slice(&new[j..]);
     merged
-}
-
-/// Runs `queries` in one round, then pages on through any answer that filled its limit.
-pub async fn read_all(
-    store: &dyn Store,
-    queries: Vec<Query>,
-) -> DomainResult<Vec<Vec<crate::store::Item>>> {
-    let mut answers = store.query_many(queries.clone()).await?;
-    for (query, answer) in queries.into_iter().zip(answers.iter_mut()) {
-        let mut next = query;
-        let mut full = answer.len() >= next.limit;
-        while full {
-            next.start_after = answer.last().map(|item| item.row.clone());
-            let page = store.query(next.clone()).await?;
-            full = page.len() >= next.limit;
-            answer.extend(page);
-        }
-    }
-    Ok(answers)
 }
 
 #[cfg(test)]

@@ -22,33 +22,15 @@
 //! 1 Hz series-day is 144 row deletes (6 `BatchWriteItem`s), against the 86,400 row rewrites
 //! that wrote it.
 //!
-//! The sweep is scheduled through the job runner: every `sweep_every`, one process claims the
-//! interval in `meta` (a compare-and-swap on the time of the last sweep) and, in the same
-//! transaction, enqueues a `series_retention` job. The job walks the catalogue a page at a
-//! time and checkpoints after each page, so a worker that dies hands the rest to another.
+//! The sweep itself, and dropping expired points from writes, are in [`super::expiry`].
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use async_trait::async_trait;
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use super::catalogue::{meta_partition, register};
-use super::deleting::delete_rows;
-use super::journal::Prepared;
-use super::latest::WriteHead;
-use super::layout::{
-    NAMES_PARTITION, TICKS_PER_SECOND, bucket_of, day_of, parse_day, partition, row_key,
-};
-use super::plan::{days_partition, days_query};
-use super::{Point, Series, SeriesName, latest, rollup};
-use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome, now_ms};
-use crate::keys::{MAX_TICKS, Ticks};
-use crate::store::{Condition, Item, Key, Query, Store, StoreError, Table, Write};
+use super::layout::{NAMES_PARTITION, TICKS_PER_SECOND};
+use super::{Series, SeriesName};
+use crate::keys::MAX_TICKS;
+use crate::store::{Item, Key, Query, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
 /// The row of a series' own retention, in its `meta/{series}` partition.
@@ -56,13 +38,6 @@ pub const RETENTION_ROW: &str = "retention";
 /// Shortest retention: a sweep runs about hourly, so less would not be kept to anyway.
 const MIN_RETENTION_SECS: u64 = 3600;
 const FOREVER: &str = "forever";
-/// Series read per page of a sweep (one checkpoint each).
-const SWEEP_PAGE: usize = 100;
-/// Where the time of the last sweep is kept, in `meta`.
-const SWEEP_PARTITION: &str = "series-retention";
-const SWEEP_ROW: &str = "last-sweep";
-/// The job kind.
-const KIND: &str = "series_retention";
 
 /// How long points are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -224,212 +199,6 @@ impl Series {
             retention: retention.unwrap_or(self.default_retention),
             own: retention.is_some(),
         })
-    }
-}
-
-/// The points of a write that lie within their series' retention, if any do not (`None`:
-/// all do). `heads` are the series' in the order of `prepared`.
-pub fn drop_expired(
-    prepared: &[Prepared],
-    heads: &[WriteHead],
-) -> Option<Vec<(SeriesName, Vec<Point>)>> {
-    let expired = |one: &Prepared, head: &WriteHead| {
-        one.points
-            .first()
-            .is_some_and(|first| first.at < head.floor)
-    };
-    if !prepared
-        .iter()
-        .zip(heads)
-        .any(|(one, head)| expired(one, head))
-    {
-        return None;
-    }
-    Some(
-        prepared
-            .iter()
-            .zip(heads)
-            .map(|(one, head)| {
-                let kept = one.points.iter().filter(|point| point.at >= head.floor);
-                (one.series.clone(), kept.copied().collect::<Vec<Point>>())
-            })
-            .filter(|(_, points)| !points.is_empty())
-            .collect(),
-    )
-}
-
-/// The payload of a sweep: the last series swept.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct SweepJob {
-    after: Option<String>,
-}
-
-/// Runs the sweeps.
-pub struct SweepHandler {
-    pub store: Arc<dyn Store>,
-    pub default: Retention,
-}
-
-#[async_trait]
-impl Handler for SweepHandler {
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
-        let store = self.store.as_ref();
-        let mut payload: SweepJob = job.payload()?;
-        loop {
-            let names = store
-                .query(
-                    Query::partition(Table::SeriesIndex, NAMES_PARTITION, SWEEP_PAGE)
-                        .after(payload.after.clone()),
-                )
-                .await?;
-            let own = store
-                .get_many(names.iter().map(|name| retention_key(&name.row)).collect())
-                .await?;
-            let now = Ticks::now().get();
-            let mut deleted = 0;
-            for (name, own) in names.iter().zip(own) {
-                let retention = match effective(own.as_deref(), self.default) {
-                    Ok(retention) => retention,
-                    Err(err) => {
-                        tracing::warn!(series = %name.row, error = %err, "series retention unreadable; not swept");
-                        continue;
-                    }
-                };
-                if retention != Retention::Forever {
-                    deleted += expire(store, &name.row, retention.floor(now)).await?;
-                }
-            }
-            job.add_progress(deleted);
-            if names.len() < SWEEP_PAGE {
-                return Ok(Outcome::done());
-            }
-            payload.after = names.last().map(|name| name.row.clone());
-            job.set_payload(&payload);
-            job.checkpoint().await?;
-            if job.stopping() {
-                return Ok(Outcome::Paused);
-            }
-        }
-    }
-}
-
-/// Deletes what of `series` lies wholly before `floor`: whole days, then the rows of the
-/// floor's day whose bucket ended by then; drops an expired latest record. Returns the rows
-/// deleted. Safe to run again.
-pub async fn expire(store: &dyn Store, series: &str, floor: u64) -> DomainResult<u64> {
-    let first_kept_day = day_of(floor);
-    let mut deleted = 0;
-    if first_kept_day > 0 {
-        loop {
-            // The days deleted leave the index: each page starts from the beginning again.
-            let days = store
-                .query(days_query(series, 0, first_kept_day - 1, 64))
-                .await?;
-            for day in days.iter().filter_map(|row| parse_day(&row.row)) {
-                deleted += expire_day(store, series, day).await?;
-            }
-            if days.len() < 64 {
-                break;
-            }
-        }
-    }
-    // A row's points lie within its bucket, so a row keyed before the floor's bucket has
-    // expired whole.
-    deleted += delete_rows(
-        store,
-        &partition(series, first_kept_day),
-        Some(row_key(bucket_of(floor))),
-    )
-    .await?;
-    latest::expire(store, series, floor).await?;
-    Ok(deleted)
-}
-
-/// Deletes one expired day of `series`: its rows, what is derived from them, then its
-/// index row (last, so no row is ever unreachable). The day's rollups go before its index row
-/// too, so a sweep cut short deletes them again.
-async fn expire_day(store: &dyn Store, series: &str, day: u64) -> DomainResult<u64> {
-    let deleted = delete_rows(store, &partition(series, day), None).await?;
-    // The day's rollups: a complete series trusts its day rows, so they go with the points.
-    store.batch_write(rollup::day_deletes(series, day)).await?;
-    store
-        .batch_write(vec![Write::delete(
-            Table::SeriesIndex,
-            days_partition(series),
-            super::layout::day_key(day),
-        )])
-        .await?;
-    Ok(deleted)
-}
-
-/// How often sweeps run, and the default they apply.
-#[derive(Clone, Copy, Debug)]
-pub struct RetentionSettings {
-    pub default: Retention,
-    pub sweep_every: Duration,
-}
-
-/// Until `shutdown`: every `sweep_every`, enqueues a sweep if no process did in that time.
-pub async fn keep_sweeping(
-    store: Arc<dyn Store>,
-    settings: RetentionSettings,
-    wake: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let wait = match claim_sweep(store.as_ref(), settings.sweep_every).await {
-            Ok(Some(wait)) => wait,
-            Ok(None) => {
-                wake.notify_one();
-                settings.sweep_every
-            }
-            Err(error) => {
-                tracing::warn!(%error, "could not schedule a series retention sweep; trying again later");
-                settings.sweep_every
-            }
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shutdown.cancelled() => return,
-        }
-    }
-}
-
-/// Enqueues a sweep if the last one was `every` ago or more (`None`), else says how long
-/// until the next is due.
-async fn claim_sweep(store: &dyn Store, every: Duration) -> DomainResult<Option<Duration>> {
-    let every_ms = i64::try_from(every.as_millis()).unwrap_or(i64::MAX);
-    let now = now_ms();
-    let old = store.get(Table::Meta, SWEEP_PARTITION, SWEEP_ROW).await?;
-    let last = old
-        .as_deref()
-        .and_then(|body| std::str::from_utf8(body).ok())
-        .and_then(|text| text.parse::<i64>().ok());
-    if let Some(last) = last {
-        let due = last.saturating_add(every_ms);
-        if due > now {
-            return Ok(Some(Duration::from_millis((due - now) as u64)));
-        }
-    }
-    let claim = Write::Put {
-        table: Table::Meta,
-        item: Item::new(SWEEP_PARTITION, SWEEP_ROW, Bytes::from(now.to_string())),
-        condition: old.map_or(Condition::Absent, Condition::Equals),
-    };
-    let job = NewJob::new(
-        JobKey::new(Uuid::now_v7(), ".r"),
-        KIND,
-        &SweepJob::default(),
-    );
-    match store.transact(vec![claim, job.write()]).await {
-        Ok(()) => Ok(None),
-        // Another process claimed it: look again at when the next is due.
-        Err(StoreError::ConditionFailed) => Ok(Some(Duration::ZERO)),
-        Err(err) => Err(err.into()),
     }
 }
 

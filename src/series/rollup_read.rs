@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 
 use super::Point;
 use super::layout::{PARTITION_SPAN, day_start, partition};
-use super::plan::{days_query, read_all};
+use super::layout::{days_query, read_all};
 use super::retention::{self, Retention};
 use super::rollup::{
     DAY_ROW, DayRow, HOUR, HOURS_PER_DAY, HourState, MINUTE, Summary, complete_query, decode_hour,

@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
+use super::layout::read_all;
 use super::layout::{ROW_SPAN, day_of, day_start, parse_ticks, partition, row_key};
-use super::plan::read_all;
 use super::rollup::{
     COMPLETE_ROW, DAY_ROW, DayRow, HOUR, HOURS_PER_DAY, HourState, MINUTE, decode_hour,
     encode_hour, hour_index, hour_of, hour_row, minutes_of,
@@ -66,7 +66,7 @@ impl RollupReads {
         let mut queries = Vec::with_capacity(1 + self.days.len() * 2);
         queries.push(Query::partition(
             Table::SeriesIndex,
-            super::plan::days_partition(series),
+            super::layout::days_partition(series),
             1,
         ));
         for (day, hours) in &self.days {

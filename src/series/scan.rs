@@ -7,8 +7,8 @@
 
 use std::collections::VecDeque;
 
+use super::layout::days_query;
 use super::layout::{bucket_of, day_of, day_start, parse_day, partition, row_key};
-use super::plan::days_query;
 use super::retention::{self, Retention};
 use super::{Point, codec, journal};
 use crate::keys::{MAX_TICKS, Ticks};

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::journal::{self, Prepared};
 use super::{
-    MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, latest, plan, retention,
+    MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, expiry, latest, plan,
 };
 use crate::keys::{MAX_TICKS, Ticks, event_row_key};
 use crate::store::{MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, StoreError, Write, write_bytes};
@@ -175,7 +175,7 @@ impl Series {
                 latest::read_heads(store, &names, self.default_retention),
             )?;
             // Points past their series' retention are dropped: plan again without them.
-            if let Some(kept) = retention::drop_expired(&prepared, &heads) {
+            if let Some(kept) = expiry::drop_expired(&prepared, &heads) {
                 prepared = prepare(kept, received)?;
                 continue;
             }

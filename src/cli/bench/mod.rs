@@ -15,6 +15,7 @@ mod mqtt;
 #[cfg(test)]
 mod page_cost;
 mod rollups;
+mod sensor;
 mod series;
 mod server;
 mod social;

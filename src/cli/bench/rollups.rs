@@ -14,7 +14,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::sync::Notify;
 
-use super::series::write_seconds_in;
+use super::sensor::write_seconds_in;
 use super::{BenchStore, millis, percentile};
 use crate::config::StoreKind;
 use crate::cursor::CursorCodec;

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 
 use super::line_protocol::LineProtocolBenchArgs;
+use super::sensor::{DAY_SECONDS, sensor_value, write_seconds_in};
 use super::server::BenchServer;
 use super::{BenchStore, millis, percentile};
 use crate::cli::import::{DEFAULT_CHUNK_POINTS, ImportArgs};
@@ -24,12 +25,11 @@ use crate::http::{PageResponse, PointBody, PointResponse, WritePointsRequest, Wr
 use crate::keys::Ticks;
 use crate::series::layout::{TICKS_PER_SECOND, day_of, day_start};
 use crate::series::reading::MAX_SERIES_PAGE;
-use crate::series::{MAX_POINTS_PER_SERIES_WRITE, NewPoints, Point, Series, SeriesName};
+use crate::series::{MAX_POINTS_PER_SERIES_WRITE, Series, SeriesName};
 use crate::store::Table;
 use crate::timeline::cursor_key;
 
 /// Seconds in the day a read covers (1 Hz: one point each).
-const DAY_SECONDS: u64 = 86_400;
 /// The step of the aggregate read, and the rows it yields for a day.
 const STEP: &str = "60s";
 const STEP_ROWS: usize = 1_440;
@@ -420,47 +420,12 @@ async fn write_seconds(
     .await
 }
 
-/// Writes `seconds` points at 1 Hz from `start` to `series`, `chunk` points a write.
-pub(super) async fn write_seconds_in(
-    series: &Series,
-    name: &SeriesName,
-    (start, seconds): (u64, u64),
-    chunk: u64,
-    noise: &mut StdRng,
-) -> anyhow::Result<()> {
-    let mut second = 0;
-    while second < seconds {
-        let end = seconds.min(second + chunk);
-        let points = (second..end)
-            .map(|at_second| Point {
-                at: start + at_second * TICKS_PER_SECOND,
-                value: sensor_value(at_second, noise),
-            })
-            .collect();
-        series
-            .write(vec![NewPoints {
-                series: name.clone(),
-                points,
-            }])
-            .await
-            .with_context(|| format!("failed to write points to {name}"))?;
-        second = end;
-    }
-    Ok(())
-}
-
 fn points_url(server: &BenchServer, series: &str) -> String {
     format!("{}/v1/series/{series}/points", server.base)
 }
 
 fn http_series_name(index: usize) -> String {
     format!("bench-http-{index:03}")
-}
-
-/// A temperature-like reading: 20 ± 5 over a day, plus noise that fills the mantissa.
-pub(super) fn sensor_value(second: u64, noise: &mut StdRng) -> f64 {
-    let phase = (second % DAY_SECONDS) as f64 / DAY_SECONDS as f64 * std::f64::consts::TAU;
-    5.0f64.mul_add(phase.sin(), 20.0 + noise.random_range(-0.5..0.5))
 }
 
 /// The import rate: a generated CSV through `fanline import` (in-process, posting its chunks
