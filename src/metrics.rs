@@ -201,6 +201,18 @@ impl Metrics {
 #[derive(Debug)]
 struct StoreCollector(Arc<StoreStats>);
 
+/// Encodes counters read from a snapshot, each `(name, help, value)`.
+fn encode_counters<const N: usize>(
+    encoder: &mut DescriptorEncoder<'_>,
+    counters: [(&str, &str, u64); N],
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in counters {
+        let counter = ConstCounter::new(value);
+        counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+    }
+    Ok(())
+}
+
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let snapshot = self.0.snapshot();
@@ -216,15 +228,7 @@ impl Collector for StoreCollector {
                 snapshot.write_requests,
             ),
         ];
-        for (name, help, value) in counters {
-            let counter = ConstCounter::new(value);
-            counter.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
+        encode_counters(&mut encoder, counters)?;
         let capacity = ConstCounter::new(snapshot.write_capacity_units);
         capacity.encode(encoder.encode_descriptor(
             "fanline_store_write_capacity_units",
@@ -285,15 +289,7 @@ impl Collector for NoticesCollector {
                 snapshot.polls,
             ),
         ];
-        for (name, help, value) in counters {
-            let counter = ConstCounter::new(value);
-            counter.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
+        encode_counters(&mut encoder, counters)?;
         Ok(())
     }
 }

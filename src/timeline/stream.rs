@@ -48,6 +48,13 @@ pub enum StreamEvent {
     Lagged { cursor: String },
 }
 
+/// What one read of a stream found.
+pub struct StreamRead {
+    pub events: Vec<StreamEvent>,
+    /// Where a client that receives none of `events` resumes; `None` when there are none.
+    pub resume: Option<String>,
+}
+
 /// One open live timeline.
 pub struct TimelineStream {
     owner: SubjectId,
@@ -98,12 +105,14 @@ impl Timelines {
 impl TimelineStream {
     /// What is new since the last read: messages told, then entries, oldest first, at most a
     /// page of them (read again at once if a whole page came back). Empty if nothing is new.
-    pub async fn read(&mut self, timelines: &Timelines) -> DomainResult<Vec<StreamEvent>> {
+    pub async fn read(&mut self, timelines: &Timelines) -> DomainResult<StreamRead> {
         let pending = self.subscription.take();
         if pending.lagged {
-            return Ok(vec![StreamEvent::Lagged {
-                cursor: self.cursor(timelines),
-            }]);
+            let cursor = self.cursor(timelines);
+            return Ok(StreamRead {
+                resume: Some(cursor.clone()),
+                events: vec![StreamEvent::Lagged { cursor }],
+            });
         }
         let mut events: Vec<StreamEvent> = pending
             .messages
@@ -123,6 +132,9 @@ impl TimelineStream {
         } else {
             Scan::Recent(RECENT_SPAN)
         };
+        // Most wakes find nothing: the cursor of where this read started is encoded (signed)
+        // only if something is to be sent.
+        let before = self.position.clone();
         let read = timelines
             .catch_up_each(&self.owner, MAX_PAGE_SIZE, &mut self.position, scan)
             .await?;
@@ -132,7 +144,8 @@ impl TimelineStream {
                 .into_iter()
                 .map(|(entry, cursor)| StreamEvent::Entry { entry, cursor }),
         );
-        Ok(events)
+        let resume = (!events.is_empty()).then(|| timelines.catch_up_cursor(&self.owner, &before));
+        Ok(StreamRead { events, resume })
     }
 
     /// Waits until the timeline, or an author it merges, may have changed. Cancel-safe.

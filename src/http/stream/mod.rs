@@ -342,13 +342,13 @@ fn failed(sink: &Sink, err: ApiError) {
 async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
     let mut heartbeat = watch.heartbeat();
     loop {
-        let mut resume = stream.cursor(&watch.state.timelines);
-        let events = match stream.read(&watch.state.timelines).await {
-            Ok(events) => events,
+        let read = match stream.read(&watch.state.timelines).await {
+            Ok(read) => read,
             Err(err) => return failed(&sink, err.into()),
         };
+        let mut resume = read.resume.unwrap_or_default();
         let mut entries = 0;
-        for event in events {
+        for event in read.events {
             let (frame, cursor) = match event {
                 StreamEvent::Entry { entry, cursor } => {
                     entries += 1;
