@@ -101,6 +101,11 @@ pub enum Outcome {
     /// The handler did not start the job (it took one of a batch that is better run by
     /// another worker): given back as it was, visible at once, its claim not counted.
     Returned,
+    /// The handler did not start the job: the runner runs it on its own ([`Handler::run`])
+    /// once the other jobs of its batch have ended, so that they are not kept waiting on a
+    /// long job (small fan-outs claimed beside a big one). From [`Handler::run`] itself it
+    /// means [`Outcome::Returned`].
+    Alone,
 }
 
 impl Outcome {

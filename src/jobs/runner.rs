@@ -237,9 +237,8 @@ impl Worker {
                 let count = claimed.len() as i64;
                 self.metrics.in_flight.inc_by(count);
                 let results = handler.run_batch(&mut claimed).await;
-                self.metrics.in_flight.dec_by(count);
                 let mut results = results.into_iter();
-                let ended = claimed
+                let (alone, ended): (Vec<_>, Vec<_>) = claimed
                     .into_iter()
                     .map(|job| {
                         let result = results.next().unwrap_or_else(|| {
@@ -247,9 +246,17 @@ impl Worker {
                         });
                         (job, result)
                     })
-                    .collect();
-                self.end_all(ended).await?;
-                return Ok(Processed::Job);
+                    .partition(|(_, result)| matches!(result, Ok(Outcome::Alone)));
+                self.metrics.in_flight.dec_by(count - alone.len() as i64);
+                let mut first_error = self.end_all(ended).await.err();
+                for (mut job, _) in alone {
+                    let result = handler.run(&mut job).await;
+                    self.metrics.in_flight.dec();
+                    if let Err(err) = self.end(job, result).await {
+                        first_error.get_or_insert(err);
+                    }
+                }
+                return first_error.map_or(Ok(Processed::Job), Err);
             }
         }
         Ok(Processed::Idle)
@@ -433,7 +440,7 @@ impl Worker {
                 info!(job = %job.id(), "job paused for shutdown");
                 Ok(job.release(0).await?)
             }
-            Ok(Outcome::Returned) => Ok(job.give_back().await?),
+            Ok(Outcome::Returned | Outcome::Alone) => Ok(job.give_back().await?),
             Err(JobError::LeaseLost) => {
                 warn!(job = %job.id(), "job lease lost to another worker");
                 Ok(())
@@ -695,6 +702,106 @@ fn retry_delay_ms(failures: u32, base_ms: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jobs::{JobKey, NewJob};
+    use crate::store::{EmbeddedStore, Query, Table};
+    use async_trait::async_trait;
+    use std::sync::Mutex;
+
+    /// Runs job `0` alone; the others of its batch are done at once. When it runs alone, it
+    /// notes the queue's jobs (its own row among them).
+    struct OneLongJob {
+        store: Arc<dyn Store>,
+        queued_when_alone: Mutex<Vec<Vec<String>>>,
+    }
+
+    #[async_trait]
+    impl Handler for OneLongJob {
+        fn kind(&self) -> &'static str {
+            "demo"
+        }
+
+        fn batch_size(&self) -> usize {
+            10
+        }
+
+        async fn run(&self, _job: &mut Claimed) -> JobResult<Outcome> {
+            let queued = self
+                .store
+                .query(Query::partition(
+                    Table::Jobs,
+                    super::super::job::shard_name(0),
+                    100,
+                ))
+                .await?;
+            let rows = queued.into_iter().map(|item| item.row).collect();
+            self.queued_when_alone.lock().expect("lock").push(rows);
+            Ok(Outcome::done())
+        }
+
+        async fn run_batch(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
+            jobs.iter()
+                .map(|job| match job.payload::<u32>() {
+                    Ok(0) => Ok(Outcome::Alone),
+                    Ok(_) => Ok(Outcome::done()),
+                    Err(err) => Err(err),
+                })
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_run_alone_runs_after_the_other_jobs_of_its_batch_have_ended() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        // Four jobs in one shard, the one to run alone the oldest.
+        let mut ids = Vec::new();
+        while ids.len() < 4 {
+            let key = JobKey::new(Uuid::now_v7(), "");
+            if key.shard != 0 {
+                continue;
+            }
+            let payload = ids.len() as u32;
+            ids.push(key.id.clone());
+            store
+                .transact(vec![NewJob::new(key, "demo", &payload).write()])
+                .await
+                .expect("enqueue");
+        }
+        let handler = Arc::new(OneLongJob {
+            store: store.clone(),
+            queued_when_alone: Mutex::new(Vec::new()),
+        });
+        let metrics = JobMetrics::default();
+        let mut worker = Worker::new(
+            store.clone(),
+            Handlers::default().with(handler.clone()),
+            RunnerSettings::default(),
+            Arc::new(Notify::new()),
+            metrics.clone(),
+            CancellationToken::new(),
+        );
+        assert_eq!(
+            worker.try_process_one().await.expect("step"),
+            Processed::Job
+        );
+        let seen = handler.queued_when_alone.lock().expect("lock").clone();
+        assert_eq!(
+            seen,
+            [vec![ids[0].clone()]],
+            "run once, when the other three had ended"
+        );
+        let left = store
+            .query(Query::partition(
+                Table::Jobs,
+                super::super::job::shard_name(0),
+                100,
+            ))
+            .await
+            .expect("queue");
+        assert!(left.is_empty(), "every job ended: {left:?}");
+        assert_eq!(metrics.in_flight.get(), 0);
+    }
 
     #[test]
     fn retry_delays_grow_with_jitter_and_stay_capped() {

@@ -33,6 +33,13 @@ use super::{
 /// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
 const MAX_GROUP_WRITES: usize = 32 * 1024;
 
+/// fjall's background threads (flushes and compactions). One: with more, fjall 3.1's first
+/// worker gives every compaction request it receives back to the queue (to stay free for
+/// flushes) and receives it again at once, spinning on a core for as long as another worker
+/// compacts. On 2 cores that took half the machine after every flush: the social benchmark's
+/// lag p99 went from 190 to 91 ms with one worker, and small fan-outs got 10 to 50 % faster.
+pub const FJALL_WORKER_THREADS: usize = 1;
+
 /// Bytes a memtable holds for a write beyond its key and value (fjall counts about this).
 const MEMTABLE_ENTRY_OVERHEAD: u64 = 64;
 
@@ -94,6 +101,7 @@ impl EmbeddedStore {
         let db = Database::builder(path)
             .manual_journal_persist(true)
             .cache_size(settings.cache_bytes)
+            .worker_threads(FJALL_WORKER_THREADS)
             .open()
             .map_err(map_fjall_error)?;
         let mut keyspaces = HashMap::new();

@@ -170,29 +170,31 @@ impl FanoutHandler {
                 }
             }
         }
-        let any_alone = results.iter().any(Option::is_none);
-        let next_hint = if any_alone {
-            1
-        } else {
-            self.batch_size().saturating_mul(2)
+        // A batch with one job that is not small keeps its size (that job runs after the
+        // others end); one with several was mostly big ones, claimed only to be given back:
+        // claim one at a time until batches are all small again.
+        let next_hint = match results.iter().filter(|result| result.is_none()).count() {
+            0 => self.batch_size().saturating_mul(2),
+            1 => self.batch_size(),
+            _ => 1,
         };
         self.batch_hint
             .store(next_hint, std::sync::atomic::Ordering::Relaxed);
-        // Of the jobs that are not small, this worker runs one; the others go back to the
-        // queue at once for other workers, rather than waiting here behind a long fan-out.
-        let mut ran_one_alone = false;
-        let mut out = Vec::with_capacity(jobs.len());
-        for (job, result) in jobs.iter_mut().zip(results) {
-            out.push(match result {
+        // Of the jobs that are not small, this worker runs one on its own once the small ones
+        // have ended; the others go back to the queue at once for other workers, rather than
+        // waiting here behind a long fan-out.
+        let mut one_alone = false;
+        results
+            .into_iter()
+            .map(|result| match result {
                 Some(result) => result,
-                None if ran_one_alone => Ok(Outcome::Returned),
+                None if one_alone => Ok(Outcome::Returned),
                 None => {
-                    ran_one_alone = true;
-                    self.run(job).await
+                    one_alone = true;
+                    Ok(Outcome::Alone)
                 }
-            });
-        }
-        out
+            })
+            .collect()
     }
 
     /// Writes the entries of every delivery in one batch, trims the timelines their events

@@ -31,8 +31,10 @@ pub(in crate::cli::bench) fn insert_loop(
     batch: usize,
 ) -> anyhow::Result<RawRun> {
     let batch = batch.max(1);
+    // Opened as the embedded store opens its database, so that the comparison is fair.
     let db = Database::builder(dir)
         .manual_journal_persist(true)
+        .worker_threads(crate::store::FJALL_WORKER_THREADS)
         .open()
         .context("failed to open the raw fjall database")?;
     let keyspace = db
