@@ -5,7 +5,9 @@
 //! `/proc/self/stat`) minus the reader thread's (`/proc/thread-self/stat`), divided by the
 //! pages read. The server's share so counted holds everything else the process did
 //! meanwhile: the HTTP stack, the handler, the store's reads and its background threads
-//! (flushes, compactions), and the idle workers' polls. The readers do not parse the JSON:
+//! (flushes, compactions), and the idle workers' polls. The store's background threads are
+//! also counted apart (threads named `fjall:worker`): after a big fan-out they are still
+//! compacting what it wrote, which is no page's cost. The readers do not parse the JSON:
 //! they check the status and the body's first bytes; the first page of each connection is
 //! parsed once to check it holds the expected items.
 
@@ -29,9 +31,11 @@ pub(in crate::cli::bench) struct PageRun {
     pub elapsed: Duration,
     pub p50: Duration,
     pub p99: Duration,
-    /// CPU time of the whole process over the run, and of the reader thread.
+    /// CPU time of the whole process over the run, of the reader thread, and of the store's
+    /// background threads (flushes and compactions).
     pub process_cpu: Duration,
     pub reader_cpu: Duration,
+    pub background_cpu: Duration,
 }
 
 impl PageRun {
@@ -47,6 +51,11 @@ impl PageRun {
 
     pub fn reader_cpu_per_page(&self) -> Duration {
         self.reader_cpu / u32::try_from(self.pages.max(1)).unwrap_or(u32::MAX)
+    }
+
+    /// The store's flushes and compactions meanwhile, per page (part of the server's share).
+    pub fn background_cpu_per_page(&self) -> Duration {
+        self.background_cpu / u32::try_from(self.pages.max(1)).unwrap_or(u32::MAX)
     }
 }
 
@@ -115,6 +124,7 @@ async fn read_on_this_thread(
     }
     let process_before = process_cpu()?;
     let reader_before = thread_cpu()?;
+    let background_before = store_background_cpu()?;
     let started = Instant::now();
     let mut readers = Vec::with_capacity(connections);
     for connection in 0..connections {
@@ -141,6 +151,7 @@ async fn read_on_this_thread(
     let elapsed = started.elapsed();
     let reader_cpu = thread_cpu()?.saturating_sub(reader_before);
     let process_cpu = process_cpu()?.saturating_sub(process_before);
+    let background_cpu = store_background_cpu()?.saturating_sub(background_before);
     Ok(PageRun {
         connections,
         pages: latencies.len() as u64,
@@ -149,6 +160,7 @@ async fn read_on_this_thread(
         p99: percentile(&mut latencies, 99.0),
         process_cpu,
         reader_cpu,
+        background_cpu,
     })
 }
 
@@ -179,6 +191,24 @@ pub(in crate::cli::bench) fn process_cpu() -> anyhow::Result<Duration> {
 
 pub(in crate::cli::bench) fn thread_cpu() -> anyhow::Result<Duration> {
     cpu_of("/proc/thread-self/stat")
+}
+
+/// CPU time of the embedded store's background threads (fjall names them `fjall:worker`).
+fn store_background_cpu() -> anyhow::Result<Duration> {
+    let mut total = Duration::ZERO;
+    for task in std::fs::read_dir("/proc/self/task").context("failed to list the threads")? {
+        let path = task?.path();
+        // A thread may end between the listing and the reads: it is skipped.
+        let Ok(name) = std::fs::read_to_string(path.join("comm")) else {
+            continue;
+        };
+        if name.trim_end() == "fjall:worker"
+            && let Ok(cpu) = cpu_of(&path.join("stat").to_string_lossy())
+        {
+            total += cpu;
+        }
+    }
+    Ok(total)
 }
 
 /// utime + stime of a `/proc` stat file.
@@ -219,5 +249,29 @@ mod tests {
         }
         assert!(thread_cpu().expect("thread") > thread);
         assert!(process_cpu().expect("process") > process);
+    }
+
+    #[test]
+    fn the_store_background_threads_are_found_by_name_and_their_time_counted() {
+        let before = store_background_cpu().expect("read");
+        let spinning = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = spinning.clone();
+        let worker = std::thread::Builder::new()
+            .name("fjall:worker".into())
+            .spawn(move || {
+                let mut spin = 0u64;
+                while flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    spin = std::hint::black_box(spin.wrapping_add(1));
+                }
+            })
+            .expect("thread");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store_background_cpu().expect("read") <= before && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let counted = store_background_cpu().expect("read");
+        spinning.store(false, std::sync::atomic::Ordering::Relaxed);
+        worker.join().expect("join");
+        assert!(counted > before, "the named thread's CPU time was counted");
     }
 }
