@@ -302,7 +302,11 @@ async fn read<T: Send + 'static>(
     work: impl FnOnce() -> StoreResult<T> + Send + 'static,
 ) -> StoreResult<T> {
     if rows <= INLINE_READ_ROWS {
-        work()
+        let read = work();
+        // A loop of reads that never wait (a day of a series) yields now and then, as tokio's
+        // own resources make a task do, so it cannot hold an executor thread for long.
+        tokio::task::consume_budget().await;
+        read
     } else {
         blocking(work).await
     }
@@ -675,6 +679,27 @@ mod tests {
     /// A batch is applied to the tables one item after another; a read must see all of it or
     /// none. (A job's end deletes the job and writes its status record in one transaction: a
     /// status read that saw the record but still the job counted its progress twice.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_loop_of_small_reads_lets_the_other_tasks_of_its_thread_run() {
+        let (_dir, store) = open_temp().await;
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let other = tokio::spawn(async move {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        // Small reads run on this task and never wait: the loop must still yield.
+        let mut reads = 0;
+        while !ran.load(std::sync::atomic::Ordering::SeqCst) && reads < 10_000 {
+            store.get(Table::Meta, "p", "r").await.expect("get");
+            reads += 1;
+        }
+        assert!(
+            ran.load(std::sync::atomic::Ordering::SeqCst),
+            "the other task never ran during {reads} reads"
+        );
+        other.await.expect("other task");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_never_see_a_batch_half_applied() {
         const ROWS: usize = 2000;
