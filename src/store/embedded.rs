@@ -16,13 +16,15 @@
 //!
 //! Memory is bounded by [`EmbeddedSettings`]: fjall's block cache has a size, and the writer
 //! thread keeps the tables' memtables (writes not yet flushed to disk) within the write
-//! buffer by flushing the biggest one whenever they outgrow it (fjall 3.1 takes a
-//! `max_write_buffer_size` but does not enforce it; its own bound is 64 MiB per table, and
-//! there are 21 tables).
+//! buffer by having the biggest one sealed and flushed whenever they outgrow it (fjall 3.1
+//! takes a `max_write_buffer_size` but does not enforce it; its own bound is 64 MiB per
+//! table, and there are 21 tables). The sealing runs on a thread of its own ([`Sealer`]), so
+//! that commits go on meanwhile.
 
 use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 
 use async_trait::async_trait;
@@ -122,10 +124,19 @@ impl EmbeddedStore {
         let (sender, receiver) = mpsc::channel();
         let writer_keyspaces = keyspaces.clone();
         let write_buffer = WriteBuffer::new(settings.write_buffer_bytes);
+        let sealer = Sealer::start()?;
         let writer_db = db.clone();
         std::thread::Builder::new()
             .name("fanline-writer".into())
-            .spawn(move || run_writer(&writer_db, &writer_keyspaces, write_buffer, &receiver))
+            .spawn(move || {
+                run_writer(
+                    &writer_db,
+                    &writer_keyspaces,
+                    write_buffer,
+                    &sealer,
+                    &receiver,
+                );
+            })
             .map_err(|err| {
                 StoreError::Other(format!("failed to start the writer thread: {err}"))
             })?;
@@ -490,18 +501,59 @@ impl WriteBuffer {
         Some(table)
     }
 
-    /// Flushes the biggest memtable if the memtables are over the bound.
-    fn enforce(&mut self, db: &Database, keyspaces: &Keyspaces) {
+    /// Has the biggest memtable sealed and flushed if the memtables are over the bound, unless
+    /// a seal is already under way.
+    fn enforce(&mut self, db: &Database, keyspaces: &Keyspaces, sealer: &Sealer) {
+        if sealer.busy.load(Ordering::Acquire) {
+            return;
+        }
         let Some(table) = self.table_to_flush(db.write_buffer_size()) else {
             return;
         };
-        // Sealing the memtable queues its flush on fjall's workers; this thread goes on.
-        let rotated = keyspaces
-            .of(table)
-            .and_then(|keyspace| keyspace.rotate_memtable().map_err(map_fjall_error));
-        if let Err(err) = rotated {
-            tracing::warn!(%table, error = %err, "failed to flush a memtable over the write buffer");
+        match keyspaces.of(table) {
+            Ok(keyspace) => {
+                sealer.busy.store(true, Ordering::Release);
+                if sealer.requests.send((table, keyspace.clone())).is_err() {
+                    sealer.busy.store(false, Ordering::Release);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(%table, error = %err, "failed to flush a memtable over the write buffer");
+            }
         }
+    }
+}
+
+/// Seals memtables for the writer thread, on a thread of its own: after sealing, fjall's
+/// `rotate_memtable` does housekeeping (it collects the old versions of every table and
+/// maintains the journal) that took 10 to 117 ms under load, and on the writer thread no
+/// write could commit meanwhile: every fan-out's lag rose at each flush. Sealing queues the
+/// flush on fjall's background thread.
+struct Sealer {
+    requests: mpsc::Sender<(Table, Keyspace)>,
+    /// Set while a seal is under way: the writer asks for no other meanwhile, as fjall's
+    /// count of the bytes in memtables drops only once a seal is done.
+    busy: Arc<AtomicBool>,
+}
+
+impl Sealer {
+    fn start() -> StoreResult<Sealer> {
+        let (requests, receiver) = mpsc::channel::<(Table, Keyspace)>();
+        let busy = Arc::new(AtomicBool::new(false));
+        let done = busy.clone();
+        // Ends when the writer thread does (its sender dropped).
+        std::thread::Builder::new()
+            .name("fanline-sealer".into())
+            .spawn(move || {
+                for (table, keyspace) in receiver {
+                    if let Err(err) = keyspace.rotate_memtable() {
+                        tracing::warn!(%table, error = %err, "failed to flush a memtable over the write buffer");
+                    }
+                    done.store(false, Ordering::Release);
+                }
+            })
+            .map_err(|err| StoreError::Other(format!("failed to start the sealer thread: {err}")))?;
+        Ok(Sealer { requests, busy })
     }
 }
 
@@ -512,6 +564,7 @@ fn run_writer(
     db: &Database,
     keyspaces: &Keyspaces,
     mut write_buffer: WriteBuffer,
+    sealer: &Sealer,
     requests: &mpsc::Receiver<WriteRequest>,
 ) {
     while let Ok(first) = requests.recv() {
@@ -527,7 +580,7 @@ fn run_writer(
             }
         }
         commit_group(db, keyspaces, &mut write_buffer, group);
-        write_buffer.enforce(db, keyspaces);
+        write_buffer.enforce(db, keyspaces, sealer);
     }
 }
 
