@@ -8,7 +8,7 @@
 //!   after that fsync, and so is a refusal by a condition: the write that refused it may be
 //!   in the same group, and whoever was refused must be able to read it.
 //!
-//! Reads of up to [`INLINE_READ_ROWS`] rows run on the calling task: they are served from
+//! Reads of up to `INLINE_READ_ROWS` rows run on the calling task: they are served from
 //! memory (memtables, the block cache, the OS page cache) in tens of microseconds, less than
 //! a hop to tokio's blocking pool and back costs (two thread wake-ups, which were a third of
 //! the server's CPU per timeline page). Bigger reads, such as a big author's followers, run on
@@ -18,7 +18,7 @@
 //! thread keeps the tables' memtables (writes not yet flushed to disk) within the write
 //! buffer by having the biggest one sealed and flushed whenever they outgrow it (fjall 3.1
 //! takes a `max_write_buffer_size` but does not enforce it; its own bound is 64 MiB per
-//! table, and there are 21 tables). The sealing runs on a thread of its own ([`Sealer`]), so
+//! table, and there are 21 tables). The sealing runs on a thread of its own (`Sealer`), so
 //! that commits go on meanwhile.
 
 use std::collections::HashMap;
