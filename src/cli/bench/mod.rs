@@ -300,6 +300,45 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => {}
     }
     let parent = tempfile::tempdir().context("failed to create a temp dir")?;
+    let ran = timeline_runs(&args, parent.path()).await;
+    wait_for_stores_to_close().await;
+    ran
+}
+
+/// Longest wait at the end of a bench for fjall's background threads to stop.
+const STORE_CLOSE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Waits (at most [`STORE_CLOSE_PATIENCE`]) until no fjall background thread is left, once
+/// a bench has let go of its stores: its directories are removed next, and fjall, still
+/// flushing or compacting the last store, would fail on the missing files and log errors.
+/// The threads are found by name in `/proc/self/task` (on other systems, none are).
+pub(in crate::cli::bench) async fn wait_for_stores_to_close() {
+    let deadline = Instant::now() + STORE_CLOSE_PATIENCE;
+    while !threads_named(FJALL_THREAD_NAME).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The name fjall gives its background threads.
+pub(in crate::cli::bench) const FJALL_THREAD_NAME: &str = "fjall:worker";
+
+/// The `/proc` directories of this process's threads named `name`.
+pub(in crate::cli::bench) fn threads_named(name: &str) -> Vec<std::path::PathBuf> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .map(|task| task.path())
+        // A thread may end between the listing and the read: it is left out.
+        .filter(|path| {
+            std::fs::read_to_string(path.join("comm")).is_ok_and(|comm| comm.trim_end() == name)
+        })
+        .collect()
+}
+
+/// The timeline benchmark's runs, each on a fresh store in a directory under `parent`.
+async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Result<()> {
     println!(
         "fanline bench: {:?} store, {} followers (split above {}, pages of {}), {} posts per run",
         args.store, args.followers, args.split_above, args.page_size, args.posts
@@ -312,7 +351,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         if let Some(previous) = last_rig.take() {
             previous.bench_store.close().await?;
         }
-        let rig = Rig::new(&args, parent.path()).await?;
+        let rig = Rig::new(args, parent).await?;
         for i in 0..args.posts {
             rig.timelines
                 .post_event(&rig.author, bench_event(i)?)
@@ -346,7 +385,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 
     // Lag: one event at a time, from posting to its last entry written, on a fresh store.
-    let rig = Rig::new(&args, parent.path()).await?;
+    let rig = Rig::new(args, parent).await?;
     let mut workers = rig.start_workers(2);
     let mut lags = Vec::with_capacity(args.lag_samples);
     for i in 0..args.lag_samples {

@@ -196,15 +196,9 @@ pub(in crate::cli::bench) fn thread_cpu() -> anyhow::Result<Duration> {
 /// CPU time of the embedded store's background threads (fjall names them `fjall:worker`).
 fn store_background_cpu() -> anyhow::Result<Duration> {
     let mut total = Duration::ZERO;
-    for task in std::fs::read_dir("/proc/self/task").context("failed to list the threads")? {
-        let path = task?.path();
-        // A thread may end between the listing and the reads: it is skipped.
-        let Ok(name) = std::fs::read_to_string(path.join("comm")) else {
-            continue;
-        };
-        if name.trim_end() == "fjall:worker"
-            && let Ok(cpu) = cpu_of(&path.join("stat").to_string_lossy())
-        {
+    for thread in super::super::threads_named(super::super::FJALL_THREAD_NAME) {
+        // A thread may end between the listing and the read: it is skipped.
+        if let Ok(cpu) = cpu_of(&thread.join("stat").to_string_lossy()) {
             total += cpu;
         }
     }
