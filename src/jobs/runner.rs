@@ -701,6 +701,7 @@ fn retry_delay_ms(failures: u32, base_ms: i64) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::job::shard_name;
     use super::*;
     use crate::jobs::{JobKey, NewJob};
     use crate::store::{EmbeddedStore, Query, Table};
@@ -727,11 +728,7 @@ mod tests {
         async fn run(&self, _job: &mut Claimed) -> JobResult<Outcome> {
             let queued = self
                 .store
-                .query(Query::partition(
-                    Table::Jobs,
-                    super::super::job::shard_name(0),
-                    100,
-                ))
+                .query(Query::partition(Table::Jobs, shard_name(0), 100))
                 .await?;
             let rows = queued.into_iter().map(|item| item.row).collect();
             self.queued_when_alone.lock().expect("lock").push(rows);
@@ -792,11 +789,7 @@ mod tests {
             "run once, when the other three had ended"
         );
         let left = store
-            .query(Query::partition(
-                Table::Jobs,
-                super::super::job::shard_name(0),
-                100,
-            ))
+            .query(Query::partition(Table::Jobs, shard_name(0), 100))
             .await
             .expect("queue");
         assert!(left.is_empty(), "every job ended: {left:?}");

@@ -45,8 +45,8 @@ const INLINE_READ_ROWS: usize = 1000;
 /// fjall's background threads (flushes and compactions). One: with more, fjall 3.1's first
 /// worker gives every compaction request it receives back to the queue (to stay free for
 /// flushes) and receives it again at once, spinning on a core for as long as another worker
-/// compacts. On 2 cores that took half the machine after every flush: the social benchmark's
-/// lag p99 went from 190 to 91 ms with one worker, and small fan-outs got 10 to 50 % faster.
+/// compacts. On 2 cores that took half the machine after every flush (docs/benchmarks.md,
+/// the social workload, has what it cost).
 pub const FJALL_WORKER_THREADS: usize = 1;
 
 /// Bytes a memtable holds for a write beyond its key and value (fjall counts about this).
@@ -313,11 +313,11 @@ async fn read<T: Send + 'static>(
     work: impl FnOnce() -> StoreResult<T> + Send + 'static,
 ) -> StoreResult<T> {
     if rows <= INLINE_READ_ROWS {
-        let read = work();
+        let answer = work();
         // A loop of reads that never wait (a day of a series) yields now and then, as tokio's
         // own resources make a task do, so it cannot hold an executor thread for long.
         tokio::task::consume_budget().await;
-        read
+        answer
     } else {
         blocking(work).await
     }
@@ -729,9 +729,7 @@ mod tests {
         crate::store_conformance_tests!(super::open_temp());
     }
 
-    /// A batch is applied to the tables one item after another; a read must see all of it or
-    /// none. (A job's end deletes the job and writes its status record in one transaction: a
-    /// status read that saw the record but still the job counted its progress twice.)
+    /// Small reads run on the calling task and never wait: a loop of them must still yield.
     #[tokio::test(flavor = "current_thread")]
     async fn a_loop_of_small_reads_lets_the_other_tasks_of_its_thread_run() {
         let (_dir, store) = open_temp().await;
@@ -740,7 +738,6 @@ mod tests {
         let other = tokio::spawn(async move {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         });
-        // Small reads run on this task and never wait: the loop must still yield.
         let mut reads = 0;
         while !ran.load(std::sync::atomic::Ordering::SeqCst) && reads < 10_000 {
             store.get(Table::Meta, "p", "r").await.expect("get");
@@ -753,6 +750,9 @@ mod tests {
         other.await.expect("other task");
     }
 
+    /// A batch is applied to the tables one item after another; a read must see all of it or
+    /// none. (A job's end deletes the job and writes its status record in one transaction: a
+    /// status read that saw the record but still the job counted its progress twice.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_never_see_a_batch_half_applied() {
         const ROWS: usize = 2000;

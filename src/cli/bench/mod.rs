@@ -312,7 +312,7 @@ const STORE_CLOSE_PATIENCE: Duration = Duration::from_secs(30);
 /// a bench has let go of its stores: its directories are removed next, and fjall, still
 /// flushing or compacting the last store, would fail on the missing files and log errors.
 /// The threads are found by name in `/proc/self/task` (on other systems, none are).
-pub(in crate::cli::bench) async fn wait_for_stores_to_close() {
+async fn wait_for_stores_to_close() {
     let deadline = Instant::now() + STORE_CLOSE_PATIENCE;
     while !threads_named(FJALL_THREAD_NAME).is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

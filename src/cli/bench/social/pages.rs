@@ -251,7 +251,7 @@ mod tests {
         let spinning = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let flag = spinning.clone();
         let worker = std::thread::Builder::new()
-            .name("fjall:worker".into())
+            .name(super::super::super::FJALL_THREAD_NAME.into())
             .spawn(move || {
                 let mut spin = 0u64;
                 while flag.load(std::sync::atomic::Ordering::Relaxed) {
