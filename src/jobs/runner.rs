@@ -564,7 +564,9 @@ impl Worker {
 
     /// Deletes expired status records of `partition`.
     async fn sweep_partition(&self, partition: &str) {
-        if let Err(err) = status::sweep_expired(self.store.as_ref(), partition).await {
+        let retention_ms = millis(self.settings.status_retention);
+        if let Err(err) = status::sweep_expired(self.store.as_ref(), partition, retention_ms).await
+        {
             warn!(%partition, error = %err, "could not sweep expired status records");
         }
     }

@@ -286,11 +286,20 @@ pub(super) fn sweeps(root_id: &str) -> bool {
 
 /// Deletes expired done records at the head of a partition (oldest first, since the rows
 /// are UUIDv7 job ids). Called after some work ends (see [`sweeps`]), so records never pile
-/// up.
-pub(super) async fn sweep_expired(store: &dyn Store, partition: &str) -> JobResult<()> {
+/// up. Only records of jobs created over `retention_ms` ago are read: a record expires
+/// `retention_ms` after its work finished, so younger ones cannot have expired, and a
+/// partition of young records costs a seek and no decoding.
+pub(super) async fn sweep_expired(
+    store: &dyn Store,
+    partition: &str,
+    retention_ms: i64,
+) -> JobResult<()> {
     let now = now_ms();
     let head = store
-        .query(Query::partition(Table::FanoutStatus, partition, SWEEP_ROWS))
+        .query(
+            Query::partition(Table::FanoutStatus, partition, SWEEP_ROWS)
+                .range(None, Some(ids_created_before(now - retention_ms))),
+        )
         .await?;
     let expired: Vec<Write> = head
         .iter()
@@ -301,6 +310,13 @@ pub(super) async fn sweep_expired(store: &dyn Store, partition: &str) -> JobResu
         store.batch_write(expired).await?;
     }
     Ok(())
+}
+
+/// The least UUIDv7 text of a job created at `ms` (Unix milliseconds) or later: the time's
+/// 48 bits in hex as the text begins, `xxxxxxxx-xxxx`; every id created earlier sorts below.
+fn ids_created_before(ms: i64) -> String {
+    let ms = u64::try_from(ms).unwrap_or(0) & 0xffff_ffff_ffff;
+    format!("{:08x}-{:04x}", ms >> 16, ms & 0xffff)
 }
 
 #[cfg(test)]
@@ -326,26 +342,58 @@ mod tests {
             expires_at_ms,
             ..StatusRecord::default()
         };
+        const RETENTION_MS: i64 = 3_600_000;
+        // Job ids created at `ms`, in the order of their times.
+        let id = |ms: i64| {
+            let timestamp = uuid::Timestamp::from_unix(
+                uuid::NoContext,
+                (ms / 1000) as u64,
+                ((ms % 1000) * 1_000_000) as u32,
+            );
+            Uuid::new_v7(timestamp).to_string()
+        };
+        let created = now - RETENTION_MS - 5_000;
         let rows = [
-            ("a-old", record(Some(now - 1000))),
-            ("b-old", record(Some(now - 1))),
-            ("c-live", record(Some(now + 60_000))),
-            ("d-running", record(None)),
+            (id(created), record(Some(now - 1000))),
+            (id(created + 1), record(Some(now - 1))),
+            (id(created + 2), record(Some(now + 60_000))),
+            (id(created + 3), record(None)),
+            // Expired by its record, yet created too recently to be: left alone.
+            (id(now - 1000), record(Some(now - 1))),
         ];
         let writes = rows
             .iter()
             .map(|(row, record)| {
                 let body = serde_json::to_vec(record).expect("json");
-                Write::put(Table::FanoutStatus, Item::new("author", *row, body))
+                Write::put(Table::FanoutStatus, Item::new("author", row, body))
             })
             .collect();
         store.batch_write(writes).await.expect("records");
-        sweep_expired(&store, "author").await.expect("sweep");
+        sweep_expired(&store, "author", RETENTION_MS)
+            .await
+            .expect("sweep");
         let left = store
             .query(Query::partition(Table::FanoutStatus, "author", 10))
             .await
             .expect("read");
         let left: Vec<&str> = left.iter().map(|item| item.row.as_str()).collect();
-        assert_eq!(left, ["c-live", "d-running"]);
+        assert_eq!(left, [&rows[2].0, &rows[3].0, &rows[4].0]);
+    }
+
+    #[test]
+    fn ids_created_before_a_time_sort_below_its_bound_and_later_ones_above() {
+        let at = |ms: u64| {
+            let timestamp = uuid::Timestamp::from_unix(
+                uuid::NoContext,
+                ms / 1000,
+                (ms % 1000) as u32 * 1_000_000,
+            );
+            Uuid::new_v7(timestamp).to_string()
+        };
+        let bound = ids_created_before(1_790_000_000_123);
+        assert!(at(1_790_000_000_122) < bound);
+        assert!(at(1_790_000_000_123) > bound);
+        assert!(at(1_790_000_000_124) > bound);
+        assert_eq!(ids_created_before(-5), "00000000-0000");
     }
 }

@@ -316,6 +316,19 @@ impl Write {
         }
     }
 
+    /// The same write, applied whatever the row holds.
+    pub fn unconditional(self) -> Self {
+        match self {
+            Write::Put { table, item, .. } => Write::put(table, item),
+            Write::Delete {
+                table,
+                partition,
+                row,
+                ..
+            } => Write::delete(table, partition, row),
+        }
+    }
+
     pub(crate) fn condition(&self) -> &Condition {
         match self {
             Write::Put { condition, .. } | Write::Delete { condition, .. } => condition,

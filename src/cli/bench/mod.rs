@@ -20,6 +20,7 @@ mod series;
 mod server;
 mod social;
 mod streams;
+mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -11,6 +11,8 @@ use crate::config::{Config, StoreKind};
 /// An in-process HTTP server on the bench store, and a client for it.
 pub(super) struct BenchServer {
     pub base: String,
+    /// Where `base` points, for the posting clients' bare connections.
+    pub address: std::net::SocketAddr,
     /// Sent with every request, and by the importer.
     pub admin_token: String,
     pub client: reqwest::Client,
@@ -51,6 +53,7 @@ impl BenchServer {
         let task = tokio::spawn(application.run_until_stopped());
         Ok(BenchServer {
             base: format!("http://{address}"),
+            address,
             client: admin_client(&admin_token)?,
             admin_token,
             shutdown,

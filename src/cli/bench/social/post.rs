@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::super::server::BenchServer;
+use super::super::wire::Connection;
 use super::super::{millis, percentile};
 use crate::keys::Ticks;
 use crate::store::{Store, StoreStats};
@@ -233,8 +234,7 @@ impl Load<'_> {
                 interval_opt,
             };
             tasks.push(tokio::spawn(post_as_client(
-                self.server.client.clone(),
-                self.server.base.clone(),
+                Connection::new(self.server.address, &self.server.admin_token),
                 self.authors.clone(),
                 plan,
                 StdRng::seed_from_u64(self.seed.wrapping_mul(1_000).wrapping_add(index as u64)),
@@ -362,8 +362,7 @@ async fn read_lag(client: &reqwest::Client, url: &str) -> anyhow::Result<Option<
 /// sends the same request again (same `id`), unless the deadline comes first: then the
 /// client stops there (the event was never taken: a 503 writes nothing).
 async fn post_as_client(
-    client: reqwest::Client,
-    base: String,
+    mut connection: Connection,
     authors: Arc<Vec<Author>>,
     plan: ClientPlan,
     mut rng: StdRng,
@@ -387,20 +386,14 @@ async fn post_as_client(
         }
         let author = rng.random_range(0..authors.len());
         let id = format!("{prefix}-{n}");
-        let url = format!("{base}/v1/subjects/{}/events", authors[author].name);
+        let path = format!("/v1/subjects/{}/events", authors[author].name);
         let body = format!(
             r#"{{"id":"{id}","kind":"post","payload":{{"text":"social bench post {id}"}}}}"#
         );
         loop {
             let began = Instant::now();
-            let sent = client
-                .post(&url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.clone())
-                .send()
-                .await;
-            let response = match sent {
-                Ok(response) => response,
+            let answer = match connection.post_json(&path, &body).await {
+                Ok(answer) => answer,
                 Err(err) => {
                     *outcome.statuses.entry(0).or_default() += 1;
                     outcome
@@ -413,11 +406,11 @@ async fn post_as_client(
                     continue;
                 }
             };
-            let status = response.status();
-            *outcome.statuses.entry(status.as_u16()).or_default() += 1;
-            match status.as_u16() {
+            *outcome.statuses.entry(answer.status).or_default() += 1;
+            match answer.status {
                 200 | 201 => {
-                    let posted: PostedBody = response.json().await?;
+                    let posted: PostedBody = serde_json::from_slice(&answer.body)
+                        .context("a post's answer is not its event")?;
                     outcome.latencies.push(began.elapsed());
                     outcome.posted.push((
                         u32::try_from(author).context("too many authors")?,
@@ -426,19 +419,16 @@ async fn post_as_client(
                     break;
                 }
                 503 => {
-                    let wait = response
-                        .headers()
-                        .get(reqwest::header::RETRY_AFTER)
-                        .and_then(|value| value.to_str().ok())
-                        .and_then(|value| value.trim().parse::<u64>().ok())
+                    let wait = answer
+                        .retry_after_opt
                         .map_or(Duration::from_secs(1), Duration::from_secs);
                     if past_deadline(Instant::now() + wait) {
                         break 'posts;
                     }
                     tokio::time::sleep(wait).await;
                 }
-                _ => {
-                    let text = response.text().await.unwrap_or_default();
+                status => {
+                    let text = String::from_utf8_lossy(&answer.body);
                     outcome
                         .first_error
                         .get_or_insert_with(|| format!("{status}: {text}"));
