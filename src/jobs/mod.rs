@@ -14,6 +14,7 @@ mod backlog;
 mod dead_letter;
 mod floors;
 pub(crate) mod format;
+mod in_hand;
 mod job;
 mod metrics;
 mod queue;
@@ -139,7 +140,17 @@ pub trait Handler: Send + Sync + 'static {
         1
     }
 
-    /// Runs one job as far as it goes, checkpointing as it sees fit.
+    /// Whether [`Handler::run_batch`] gets jobs before any lease is written on them: it
+    /// must then write only what may be written twice (another worker may run the same job
+    /// meanwhile) and must not checkpoint. A job it ends is ended only if no other worker
+    /// changed it since it was read, so no ending is applied twice; one it runs
+    /// [`Outcome::Alone`] is leased first (and left if that fails); one it returns is left
+    /// as it is. Small jobs so skip a durable write each.
+    fn runs_unleased(&self) -> bool {
+        false
+    }
+
+    /// Runs one job as far as it goes, checkpointing as it sees fit. The job is leased.
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome>;
 
     /// Runs several claimed jobs: one result per job, in order. By default one at a time; a
@@ -153,10 +164,11 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// The handlers of a process, by kind.
+/// The handlers of a process, by kind, and the jobs its workers have in hand unleased.
 #[derive(Clone, Default)]
 pub struct Handlers {
     by_kind: HashMap<&'static str, Arc<dyn Handler>>,
+    in_hand: in_hand::InHand,
 }
 
 impl Handlers {
@@ -172,5 +184,9 @@ impl Handlers {
 
     fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {
         self.by_kind.get(kind)
+    }
+
+    fn in_hand(&self) -> &in_hand::InHand {
+        &self.in_hand
     }
 }

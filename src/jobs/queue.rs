@@ -110,11 +110,19 @@ pub async fn depth(store: &dyn Store, cap: usize) -> StoreResult<u64> {
 
 /// A job this worker holds: what a handler works on. Its payload and progress live here in
 /// memory until a checkpoint writes them back.
+///
+/// A job of a handler that runs unleased (see [`super::Handler::runs_unleased`]) is held
+/// without a lease at first: nothing is written to take it, and its ending compares against
+/// the job as the poll read it, so an ending applies nothing if another worker changed the
+/// job first.
 pub struct Claimed {
     pub(super) key: JobKey,
     pub(super) job: Job,
-    /// The bytes the job was last written as: the lease is a compare-and-swap against them.
+    /// The bytes the job was last written as (or read as, if unleased): the lease is a
+    /// compare-and-swap against them.
     stored: Bytes,
+    /// Whether a lease was written: a job held unleased is hidden from no one.
+    leased: bool,
     store: Arc<dyn Store>,
     lease_ms: i64,
     shutdown: CancellationToken,
@@ -138,6 +146,7 @@ impl Claimed {
             key,
             job,
             stored: seen,
+            leased: true,
             store,
             lease_ms,
             shutdown,
@@ -147,6 +156,46 @@ impl Claimed {
             claimed.stored = item.value.clone();
         }
         (claimed, write)
+    }
+
+    /// A job read by [`available`], held without a lease: counted as claimed once more, but
+    /// nothing is written.
+    pub(super) fn unleased(
+        store: Arc<dyn Store>,
+        available: Available,
+        lease_ms: i64,
+        shutdown: CancellationToken,
+    ) -> Claimed {
+        let Available { key, mut job, seen } = available;
+        job.attempts += 1;
+        Claimed {
+            key,
+            job,
+            stored: seen,
+            leased: false,
+            store,
+            lease_ms,
+            shutdown,
+        }
+    }
+
+    pub(super) fn is_leased(&self) -> bool {
+        self.leased
+    }
+
+    /// Takes the lease on a job held unleased; `false` if another worker changed the job
+    /// since it was read (took it, or ended it).
+    pub(super) async fn take_lease(&mut self, owner: &str) -> StoreResult<bool> {
+        self.job.lease_owner = Some(owner.to_owned());
+        self.job.hidden_until_ms = Some(now_ms() + self.lease_ms);
+        match self.commit(true, Vec::new()).await {
+            Ok(()) => {
+                self.leased = true;
+                Ok(true)
+            }
+            Err(StoreError::ConditionFailed) => Ok(false),
+            Err(err) => Err(err),
+        }
     }
 
     /// Takes the lease on a job read by [`available`]; `None` if another worker got it first.

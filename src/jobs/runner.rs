@@ -187,6 +187,7 @@ impl Worker {
         for _ in 0..SHARDS {
             let shard = self.next_shard;
             self.next_shard = (self.next_shard + 1) % SHARDS;
+            let polled_at = Instant::now();
             let queue::Poll {
                 available: candidates,
                 unreadable,
@@ -218,7 +219,27 @@ impl Worker {
                 }
                 wanted.push(candidate);
             }
+            // Lets go of unleased jobs when this step ends, however it ends.
+            let mut _in_hand = None;
             let mut claimed = match &chosen {
+                Some(handler) if !wanted.is_empty() && handler.runs_unleased() => {
+                    let ids: Vec<&str> = wanted.iter().map(|one| one.key.id.as_str()).collect();
+                    let (taken, took) = self.handlers.in_hand().take(&ids, polled_at);
+                    _in_hand = Some(taken);
+                    wanted
+                        .into_iter()
+                        .zip(took)
+                        .filter(|(_, took)| *took)
+                        .map(|(one, _)| {
+                            Claimed::unleased(
+                                self.store.clone(),
+                                one,
+                                self.lease_ms(),
+                                self.shutdown.clone(),
+                            )
+                        })
+                        .collect()
+                }
                 Some(_) if !wanted.is_empty() => {
                     Claimed::claim_many(
                         self.store.clone(),
@@ -248,15 +269,42 @@ impl Worker {
                     })
                     .partition(|(_, result)| matches!(result, Ok(Outcome::Alone)));
                 self.metrics.in_flight.dec_by(count - alone.len() as i64);
+                // Unleased jobs handed back untouched cost nothing to end; if that is all
+                // this batch came to, and no job it runs alone can be leased, the step
+                // looks at the next shard.
+                let mut worked = ended.iter().any(|(job, result)| {
+                    job.is_leased() || !matches!(result, Ok(Outcome::Returned))
+                });
                 let mut first_error = self.end_all(ended).await.err();
                 for (mut job, _) in alone {
+                    if !job.is_leased() {
+                        match job.take_lease(&self.owner).await {
+                            Ok(true) => {}
+                            // Another worker took it or ended it.
+                            Ok(false) => {
+                                self.metrics.in_flight.dec();
+                                continue;
+                            }
+                            Err(err) => {
+                                self.metrics.in_flight.dec();
+                                first_error.get_or_insert(err.into());
+                                continue;
+                            }
+                        }
+                    }
+                    worked = true;
                     let result = handler.run(&mut job).await;
                     self.metrics.in_flight.dec();
                     if let Err(err) = self.end(job, result).await {
                         first_error.get_or_insert(err);
                     }
                 }
-                return first_error.map_or(Ok(Processed::Job), Err);
+                if let Some(err) = first_error {
+                    return Err(err);
+                }
+                if worked {
+                    return Ok(Processed::Job);
+                }
             }
         }
         Ok(Processed::Idle)
@@ -440,6 +488,8 @@ impl Worker {
                 info!(job = %job.id(), "job paused for shutdown");
                 Ok(job.release(0).await?)
             }
+            // Never taken: nothing to give back.
+            Ok(Outcome::Returned | Outcome::Alone) if !job.is_leased() => Ok(()),
             Ok(Outcome::Returned | Outcome::Alone) => Ok(job.give_back().await?),
             Err(JobError::LeaseLost) => {
                 warn!(job = %job.id(), "job lease lost to another worker");
@@ -627,7 +677,11 @@ impl Worker {
                 Ok(()) => return Ok(Some(slot.record)),
                 Err(StoreError::ConditionFailed) => {
                     if !job.still_held().await? {
-                        warn!(job = %job.id(), "job lease lost before the job ended");
+                        if job.is_leased() {
+                            warn!(job = %job.id(), "job lease lost before the job ended");
+                        } else {
+                            debug!(job = %job.id(), "job changed by another worker before it ended");
+                        }
                         return Ok(None);
                     }
                 }

@@ -295,6 +295,12 @@ impl Handler for FanoutHandler {
             .clamp(1, SMALL_BATCH)
     }
 
+    /// A small fan-out writes entries keyed by its event, which may be written twice, and
+    /// never checkpoints: it needs no lease. Anything else is run alone, leased.
+    fn runs_unleased(&self) -> bool {
+        true
+    }
+
     async fn run_batch(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
         self.run_together(jobs).await
     }
