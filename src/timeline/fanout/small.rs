@@ -1,6 +1,7 @@
-//! Small fan-outs together: the events of many claimed jobs, each with few followers, are
-//! written in one batch, so a job costs a share of a few reads and of three durable writes
-//! (the runner claims them in one round of transactions and ends them in another).
+//! Small fan-outs together: the events of many jobs, each with few followers, are written in
+//! one batch, so a job costs a share of a few reads and of two durable writes (the entries,
+//! then the runner's round of transactions that ends the jobs). The jobs come unleased (see
+//! [`crate::jobs::Handler::runs_unleased`]): everything written here may be written twice.
 //!
 //! A job is small when it is a fresh delivery whose author is not merged at read time and
 //! has at most [`SMALL_FOLLOWERS`] followers (and no more than one page of them, nor than
@@ -101,7 +102,8 @@ impl FanoutHandler {
             .collect()
     }
 
-    /// Runs claimed jobs: the small fresh deliveries together, the rest one by one.
+    /// Runs a batch of jobs, unleased: the small fresh deliveries together; of the rest, one
+    /// runs alone (leased by the runner) and the others are left in the queue.
     pub(super) async fn run_together(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
         let mut results: Vec<Option<JobResult<Outcome>>> = jobs.iter().map(|_| None).collect();
         let mut fresh = Vec::new();
@@ -171,8 +173,8 @@ impl FanoutHandler {
             }
         }
         // A batch with one job that is not small keeps its size (that job runs after the
-        // others end); one with several was mostly big ones, claimed only to be given back:
-        // claim one at a time until batches are all small again.
+        // others end); one with several was mostly big ones, polled only to be left: take one
+        // at a time until batches are all small again.
         let next_hint = match results.iter().filter(|result| result.is_none()).count() {
             0 => self.batch_size().saturating_mul(2),
             1 => self.batch_size(),
