@@ -139,6 +139,18 @@ fn worker(
     settings: TestSettings,
     shutdown: CancellationToken,
 ) -> (Worker, Counters) {
+    let (mut workers, counters) = workers_of_one_process(store, settings, shutdown, 1);
+    let worker = workers.pop().expect("one worker");
+    (worker, counters)
+}
+
+/// `count` workers sharing one set of handlers and counters, as in one process.
+fn workers_of_one_process(
+    store: Arc<dyn Store>,
+    settings: TestSettings,
+    shutdown: CancellationToken,
+    count: usize,
+) -> (Vec<Worker>, Counters) {
     let fanout = FanoutMetrics::default();
     let jobs = JobMetrics::default();
     let wake = Arc::new(Notify::new());
@@ -148,15 +160,19 @@ fn worker(
         fanout.clone(),
         wake.clone(),
     )));
-    let worker = Worker::new(
-        store,
-        handlers,
-        settings.runner,
-        wake,
-        jobs.clone(),
-        shutdown,
-    );
-    (worker, Counters { fanout, jobs })
+    let workers = (0..count)
+        .map(|_| {
+            Worker::new(
+                store.clone(),
+                handlers.clone(),
+                settings.runner.clone(),
+                wake.clone(),
+                jobs.clone(),
+                shutdown.clone(),
+            )
+        })
+        .collect();
+    (workers, Counters { fanout, jobs })
 }
 
 fn faulty(fixture: &Fixture) -> Arc<FaultyStore> {
@@ -613,7 +629,7 @@ async fn assert_small_fanouts_delivered_once(small: &SmallFanouts) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn small_fanouts_are_claimed_written_and_ended_many_at_a_time_each_exactly_once() {
+async fn small_fanouts_are_taken_written_and_ended_many_at_a_time_each_exactly_once() {
     let small = small_fanouts().await;
     let (mut worker, metrics) = worker(
         Arc::new(small.store.clone()),
@@ -632,6 +648,85 @@ async fn small_fanouts_are_claimed_written_and_ended_many_at_a_time_each_exactly
         .map(|(_, followers, _)| followers.len() as u64 + 1)
         .sum();
     assert_eq!(metrics.fanout.deliveries.get(), expected);
+}
+
+/// Workers of one process never run the same job at once, though small fan-outs take no
+/// lease: every entry is written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_of_one_process_never_run_the_same_small_fanout_twice() {
+    let small = small_fanouts().await;
+    let (workers, metrics) = workers_of_one_process(
+        Arc::new(small.store.clone()),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+        3,
+    );
+    let drains = workers.into_iter().map(|mut worker| {
+        let store = small.store.clone();
+        tokio::spawn(async move { drain(&mut worker, &store).await })
+    });
+    let steps: usize = futures::future::try_join_all(drains)
+        .await
+        .expect("drains")
+        .into_iter()
+        .sum();
+    assert!(steps >= 1);
+    assert_small_fanouts_delivered_once(&small).await;
+    let expected: u64 = small
+        .authors
+        .iter()
+        .map(|(_, followers, _)| followers.len() as u64 + 1)
+        .sum();
+    assert_eq!(
+        metrics.fanout.deliveries.get(),
+        expected,
+        "no entry written twice"
+    );
+    let fanout_kind = crate::jobs::KindLabel {
+        kind: "fanout".into(),
+    };
+    assert_eq!(
+        metrics.jobs.completed.get_or_create(&fanout_kind).get(),
+        SMALL_AUTHORS as u64
+    );
+}
+
+/// A worker that dies inside a batch of small fan-outs held no lease: another worker takes
+/// the batch's jobs at once and delivers each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_inside_a_batch_of_small_fanouts_leaves_its_jobs_to_another_at_once() {
+    let small = small_fanouts().await;
+    let crashing = Arc::new(FaultyStore::new(Arc::new(small.store.clone())));
+    crashing.fail_nth(1, Calls::on(Op::BatchWrite, Table::Timelines), Fault::Hang);
+    // A lease this long would hold the jobs past the test's deadline.
+    let (mut doomed, _) = worker(
+        crashing.clone(),
+        settings(Duration::from_secs(3600)),
+        CancellationToken::new(),
+    );
+    tokio::select! {
+        result = doomed.try_process_one() => panic!("the worker should hang, got {result:?}"),
+        () = crashing.hung.notified() => {}
+    }
+    drop(doomed);
+    let pending = jobs(&small.store).await;
+    assert_eq!(pending.len(), SMALL_AUTHORS, "nothing ended");
+    assert!(
+        pending.iter().all(|job| job.lease_owner.is_none()),
+        "and nothing leased"
+    );
+    let (mut survivor, _) = worker(
+        Arc::new(small.store.clone()),
+        settings(Duration::from_secs(3600)),
+        CancellationToken::new(),
+    );
+    assert_eq!(
+        survivor.try_process_one().await.expect("step"),
+        Processed::Job,
+        "the jobs are available at once"
+    );
+    drain(&mut survivor, &small.store).await;
+    assert_small_fanouts_delivered_once(&small).await;
 }
 
 /// Fails the first call that `calls` matches while a worker runs a batch of small fan-outs:
@@ -695,7 +790,7 @@ async fn jobs_whose_shared_ending_fails_are_ended_one_by_one_and_counted_once() 
     let small = small_fanouts().await;
     let failing = Arc::new(FaultyStore::new(Arc::new(small.store.clone())));
     // The first transaction that ends several jobs with their records fails, applying
-    // nothing; claims touch only the queue, so this is the shared ending.
+    // nothing; it is the shared ending (small fan-outs are taken without a transaction).
     failing.fail_nth(
         1,
         Calls::on(Op::Transact, Table::FanoutStatus),
