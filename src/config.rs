@@ -103,8 +103,10 @@ pub struct Config {
     pub table_prefix: String,
 
     /// Fan-out worker tasks in this process (`serve` may use 0 and leave fan-out to
-    /// `fanline worker` processes).
-    #[arg(long, env = "FANLINE_WORKERS", default_value_t = 2)]
+    /// `fanline worker` processes). Four by default: a worker running a big fan-out (up to
+    /// `--fanout-split-above` followers) is busy with it for a few hundred milliseconds, and
+    /// with two, small fan-outs waited whenever both were.
+    #[arg(long, env = "FANLINE_WORKERS", default_value_t = 4)]
     pub workers: usize,
 
     /// Largest event payload, in bytes of JSON.
