@@ -31,7 +31,7 @@ use bytes::Bytes;
 
 pub use dynamo::DynamoStore;
 pub use dynamo::client::DynamoConfig;
-pub use embedded::{EmbeddedSettings, EmbeddedStore, FJALL_WORKER_THREADS};
+pub use embedded::{EmbeddedSettings, EmbeddedStore, FJALL_WORKER_THREADS, keyspace_options};
 pub use stats::{RetryReason, StoreStats, StoreStatsSnapshot};
 
 // The limits: DynamoDB's, the stricter backend, so that data that fits on the embedded store

@@ -1,12 +1,13 @@
 //! The bound the 10,000-follower fan-out is held against: a bare fjall loop writing the same
 //! timeline entries (same keys, same values, as the embedded store lays them out) in batches
 //! of one fan-out page, each batch committed and fsync'd as the embedded store's writer does
-//! (`manual_journal_persist`, `commit`, then `persist(SyncAll)`), one thread, nothing else.
+//! (`manual_journal_persist`, `commit`, then `persist(SyncAll)`, into a keyspace laid out
+//! as the store's timelines are), one thread, nothing else.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use fjall::{Database, KeyspaceCreateOptions, PersistMode};
+use fjall::{Database, PersistMode};
 
 /// One entry to write: the owner's timeline, the row key and the stored value.
 pub(in crate::cli::bench) struct RawEntry {
@@ -38,7 +39,9 @@ pub(in crate::cli::bench) fn insert_loop(
         .open()
         .context("failed to open the raw fjall database")?;
     let keyspace = db
-        .keyspace("timelines", KeyspaceCreateOptions::default)
+        .keyspace("timelines", || {
+            crate::store::keyspace_options(crate::store::Table::Timelines)
+        })
         .context("failed to open the raw keyspace")?;
     let started = Instant::now();
     let mut entries = 0u64;
