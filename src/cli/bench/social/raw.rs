@@ -104,7 +104,7 @@ mod tests {
         assert_eq!(run.entries, 21);
         let db = Database::builder(dir.path()).open().expect("reopen");
         let keyspace = db
-            .keyspace("timelines", KeyspaceCreateOptions::default)
+            .keyspace("timelines", fjall::KeyspaceCreateOptions::default)
             .expect("keyspace");
         assert_eq!(keyspace.iter().count(), 21);
     }
