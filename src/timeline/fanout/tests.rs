@@ -175,6 +175,16 @@ fn workers_of_one_process(
     (workers, Counters { fanout, jobs })
 }
 
+/// Runs one step of a worker on `crashing` until it hangs on the fault set there, then
+/// drops the worker, as if its process had died.
+async fn kill_mid_step(crashing: &Arc<FaultyStore>, lease: Duration) {
+    let (mut doomed, _) = worker(crashing.clone(), settings(lease), CancellationToken::new());
+    tokio::select! {
+        result = doomed.try_process_one() => panic!("the worker should hang, got {result:?}"),
+        () = crashing.hung.notified() => {}
+    }
+}
+
 fn faulty(fixture: &Fixture) -> Arc<FaultyStore> {
     Arc::new(FaultyStore::new(Arc::new(fixture.store.clone())))
 }
@@ -284,17 +294,8 @@ async fn a_dead_workers_job_resumes_from_its_checkpoint_after_the_lease_expires(
     let fixture = fixture().await;
     let crashing = faulty(&fixture);
     crashing.fail_nth(2, Calls::op(Op::BatchWrite), Fault::Hang);
-    let (mut doomed, _) = worker(
-        crashing.clone(),
-        settings(Duration::from_millis(300)),
-        CancellationToken::new(),
-    );
     // The first page is written and checkpointed; the worker "dies" inside the second.
-    tokio::select! {
-        result = doomed.try_process_one() => panic!("the worker should hang, got {result:?}"),
-        () = crashing.hung.notified() => {}
-    }
-    drop(doomed);
+    kill_mid_step(&crashing, Duration::from_millis(300)).await;
     let pending = jobs(&fixture.store).await;
     assert_eq!(pending.len(), 1);
     assert_eq!(
@@ -699,16 +700,7 @@ async fn a_worker_killed_inside_a_batch_of_small_fanouts_leaves_its_jobs_to_anot
     let crashing = Arc::new(FaultyStore::new(Arc::new(small.store.clone())));
     crashing.fail_nth(1, Calls::on(Op::BatchWrite, Table::Timelines), Fault::Hang);
     // A lease this long would hold the jobs past the test's deadline.
-    let (mut doomed, _) = worker(
-        crashing.clone(),
-        settings(Duration::from_secs(3600)),
-        CancellationToken::new(),
-    );
-    tokio::select! {
-        result = doomed.try_process_one() => panic!("the worker should hang, got {result:?}"),
-        () = crashing.hung.notified() => {}
-    }
-    drop(doomed);
+    kill_mid_step(&crashing, Duration::from_secs(3600)).await;
     let pending = jobs(&small.store).await;
     assert_eq!(pending.len(), SMALL_AUTHORS, "nothing ended");
     assert!(
