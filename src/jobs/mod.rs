@@ -23,6 +23,7 @@ mod status;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use async_trait::async_trait;
 
@@ -164,11 +165,16 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// The handlers of a process, by kind, and the jobs its workers have in hand unleased.
+/// The handlers of a process, by kind, and what its workers share: the jobs they have in
+/// hand unleased, and which of them watches the queue while they are idle.
 #[derive(Clone, Default)]
 pub struct Handlers {
     by_kind: HashMap<&'static str, Arc<dyn Handler>>,
     in_hand: in_hand::InHand,
+    /// Set while one idle worker of the process polls the queue on a timer: the others sleep
+    /// until woken (by a post in this process, or by a worker that found work), so an idle
+    /// process polls as one worker does, however many it runs.
+    idle_watch: Arc<AtomicBool>,
 }
 
 impl Handlers {
@@ -188,5 +194,9 @@ impl Handlers {
 
     fn in_hand(&self) -> &in_hand::InHand {
         &self.in_hand
+    }
+
+    fn idle_watch(&self) -> &AtomicBool {
+        &self.idle_watch
     }
 }

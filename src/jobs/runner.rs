@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, mpsc};
@@ -705,7 +706,20 @@ impl Worker {
                 }
                 Ok(Processed::Idle) => {
                     failures = 0;
-                    self.settings.poll_interval
+                    let Some(_watching) = IdleWatch::take(self.handlers.idle_watch()) else {
+                        // Another idle worker watches the queue: sleep until woken.
+                        tokio::select! {
+                            () = self.shutdown.cancelled() => return,
+                            () = self.wake.notified() => {}
+                        }
+                        continue;
+                    };
+                    tokio::select! {
+                        () = self.shutdown.cancelled() => return,
+                        () = self.wake.notified() => {}
+                        () = tokio::time::sleep(self.settings.poll_interval) => {}
+                    }
+                    continue;
                 }
                 Err(err) => {
                     failures = failures.saturating_add(1);
@@ -723,6 +737,24 @@ impl Worker {
                 () = tokio::time::sleep(pause) => {}
             }
         }
+    }
+}
+
+/// The idle watch of a process's workers, held by one of them (see `Handlers`); given up
+/// when dropped, even if the worker's task is.
+struct IdleWatch<'a>(&'a AtomicBool);
+
+impl<'a> IdleWatch<'a> {
+    fn take(flag: &'a AtomicBool) -> Option<IdleWatch<'a>> {
+        flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| IdleWatch(flag))
+    }
+}
+
+impl Drop for IdleWatch<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -760,9 +792,11 @@ mod tests {
     use super::super::job::shard_name;
     use super::*;
     use crate::jobs::{JobKey, NewJob};
+    use crate::store::fault::{Calls, FaultyStore, Op};
     use crate::store::{EmbeddedStore, Query, Table};
     use async_trait::async_trait;
     use std::sync::Mutex;
+    use std::sync::atomic::AtomicU64;
 
     /// Runs job `0` alone; the others of its batch are done at once. When it runs alone, it
     /// notes the queue's jobs (its own row among them).
@@ -850,6 +884,64 @@ mod tests {
             .expect("queue");
         assert!(left.is_empty(), "every job ended: {left:?}");
         assert_eq!(metrics.in_flight.get(), 0);
+    }
+
+    /// Polls of the queue (one query a shard) by `workers` idle workers of one process over
+    /// `intervals` poll intervals, on paused time.
+    async fn idle_queue_queries(workers: usize, intervals: u32) -> u64 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let embedded: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let store = Arc::new(FaultyStore::new(embedded));
+        let queries = Arc::new(AtomicU64::new(0));
+        let counted = queries.clone();
+        store.on_every(Calls::on(Op::Query, Table::Jobs), move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        });
+        let handlers = Handlers::default().with(Arc::new(OneLongJob {
+            store: store.clone(),
+            queued_when_alone: Mutex::new(Vec::new()),
+        }));
+        let settings = RunnerSettings {
+            poll_interval: Duration::from_secs(1),
+            ..RunnerSettings::default()
+        };
+        let wake = Arc::new(Notify::new());
+        let shutdown = CancellationToken::new();
+        let tasks: Vec<_> = (0..workers)
+            .map(|_| {
+                let worker = Worker::new(
+                    store.clone(),
+                    handlers.clone(),
+                    settings.clone(),
+                    wake.clone(),
+                    JobMetrics::default(),
+                    shutdown.clone(),
+                );
+                tokio::spawn(worker.run())
+            })
+            .collect();
+        tokio::time::sleep(settings.poll_interval * intervals).await;
+        shutdown.cancel();
+        for task in tasks {
+            task.await.expect("worker");
+        }
+        queries.load(Ordering::SeqCst)
+    }
+
+    /// However many workers a process runs, while they are idle one of them polls the queue
+    /// on a timer; the others sleep until woken.
+    #[tokio::test(start_paused = true)]
+    async fn idle_workers_of_one_process_poll_the_queue_as_one() {
+        const INTERVALS: u32 = 20;
+        let one = idle_queue_queries(1, INTERVALS).await;
+        let four = idle_queue_queries(4, INTERVALS).await;
+        // A worker's first step polls every shard at least once, then one poll an interval.
+        assert!(one >= u64::from(INTERVALS) * u64::from(SHARDS), "{one}");
+        assert!(
+            four <= one + 4 * 2 * u64::from(SHARDS),
+            "four idle workers polled {four} times, one {one}"
+        );
     }
 
     #[test]

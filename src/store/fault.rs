@@ -164,6 +164,12 @@ impl FaultyStore {
             });
     }
 
+    /// Calls `hook` when each matching call starts (the call then goes ahead), to count
+    /// calls of a kind.
+    pub fn on_every(&self, calls: Calls, hook: impl Fn() + Send + Sync + 'static) {
+        self.on_nth(0, calls, hook);
+    }
+
     /// Every call fails with `fault` while the outage lasts (`None` ends it).
     pub fn set_outage(&self, fault: Option<Fault>) {
         *self
@@ -240,7 +246,8 @@ impl FaultyStore {
         {
             if hook.calls.matches(op, tables) {
                 hook.seen += 1;
-                if hook.seen == hook.n {
+                // n = 0: every call (see `on_every`).
+                if hook.seen == hook.n || hook.n == 0 {
                     (hook.hook)();
                 }
             }
