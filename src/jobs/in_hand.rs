@@ -20,8 +20,15 @@ pub(super) struct InHand {
 }
 
 impl InHand {
-    /// Takes in hand those of `ids` that no worker has and none let go of since `polled_at`;
-    /// returns whether each was taken. The guard lets go of them when dropped.
+    /// Whether job `id` may be taken by a poll begun at `polled_at`: no worker has it, and
+    /// none let go of it since.
+    pub fn is_free(&self, id: &str, polled_at: Instant) -> bool {
+        let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        free(&jobs, id, polled_at)
+    }
+
+    /// Takes in hand those of `ids` that are free (see [`InHand::is_free`]); returns whether
+    /// each was taken. The guard lets go of them when dropped.
     pub fn take(&self, ids: &[&str], polled_at: Instant) -> (Taken, Vec<bool>) {
         let now = Instant::now();
         let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
@@ -30,11 +37,7 @@ impl InHand {
         let took = ids
             .iter()
             .map(|id| {
-                let free = match jobs.get(*id) {
-                    None => true,
-                    Some(None) => false,
-                    Some(Some(let_go)) => *let_go <= polled_at,
-                };
+                let free = free(&jobs, id, polled_at);
                 if free {
                     jobs.insert((*id).to_owned(), None);
                     taken.push((*id).to_owned());
@@ -49,6 +52,14 @@ impl InHand {
             },
             took,
         )
+    }
+}
+
+fn free(jobs: &HashMap<String, Option<Instant>>, id: &str, polled_at: Instant) -> bool {
+    match jobs.get(id) {
+        None => true,
+        Some(None) => false,
+        Some(Some(let_go)) => *let_go <= polled_at,
     }
 }
 
@@ -85,8 +96,10 @@ mod tests {
         let before_first = Instant::now();
         let (first, took) = in_hand.take(&["a", "b"], before_first);
         assert_eq!(took, [true, true]);
+        assert!(!in_hand.is_free("b", Instant::now()));
         let (_second, took) = in_hand.take(&["b", "c"], Instant::now());
         assert_eq!(took, [false, true], "b is in hand");
+        assert!(in_hand.is_free("d", Instant::now()));
 
         let millisecond = Duration::from_millis(1);
         let polled_before_let_go = Instant::now() - millisecond;

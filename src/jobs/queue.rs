@@ -44,12 +44,15 @@ pub(super) struct Poll {
 
 /// Jobs of one shard that no live lease hides (see [`Poll`]). Reads the shard a page at a time, from
 /// `from` (inclusive) or its start, until it finds some, so that jobs held by busy workers at
-/// the head of a shard do not hide the ones behind them (up to [`SCAN_MAX`] jobs deep).
+/// the head of a shard do not hide the ones behind them (up to [`SCAN_MAX`] jobs deep). Jobs
+/// for which `in_hand` says yes (held unleased by another worker of this process) are passed
+/// over like leased ones.
 pub(super) async fn available(
     store: &dyn Store,
     shard: u32,
     from: Option<&str>,
     now_ms: i64,
+    in_hand: &(dyn Fn(&str) -> bool + Sync),
 ) -> StoreResult<Poll> {
     let mut found = Vec::new();
     let mut unreadable = Vec::new();
@@ -72,7 +75,10 @@ pub(super) async fn available(
         after = items.last().map(|item| item.row.clone());
         for item in items {
             match Job::decode(&item.row, &item.value) {
-                Ok(job) if job.hidden_until_ms.is_none_or(|until| until <= now_ms) => {
+                Ok(job)
+                    if job.hidden_until_ms.is_none_or(|until| until <= now_ms)
+                        && !in_hand(&item.row) =>
+                {
                     found.push(Available {
                         key: JobKey {
                             shard,
@@ -467,7 +473,9 @@ mod tests {
             ));
         }
         store.batch_write(writes).await.expect("jobs");
-        let poll = available(&store, 0, None, now).await.expect("poll");
+        let poll = available(&store, 0, None, now, &|_| false)
+            .await
+            .expect("poll");
         let (visible, unreadable) = (poll.available, poll.unreadable);
         assert_eq!(
             poll.first.as_deref(),
@@ -496,7 +504,7 @@ mod tests {
             .transact(vec![NewJob::new(key.clone(), "demo", &1).write()])
             .await
             .expect("enqueue");
-        let mut found = available(store.as_ref(), key.shard, None, now_ms())
+        let mut found = available(store.as_ref(), key.shard, None, now_ms(), &|_| false)
             .await
             .expect("poll")
             .available;
@@ -538,7 +546,7 @@ mod tests {
         let mut found = Vec::new();
         let mut from = None;
         while found.len() < count {
-            let page = available(store, 0, from.as_deref(), now_ms())
+            let page = available(store, 0, from.as_deref(), now_ms(), &|_| false)
                 .await
                 .expect("poll")
                 .available;

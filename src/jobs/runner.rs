@@ -163,10 +163,18 @@ impl Worker {
     /// sit below the floor), but at most every [`RECHECK_EMPTY_EVERY`]: on an LSM store that
     /// read wades through every job deleted since the last compaction, and idle workers are
     /// woken by every post.
-    async fn poll(&mut self, shard: u32) -> JobResult<queue::Poll> {
+    async fn poll(&mut self, shard: u32, polled_at: Instant) -> JobResult<queue::Poll> {
         let from = self.floors.from(shard, Instant::now());
-        let mut poll =
-            queue::available(self.store.as_ref(), shard, from.as_deref(), now_ms()).await?;
+        let in_hand = self.handlers.in_hand().clone();
+        let in_hand = move |id: &str| !in_hand.is_free(id, polled_at);
+        let mut poll = queue::available(
+            self.store.as_ref(),
+            shard,
+            from.as_deref(),
+            now_ms(),
+            &in_hand,
+        )
+        .await?;
         self.floors
             .polled(shard, from.is_none(), poll.first.clone(), Instant::now());
         if from.is_some()
@@ -175,7 +183,7 @@ impl Worker {
                 .floors
                 .read_whole_since(shard, Instant::now(), RECHECK_EMPTY_EVERY)
         {
-            poll = queue::available(self.store.as_ref(), shard, None, now_ms()).await?;
+            poll = queue::available(self.store.as_ref(), shard, None, now_ms(), &in_hand).await?;
             self.floors
                 .polled(shard, true, poll.first.clone(), Instant::now());
         }
@@ -193,7 +201,7 @@ impl Worker {
                 available: candidates,
                 unreadable,
                 ..
-            } = self.poll(shard).await?;
+            } = self.poll(shard, polled_at).await?;
             for (id, err) in unreadable {
                 if self.reported.insert(id.clone()) {
                     self.metrics.unreadable.inc();
