@@ -103,10 +103,12 @@ pub struct Config {
     pub table_prefix: String,
 
     /// Fan-out worker tasks in this process (`serve` may use 0 and leave fan-out to
-    /// `fanline worker` processes). Four by default: a worker running a big fan-out (up to
-    /// `--fanout-split-above` followers) is busy with it for a few hundred milliseconds, and
-    /// with two, small fan-outs waited whenever both were.
-    #[arg(long, env = "FANLINE_WORKERS", default_value_t = 4)]
+    /// `fanline worker` processes). More keep small fan-outs flowing while others run big
+    /// ones (under a full-speed social load, 4 held the lag p99 at 0.2 s where 2 let it grow
+    /// to 3 s), but at low rates each idle worker takes a job or two at once, so commits
+    /// batch less and fsyncs multiply (live streams' p99 at 200 posts/s: 56 ms with 2,
+    /// 140-152 ms with 3 or 4). See docs/benchmarks.md.
+    #[arg(long, env = "FANLINE_WORKERS", default_value_t = 2)]
     pub workers: usize,
 
     /// Largest event payload, in bytes of JSON.
