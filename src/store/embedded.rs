@@ -463,7 +463,7 @@ fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
 }
 
 /// How a table's keyspace is laid out on disk, when it is created (fjall keeps it after).
-/// Timelines are read a page at a time (250 entries of a few hundred bytes, about 64 KiB in
+/// Timelines are read a page at a time (250 entries of under 200 bytes, about 45 KiB in
 /// a row) and almost never by key: blocks of 32 KiB (fjall's default is 4 KiB) make a page
 /// two or three block loads from disk or the OS page cache instead of a dozen or more.
 pub fn keyspace_options(table: Table) -> KeyspaceCreateOptions {
