@@ -104,10 +104,8 @@ pub struct Config {
 
     /// Fan-out worker tasks in this process (`serve` may use 0 and leave fan-out to
     /// `fanline worker` processes). More keep small fan-outs flowing while others run big
-    /// ones (under a full-speed social load, 4 held the lag p99 at 0.2 s where 2 let it grow
-    /// to 3 s), but at low rates each idle worker takes a job or two at once, so commits
-    /// batch less and fsyncs multiply (live streams' p99 at 200 posts/s: 56 ms with 2,
-    /// 140-152 ms with 3 or 4). See docs/benchmarks.md.
+    /// ones, but at low rates each idle worker takes a job or two as it comes, so commits
+    /// batch less and fsyncs multiply (docs/benchmarks.md has the figures).
     #[arg(long, env = "FANLINE_WORKERS", default_value_t = 2)]
     pub workers: usize,
 

@@ -554,7 +554,7 @@ impl Worker {
             match job.commit(false, all).await {
                 Ok(()) => None,
                 Err(StoreError::ConditionFailed) => {
-                    warn!(job = %job.id(), "job lease lost before the job ended");
+                    report_taken_before_end(&job);
                     return Ok(());
                 }
                 Err(err) => return Err(err.into()),
@@ -686,11 +686,7 @@ impl Worker {
                 Ok(()) => return Ok(Some(slot.record)),
                 Err(StoreError::ConditionFailed) => {
                     if !job.still_held().await? {
-                        if job.is_leased() {
-                            warn!(job = %job.id(), "job lease lost before the job ended");
-                        } else {
-                            debug!(job = %job.id(), "job changed by another worker before it ended");
-                        }
+                        report_taken_before_end(job);
                         return Ok(None);
                     }
                 }
@@ -745,6 +741,16 @@ impl Worker {
                 () = tokio::time::sleep(pause) => {}
             }
         }
+    }
+}
+
+/// Logs a job whose ending was refused because another worker changed it first: a lost
+/// lease is worth a warning; an unleased job ended elsewhere is the expected race.
+fn report_taken_before_end(job: &Claimed) {
+    if job.is_leased() {
+        warn!(job = %job.id(), "job lease lost before the job ended");
+    } else {
+        debug!(job = %job.id(), "job changed by another worker before it ended");
     }
 }
 
@@ -891,6 +897,113 @@ mod tests {
             .await
             .expect("queue");
         assert!(left.is_empty(), "every job ended: {left:?}");
+        assert_eq!(metrics.in_flight.get(), 0);
+    }
+
+    /// Runs unleased; while running each job, another worker (of another process, say)
+    /// ends it first: the job is deleted from the queue under it.
+    struct EndedElsewhere {
+        store: Arc<dyn Store>,
+    }
+
+    #[async_trait]
+    impl Handler for EndedElsewhere {
+        fn kind(&self) -> &'static str {
+            "elsewhere"
+        }
+
+        fn batch_size(&self) -> usize {
+            10
+        }
+
+        fn runs_unleased(&self) -> bool {
+            true
+        }
+
+        async fn run(&self, _job: &mut Claimed) -> JobResult<Outcome> {
+            Ok(Outcome::done())
+        }
+
+        async fn run_batch(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
+            let mut results = Vec::new();
+            for job in jobs.iter() {
+                let ended_elsewhere = self
+                    .store
+                    .delete(
+                        Table::Jobs,
+                        &job.key.shard_name(),
+                        job.id(),
+                        crate::store::Condition::None,
+                    )
+                    .await;
+                results.push(ended_elsewhere.map_err(JobError::from).map(|()| {
+                    Outcome::Done(Ending {
+                        writes: vec![Write::put(
+                            Table::Meta,
+                            crate::store::Item::new("ending", job.id(), "applied"),
+                        )],
+                        ..Ending::default()
+                    })
+                }));
+            }
+            results
+        }
+    }
+
+    /// An unleased job that another worker ended meanwhile is not ended twice: nothing of
+    /// this worker's ending (its writes, its status record) is applied, and it is not counted
+    /// complete; the step still counts as work.
+    #[tokio::test]
+    async fn an_unleased_job_ended_elsewhere_meanwhile_is_not_ended_again() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        // Two jobs in one shard, one of them with a status record.
+        let mut enqueued = 0;
+        while enqueued < 2 {
+            let key = JobKey::new(Uuid::now_v7(), "");
+            if key.shard != 0 {
+                continue;
+            }
+            let job = NewJob::new(key, "elsewhere", &0u32);
+            let job = if enqueued == 0 {
+                job
+            } else {
+                job.with_status("someone")
+            };
+            enqueued += 1;
+            store.transact(vec![job.write()]).await.expect("enqueue");
+        }
+        let metrics = JobMetrics::default();
+        let mut worker = Worker::new(
+            store.clone(),
+            Handlers::default().with(Arc::new(EndedElsewhere {
+                store: store.clone(),
+            })),
+            RunnerSettings::default(),
+            Arc::new(Notify::new()),
+            metrics.clone(),
+            CancellationToken::new(),
+        );
+        assert_eq!(
+            worker.try_process_one().await.expect("step"),
+            Processed::Job
+        );
+        for (table, partition) in [
+            (Table::Meta, "ending"),
+            (Table::FanoutStatus, "someone"),
+            (Table::Jobs, shard_name(0).as_str()),
+        ] {
+            let rows = store
+                .query(Query::partition(table, partition, 10))
+                .await
+                .expect("read");
+            assert!(rows.is_empty(), "{table}/{partition}: {rows:?}");
+        }
+        let elsewhere = crate::jobs::KindLabel {
+            kind: "elsewhere".into(),
+        };
+        assert_eq!(metrics.completed.get_or_create(&elsewhere).get(), 0);
         assert_eq!(metrics.in_flight.get(), 0);
     }
 

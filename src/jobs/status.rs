@@ -325,6 +325,13 @@ mod tests {
     use crate::store::EmbeddedStore;
     use uuid::Uuid;
 
+    /// A job id (UUIDv7) created at `ms`, Unix milliseconds.
+    fn id_created_at(ms: u64) -> String {
+        let timestamp =
+            uuid::Timestamp::from_unix(uuid::NoContext, ms / 1000, (ms % 1000) as u32 * 1_000_000);
+        Uuid::new_v7(timestamp).to_string()
+    }
+
     #[test]
     fn about_one_piece_of_work_in_eight_sweeps_and_always_the_same_ones() {
         let ids: Vec<String> = (0..8000).map(|_| Uuid::now_v7().to_string()).collect();
@@ -343,15 +350,7 @@ mod tests {
             ..StatusRecord::default()
         };
         const RETENTION_MS: i64 = 3_600_000;
-        // Job ids created at `ms`, in the order of their times.
-        let id = |ms: i64| {
-            let timestamp = uuid::Timestamp::from_unix(
-                uuid::NoContext,
-                (ms / 1000) as u64,
-                ((ms % 1000) * 1_000_000) as u32,
-            );
-            Uuid::new_v7(timestamp).to_string()
-        };
+        let id = |ms: i64| id_created_at(ms as u64);
         let created = now - RETENTION_MS - 5_000;
         let rows = [
             (id(created), record(Some(now - 1000))),
@@ -382,14 +381,7 @@ mod tests {
 
     #[test]
     fn ids_created_before_a_time_sort_below_its_bound_and_later_ones_above() {
-        let at = |ms: u64| {
-            let timestamp = uuid::Timestamp::from_unix(
-                uuid::NoContext,
-                ms / 1000,
-                (ms % 1000) as u32 * 1_000_000,
-            );
-            Uuid::new_v7(timestamp).to_string()
-        };
+        let at = id_created_at;
         let bound = ids_created_before(1_790_000_000_123);
         assert!(at(1_790_000_000_122) < bound);
         assert!(at(1_790_000_000_123) > bound);
