@@ -850,6 +850,32 @@ mod tests {
         }
     }
 
+    /// A fresh job key on shard 0, so that one poll finds every job a test enqueues.
+    fn key_on_shard_zero() -> JobKey {
+        loop {
+            let key = JobKey::new(Uuid::now_v7(), "");
+            if key.shard == 0 {
+                return key;
+            }
+        }
+    }
+
+    /// A worker with default settings running `handler` alone.
+    fn worker_of(
+        store: &Arc<dyn Store>,
+        handler: Arc<dyn Handler>,
+        metrics: &JobMetrics,
+    ) -> Worker {
+        Worker::new(
+            store.clone(),
+            Handlers::default().with(handler),
+            RunnerSettings::default(),
+            Arc::new(Notify::new()),
+            metrics.clone(),
+            CancellationToken::new(),
+        )
+    }
+
     #[tokio::test]
     async fn a_job_run_alone_runs_after_the_other_jobs_of_its_batch_have_ended() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -858,10 +884,7 @@ mod tests {
         // Four jobs in one shard, the one to run alone the oldest.
         let mut ids = Vec::new();
         while ids.len() < 4 {
-            let key = JobKey::new(Uuid::now_v7(), "");
-            if key.shard != 0 {
-                continue;
-            }
+            let key = key_on_shard_zero();
             let payload = ids.len() as u32;
             ids.push(key.id.clone());
             store
@@ -874,14 +897,7 @@ mod tests {
             queued_when_alone: Mutex::new(Vec::new()),
         });
         let metrics = JobMetrics::default();
-        let mut worker = Worker::new(
-            store.clone(),
-            Handlers::default().with(handler.clone()),
-            RunnerSettings::default(),
-            Arc::new(Notify::new()),
-            metrics.clone(),
-            CancellationToken::new(),
-        );
+        let mut worker = worker_of(&store, handler.clone(), &metrics);
         assert_eq!(
             worker.try_process_one().await.expect("step"),
             Processed::Job
@@ -959,32 +975,18 @@ mod tests {
         let store: Arc<dyn Store> =
             Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
         // Two jobs in one shard, one of them with a status record.
-        let mut enqueued = 0;
-        while enqueued < 2 {
-            let key = JobKey::new(Uuid::now_v7(), "");
-            if key.shard != 0 {
-                continue;
-            }
-            let job = NewJob::new(key, "elsewhere", &0u32);
-            let job = if enqueued == 0 {
-                job
-            } else {
-                job.with_status("someone")
-            };
-            enqueued += 1;
-            store.transact(vec![job.write()]).await.expect("enqueue");
-        }
+        let plain = NewJob::new(key_on_shard_zero(), "elsewhere", &0u32);
+        let with_status =
+            NewJob::new(key_on_shard_zero(), "elsewhere", &1u32).with_status("someone");
+        store
+            .transact(vec![plain.write(), with_status.write()])
+            .await
+            .expect("enqueue");
         let metrics = JobMetrics::default();
-        let mut worker = Worker::new(
-            store.clone(),
-            Handlers::default().with(Arc::new(EndedElsewhere {
-                store: store.clone(),
-            })),
-            RunnerSettings::default(),
-            Arc::new(Notify::new()),
-            metrics.clone(),
-            CancellationToken::new(),
-        );
+        let handler = Arc::new(EndedElsewhere {
+            store: store.clone(),
+        });
+        let mut worker = worker_of(&store, handler, &metrics);
         assert_eq!(
             worker.try_process_one().await.expect("step"),
             Processed::Job
