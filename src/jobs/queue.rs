@@ -362,6 +362,17 @@ impl Claimed {
         self.commit(true, writes).await.map_err(lease_lost)
     }
 
+    /// Writes `ahead` and then [`Self::checkpoint`]s, as one durable write where the store
+    /// can (see [`Store::batch_write_then`]): for output that may land twice, or without the
+    /// checkpoint (a fan-out page's entries), and that the checkpoint must not go ahead of.
+    pub async fn checkpoint_after(&mut self, ahead: Vec<Write>) -> JobResult<()> {
+        self.job.hidden_until_ms = Some(now_ms() + self.lease_ms);
+        let next = self.job.encode();
+        let write = self.own_write(true, next.clone());
+        let written = self.store.batch_write_then(ahead, write).await;
+        self.settle(written, next).map_err(lease_lost)
+    }
+
     /// The write that enqueues part `index` of this job's work, of the same kind and status
     /// record, with its own payload. Goes in a [`Self::checkpoint_with`] or the job's end.
     pub fn part_write<T: Serialize>(&self, index: u32, payload: &T) -> Write {
@@ -385,15 +396,33 @@ impl Claimed {
     pub(super) async fn commit(&mut self, keep: bool, extra: Vec<Write>) -> StoreResult<()> {
         let next = self.job.encode();
         let write = self.own_write(keep, next.clone());
-        if extra.is_empty() {
-            write_one(self.store.as_ref(), write).await?;
+        let written = if extra.is_empty() {
+            write_one(self.store.as_ref(), write).await
         } else {
             let mut writes = extra;
             writes.push(write);
-            self.store.transact(writes).await?;
+            self.store.transact(writes).await
+        };
+        self.settle(written, next)
+    }
+
+    /// After a write of the job's state `next`: on success that is what the store holds; on
+    /// failure the job goes back to what the store held before, so that a release after the
+    /// failure does not save progress whose writes did not land (a page's cursor, a part
+    /// counted as enqueued).
+    fn settle(&mut self, written: StoreResult<()>, next: Bytes) -> StoreResult<()> {
+        match written {
+            Ok(()) => {
+                self.stored = next;
+                Ok(())
+            }
+            Err(err) => {
+                if let Ok(stored) = Job::decode(&self.key.id, &self.stored) {
+                    self.job = stored;
+                }
+                Err(err)
+            }
         }
-        self.stored = next;
-        Ok(())
     }
 
     /// Gives back a job its handler did not start: visible at once, as if never claimed.

@@ -50,6 +50,7 @@ macro_rules! store_conformance_tests {
             keys_at_their_size_limits_work_and_one_byte_more_is_refused,
             batch_write_of_any_size_lands_and_last_write_wins,
             batch_write_rejects_conditions,
+            a_batch_then_a_conditional_write_lands_when_the_condition_holds,
             empty_keys_are_invalid_input,
             query_reads_one_partition_in_both_directions,
             query_pages_with_an_exclusive_start_key,
@@ -732,6 +733,70 @@ pub async fn batch_write_rejects_conditions(store: &dyn Store) {
         "{result:?}"
     );
     assert_eq!(store.get(Table::Events, &p, "r").await.unwrap(), None);
+}
+
+pub async fn a_batch_then_a_conditional_write_lands_when_the_condition_holds(store: &dyn Store) {
+    let (p, job) = (partition("ahead"), partition("ahead-job"));
+    let batch = |tag: &str| -> Vec<Write> {
+        (0..60)
+            .map(|i| {
+                Write::put(
+                    Table::Timelines,
+                    Item::new(&p, format!("r{i:03}"), tag.to_owned()),
+                )
+            })
+            .collect()
+    };
+    store
+        .put(Table::Jobs, Item::new(&job, "j", "v1"), Condition::None)
+        .await
+        .unwrap();
+    let checkpoint = |from: &str, to: &str| Write::Put {
+        table: Table::Jobs,
+        item: Item::new(&job, "j", to.to_owned()),
+        condition: Condition::Equals(Bytes::from(from.to_owned())),
+    };
+    store
+        .batch_write_then(batch("first"), checkpoint("v1", "v2"))
+        .await
+        .unwrap();
+    let rows = store
+        .query_all(Query::partition(Table::Timelines, &p, 100))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 60);
+    assert!(rows.iter().all(|item| item.value == "first"));
+    assert_eq!(
+        store.get(Table::Jobs, &job, "j").await.unwrap(),
+        Some(Bytes::from("v2"))
+    );
+
+    // A stale condition is refused and leaves `last`'s item as it was (the batch may land).
+    let refused = store
+        .batch_write_then(batch("second"), checkpoint("v1", "v3"))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::ConditionFailed)),
+        "{refused:?}"
+    );
+    assert_eq!(
+        store.get(Table::Jobs, &job, "j").await.unwrap(),
+        Some(Bytes::from("v2"))
+    );
+
+    // A conditional write in the batch is bad input, and nothing is written.
+    let bad = store
+        .batch_write_then(
+            vec![Write::put_if_absent(Table::Events, Item::new(&p, "r", "v"))],
+            checkpoint("v2", "v4"),
+        )
+        .await;
+    assert_invalid_input(bad, &["unconditional"]);
+    assert_eq!(store.get(Table::Events, &p, "r").await.unwrap(), None);
+    assert_eq!(
+        store.get(Table::Jobs, &job, "j").await.unwrap(),
+        Some(Bytes::from("v2"))
+    );
 }
 
 pub async fn empty_keys_are_invalid_input(store: &dyn Store) {

@@ -270,6 +270,15 @@ impl Store for EmbeddedStore {
         self.submit(writes, false).await
     }
 
+    /// One request to the writer: the batch and `last` land in one commit, or neither.
+    async fn batch_write_then(&self, batch: Vec<Write>, last: Write) -> StoreResult<()> {
+        validate::batch(&batch)?;
+        validate::transaction(std::slice::from_ref(&last))?;
+        let mut writes = batch;
+        writes.push(last);
+        self.submit(writes, true).await
+    }
+
     async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
         validate::query(&query)?;
         let keyspace = self.inner.keyspaces.of(query.table)?.clone();

@@ -459,6 +459,28 @@ pub trait Store: Send + Sync + 'static {
     /// appears twice, the later write wins.
     async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()>;
 
+    /// Applies `batch` as [`Store::batch_write`] does, then `last` with its condition
+    /// (`ConditionFailed` if it does not hold). The batch may land without `last`, or twice
+    /// if the caller retries, so it holds only writes that may: a worker's idempotent output
+    /// ahead of its checkpoint. A store that can commit both as one durable write does (the
+    /// embedded store: one commit, one fsync, all or none); the others write the batch first.
+    async fn batch_write_then(&self, batch: Vec<Write>, last: Write) -> StoreResult<()> {
+        self.batch_write(batch).await?;
+        match last {
+            Write::Put {
+                table,
+                item,
+                condition,
+            } => self.put(table, item, condition).await,
+            Write::Delete {
+                table,
+                partition,
+                row,
+                condition,
+            } => self.delete(table, &partition, &row, condition).await,
+        }
+    }
+
     /// Reads up to `query.limit` items of one partition. Returns fewer only when the range
     /// holds no more.
     async fn query(&self, query: Query) -> StoreResult<Vec<Item>>;

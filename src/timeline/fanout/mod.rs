@@ -267,6 +267,26 @@ enum Step {
     Stopped,
 }
 
+/// One page of a job's followers, and what goes with it.
+struct Page<'a> {
+    followers: &'a [Item],
+    /// The author's own entry goes with this page (the event's first).
+    with_author: bool,
+    /// A checkpoint of the job goes with this page's writes, where its action allows.
+    checkpoint: bool,
+}
+
+/// What applying a page did besides its writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Applied {
+    /// The job's cursor moved in memory only: the caller checkpoints it.
+    Unsaved,
+    /// The page's writes carried the job's checkpoint.
+    Saved,
+    /// The event was deleted meanwhile: its copies were taken back and the job stops.
+    Stopped,
+}
+
 /// Runs fan-out jobs.
 pub struct FanoutHandler {
     store: Arc<dyn Store>,
@@ -521,13 +541,21 @@ impl FanoutHandler {
             // The author's own entry goes with the first page of the event (of its first part
             // when split), so it costs no request of its own.
             let with_author = state.cursor.is_none() && job.part().is_none_or(|index| index == 0);
-            let went_on = self
-                .apply_page(job, state, &followers, entry_opt.as_ref(), with_author)
+            let page = Page {
+                followers: &followers,
+                with_author,
+                // The job's end follows the last page: no checkpoint goes with it.
+                checkpoint: !last_page,
+            };
+            let applied = self
+                .apply_page(job, state, page, entry_opt.as_ref())
                 .await?;
-            if last_page || !went_on {
+            if last_page || applied == Applied::Stopped {
                 return Ok(Step::Delivered);
             }
-            save(job, state, Vec::new()).await?;
+            if applied == Applied::Unsaved {
+                save(job, state, Vec::new()).await?;
+            }
         }
     }
 
@@ -552,20 +580,26 @@ impl FanoutHandler {
     }
 
     /// Applies the job's action to one page of followers (and to the author's own timeline,
-    /// on the first page of an event), and advances the job's cursor in memory; the caller
-    /// checkpoints it. Returns `false` if the event was deleted meanwhile: the job stops.
+    /// on the first page of an event), and advances the job's cursor. A delivery writes its
+    /// checkpoint with its entries, if the page asks for one; the other actions leave it to
+    /// the caller.
     async fn apply_page(
         &self,
         job: &mut Claimed,
         state: &mut FanoutJob,
-        followers: &[Item],
+        page: Page<'_>,
         entry_opt: Option<&Bytes>,
-        with_author: bool,
-    ) -> JobResult<bool> {
+    ) -> JobResult<Applied> {
+        let Page {
+            followers,
+            with_author,
+            checkpoint,
+        } = page;
         let row_key = state.row_key.clone();
         let author = state.author.clone();
         let mut owners: Vec<&str> = followers.iter().map(|item| item.row.as_str()).collect();
-        let mut went_on = true;
+        let cursor = followers.last().map(|last| last.row.clone());
+        let mut applied = Applied::Unsaved;
         let written = match (&state.action, entry_opt) {
             (Action::Remove, _) => {
                 if with_author {
@@ -629,22 +663,40 @@ impl FanoutHandler {
                     entry,
                     owners,
                 };
+                let written = delivery.owners.len();
+                let checkpoint_opt = if checkpoint {
+                    // The checkpoint holds this page's progress and cursor.
+                    job.add_progress(written as u64);
+                    state.cursor.clone_from(&cursor);
+                    job.set_payload(state);
+                    applied = Applied::Saved;
+                    Some(&mut *job)
+                } else {
+                    None
+                };
                 // A delete that raced this page may have removed these rows already: if the
                 // event is gone now, its copies are taken back and the job stops.
-                went_on = self
-                    .write_entries(std::slice::from_ref(&delivery))
-                    .await?
-                    .is_empty();
-                delivery.owners.len()
+                let gone = self
+                    .write_entries(std::slice::from_ref(&delivery), checkpoint_opt)
+                    .await?;
+                if !gone.is_empty() {
+                    applied = Applied::Stopped;
+                }
+                if checkpoint {
+                    // Progress and cursor went with the checkpoint.
+                    self.metrics.deliveries.inc_by(written as u64);
+                    return Ok(applied);
+                }
+                written
             }
             (Action::Deliver, None) => 0,
         } as u64;
         self.metrics.deliveries.inc_by(written);
         job.add_progress(written);
-        if let Some(last) = followers.last() {
-            state.cursor = Some(last.row.clone());
+        if cursor.is_some() {
+            state.cursor = cursor;
         }
-        Ok(went_on)
+        Ok(applied)
     }
 
     /// Trims the timelines of `owners` to the cap.

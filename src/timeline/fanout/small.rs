@@ -145,7 +145,7 @@ impl FanoutHandler {
                     owners: owners.iter().map(String::as_str).collect(),
                 })
                 .collect();
-            match self.write_entries(&deliveries).await {
+            match self.write_entries(&deliveries, None).await {
                 Ok(gone) => {
                     for (position, (index, _, _, owners)) in small.iter().enumerate() {
                         let written = owners.len() as u64;
@@ -199,11 +199,16 @@ impl FanoutHandler {
             .collect()
     }
 
-    /// Writes the entries of every delivery in one batch, trims the timelines their events
-    /// trim, then takes back the copies of events deleted meanwhile (a delete whose removal
-    /// job may have run before these writes). Returns the positions of those events. Used
-    /// for a page of one big fan-out too.
-    pub(super) async fn write_entries(&self, deliveries: &[Delivery<'_>]) -> JobResult<Vec<usize>> {
+    /// Writes the entries of every delivery in one batch (with `checkpoint_opt`'s checkpoint
+    /// after them, in one durable write where the store can), trims the timelines their
+    /// events trim, then takes back the copies of events deleted meanwhile (a delete whose
+    /// removal job may have run before these writes). Returns the positions of those events.
+    /// Used for a page of one big fan-out too.
+    pub(super) async fn write_entries(
+        &self,
+        deliveries: &[Delivery<'_>],
+        checkpoint_opt: Option<&mut Claimed>,
+    ) -> JobResult<Vec<usize>> {
         let store = self.store.as_ref();
         let puts = deliveries
             .iter()
@@ -216,7 +221,10 @@ impl FanoutHandler {
                 })
             })
             .collect();
-        store.batch_write(puts).await?;
+        match checkpoint_opt {
+            Some(job) => job.checkpoint_after(puts).await?,
+            None => store.batch_write(puts).await?,
+        }
         // Readable now: live streams of these timelines may read them.
         for owner in deliveries.iter().flat_map(|delivery| &delivery.owners) {
             self.notices
