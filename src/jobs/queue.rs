@@ -648,4 +648,54 @@ mod tests {
             failed.map(|jobs| jobs.len())
         );
     }
+
+    #[tokio::test]
+    async fn a_release_after_a_failed_checkpoint_keeps_the_progress_last_stored() {
+        use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let inner: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let mut found = queued(inner.as_ref(), 1).await;
+        let failing = Arc::new(FaultyStore::new(inner.clone()));
+        let mut job = Claimed::claim(
+            failing.clone(),
+            found.remove(0),
+            "worker-a",
+            30_000,
+            CancellationToken::new(),
+        )
+        .await
+        .expect("claim")
+        .expect("claimed");
+        job.set_payload(&"page 1");
+        job.add_progress(10);
+        job.checkpoint().await.expect("first checkpoint");
+        // The next page's writes go ahead of its checkpoint, and do not land.
+        failing.fail_nth(1, Calls::op(Op::BatchWrite), Fault::Unavailable);
+        job.set_payload(&"page 2");
+        job.add_progress(10);
+        let ahead = vec![Write::put(
+            Table::Timelines,
+            Item::new("owner", "row", "entry"),
+        )];
+        assert!(matches!(
+            job.checkpoint_after(ahead).await,
+            Err(JobError::Store(StoreError::Unavailable(_)))
+        ));
+        assert_eq!(failing.injected(), 1);
+        let key = job.key.clone();
+        job.release(0).await.expect("release");
+        let body = inner
+            .get(Table::Jobs, &key.shard_name(), &key.id)
+            .await
+            .expect("get")
+            .expect("job");
+        let stored = Job::decode(&key.id, &body).expect("job");
+        assert_eq!(stored.lease_owner, None, "released");
+        assert_eq!(stored.progress, 10, "page 2 did not land");
+        assert_eq!(
+            serde_json::from_str::<String>(stored.payload.get()).expect("payload"),
+            "page 1"
+        );
+    }
 }
