@@ -512,7 +512,11 @@ impl FanoutHandler {
                 state.action = Action::Deliver;
             }
             if followers.len() > self.settings.split_above {
-                return self.split(job, state, Some(followers)).await;
+                let first = split::Preread {
+                    complete: followers.len() <= limit,
+                    followers,
+                };
+                return self.split(job, state, Some(first)).await;
             }
             preread_opt = Some(followers.into_iter());
         }

@@ -6,35 +6,58 @@ use tracing::debug;
 
 use crate::store::{Item, Query, Table};
 
+/// The followers a fresh job read before it knew it would split.
+pub(super) struct Preread {
+    /// From the first, in row-key order.
+    pub followers: Vec<Item>,
+    /// They are all the author's followers (the read asked for more).
+    pub complete: bool,
+}
+
 impl FanoutHandler {
     /// Splits a big event into part jobs of `split_above` followers each, bounded by follower
     /// row keys (the first part also writes the author's own entry). Each part is enqueued in
     /// one transaction with the root job's progress, so a crash never loses or doubles a part;
-    /// the last part goes with the root job's end. `first` holds the first `split_above + 1`
-    /// followers if the caller has read them.
+    /// the last part goes with the root job's end. `first` holds the first followers if the
+    /// caller has read them (at least `split_above + 1`): the parts they cover are cut from
+    /// them, and only the followers past them are read again.
     pub(super) async fn split(
         &self,
         job: &mut Claimed,
         state: &mut FanoutJob,
-        mut first: Option<Vec<Item>>,
+        mut first: Option<Preread>,
     ) -> JobResult<Step> {
         let part_size = self.settings.split_above.max(1);
+        // Where the next part starts in `first`.
+        let mut cut = 0;
         loop {
             if job.stopping() {
                 return Ok(Step::Stopped);
             }
             let mut split = state.split.clone().unwrap_or_default();
-            let followers = match first.take() {
-                Some(followers) if split.parts == 0 => followers,
+            let read;
+            let followers: &[Item] = match first.as_ref() {
+                // A part, and the start of the next (or the end of them all), in hand.
+                Some(preread)
+                    if preread.followers.len().saturating_sub(cut) > part_size
+                        || preread.complete =>
+                {
+                    &preread.followers[cut..]
+                }
                 _ => {
-                    self.store
+                    first = None;
+                    read = self
+                        .store
                         .query(
                             Query::partition(Table::SubjectFollowers, &state.author, part_size + 1)
                                 .range(split.next.clone(), None),
                         )
-                        .await?
+                        .await?;
+                    &read
                 }
             };
+            let followers = &followers[..followers.len().min(part_size + 1)];
+            cut += part_size;
             let mut part_writes = Vec::new();
             if let Some(first) = followers.first() {
                 let end = followers.get(part_size).map(|item| item.row.clone());

@@ -494,12 +494,24 @@ async fn a_big_event_is_split_into_follower_ranges_delivered_by_several_workers(
     split.fanout.split_above = 1000;
     split.fanout.page_size = 300;
     let (sink, mut done) = mpsc::unbounded_channel();
-    let (mut splitter, _) = worker(
-        Arc::new(fixture.store.clone()),
-        split.clone(),
-        CancellationToken::new(),
+    // The root reads its followers twice: as a small job might (a page and one more), then
+    // as a fresh job (up to the merge threshold, so all 2,500): the parts are cut from that.
+    let counted = faulty(&fixture);
+    let read_again = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = read_again.clone();
+    counted.on_nth(
+        3,
+        Calls::on(Op::Query, Table::SubjectFollowers),
+        move || {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        },
     );
+    let (mut splitter, _) = worker(counted, split.clone(), CancellationToken::new());
     step_until_job(&mut splitter).await;
+    assert!(
+        !read_again.load(std::sync::atomic::Ordering::SeqCst),
+        "the split read followers it already had"
+    );
     // The root job made three parts: [0, 1000), [1000, 2000), [2000, end).
     let parts = jobs(&fixture.store).await;
     assert_eq!(parts.len(), 3);
