@@ -164,7 +164,8 @@ impl BenchStore {
 
     /// Lets go of the store; an embedded one's background threads are waited for, so that
     /// its last flushes and compactions do not take the CPU of whatever is measured next
-    /// (the fixed points after the social workload went 25 % slower).
+    /// (the fixed points after the social workload went 25 % slower), and then its directory
+    /// is removed, so that the kernel does not write back its files meanwhile either.
     async fn close(self) -> anyhow::Result<()> {
         let BenchStore {
             store,
@@ -174,10 +175,13 @@ impl BenchStore {
         } = self;
         drop(store);
         if let Some((embedded, dir)) = embedded {
+            let running = threads_named(FJALL_THREAD_NAME).len();
             drop(embedded);
-            // Removed with the parent directory at the end of the run.
-            let _kept = dir.keep();
-            wait_for_stores_to_close().await;
+            let left = running.saturating_sub(crate::store::FJALL_WORKER_THREADS);
+            if !wait_for_store_threads(left).await {
+                // Still in use: removed with the parent directory at the end of the run.
+                let _kept = dir.keep();
+            }
         }
         if let Some(dynamo) = dynamo {
             dynamo
@@ -326,8 +330,20 @@ const STORE_CLOSE_PATIENCE: Duration = Duration::from_secs(30);
 /// flushing or compacting the last store, would fail on the missing files and log errors.
 /// The threads are found by name in `/proc/self/task` (on other systems, none are).
 async fn wait_for_stores_to_close() {
+    wait_for_store_threads(0).await;
+}
+
+/// Waits (at most [`STORE_CLOSE_PATIENCE`]) until at most `left` fjall background threads
+/// are running, once a bench has let go of a database; returns whether they were.
+pub(in crate::cli::bench) async fn wait_for_store_threads(left: usize) -> bool {
     let deadline = Instant::now() + STORE_CLOSE_PATIENCE;
-    while !threads_named(FJALL_THREAD_NAME).is_empty() && Instant::now() < deadline {
+    loop {
+        if threads_named(FJALL_THREAD_NAME).len() <= left {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -541,14 +541,19 @@ async fn raw_loop(
 ) -> anyhow::Result<RawRun> {
     let dir = tempfile::tempdir_in(parent).context("failed to create a temp dir")?;
     let owners = owners.to_vec();
-    tokio::task::spawn_blocking(move || {
+    let running = super::threads_named(super::FJALL_THREAD_NAME).len();
+    let (run, dir) = tokio::task::spawn_blocking(move || {
         let run = raw::insert_loop(dir.path(), &owners, &entries, batch);
-        // The directory goes with the parent, after fjall's threads have stopped.
-        let _kept = dir.keep();
-        run
+        (run, dir)
     })
     .await
-    .context("the raw loop panicked")?
+    .context("the raw loop panicked")?;
+    // Once its database's threads have stopped, its files go, so that the kernel does not
+    // write them back while the fan-out is measured; or else with the parent, at the end.
+    if !super::wait_for_store_threads(running).await {
+        let _kept = dir.keep();
+    }
+    run
 }
 
 /// Posts one event as `author` over HTTP, waits for its fan-out, and returns its entry in
