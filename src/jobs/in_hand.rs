@@ -5,34 +5,62 @@
 //! ending's compare would then refuse it). Workers in other processes may still run the same
 //! job; the compare settles that too.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long a job let go of is remembered: longer than a poll takes.
-const REMEMBER_LET_GO: Duration = Duration::from_secs(5);
+const REMEMBER_LET_GO: Duration = Duration::from_secs(2);
 
 /// Shared by the workers of a process (through their [`super::Handlers`]).
 #[derive(Clone, Default)]
 pub(super) struct InHand {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
     /// Job id to when it was let go of (`None`: in hand now).
-    jobs: Arc<Mutex<HashMap<String, Option<Instant>>>>,
+    jobs: HashMap<String, Option<Instant>>,
+    /// The jobs let go of, oldest first: each is forgotten once [`REMEMBER_LET_GO`] has
+    /// passed, unless it was taken or let go of again since. A scan of every job remembered
+    /// at each take cost 4 % of the CPU at 15,000 one-follower events a second.
+    let_go: VecDeque<(Instant, String)>,
+}
+
+impl State {
+    fn forget_before(&mut self, now: Instant) {
+        while let Some((at, _)) = self.let_go.front() {
+            if now.duration_since(*at) < REMEMBER_LET_GO {
+                break;
+            }
+            let Some((at, id)) = self.let_go.pop_front() else {
+                break;
+            };
+            if self.jobs.get(&id) == Some(&Some(at)) {
+                self.jobs.remove(&id);
+            }
+        }
+    }
 }
 
 impl InHand {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Whether job `id` may be taken by a poll begun at `polled_at`: no worker has it, and
     /// none let go of it since.
     pub fn is_free(&self, id: &str, polled_at: Instant) -> bool {
-        let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
-        free(&jobs, id, polled_at)
+        free(&self.lock().jobs, id, polled_at)
     }
 
     /// Takes in hand those of `ids` that are free (see [`InHand::is_free`]); returns whether
     /// each was taken. The guard lets go of them when dropped.
     pub fn take(&self, ids: &[&str], polled_at: Instant) -> (Taken, Vec<bool>) {
-        let now = Instant::now();
-        let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
-        jobs.retain(|_, let_go| let_go.is_none_or(|at| now.duration_since(at) < REMEMBER_LET_GO));
+        let mut state = self.lock();
+        state.forget_before(Instant::now());
+        let jobs = &mut state.jobs;
         let mut taken = Vec::new();
         let took = ids
             .iter()
@@ -75,13 +103,10 @@ impl Drop for Taken {
             return;
         }
         let now = Instant::now();
-        let mut jobs = self
-            .in_hand
-            .jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.in_hand.lock();
         for id in self.ids.drain(..) {
-            jobs.insert(id, Some(now));
+            state.jobs.insert(id.clone(), Some(now));
+            state.let_go.push_back((now, id));
         }
     }
 }
@@ -112,5 +137,22 @@ mod tests {
         );
         let (_fourth, took) = in_hand.take(&["a"], Instant::now() + millisecond);
         assert_eq!(took, [true], "let go of before this poll began");
+    }
+
+    #[test]
+    fn a_job_let_go_of_is_forgotten_after_a_while_unless_taken_again() {
+        let in_hand = InHand::default();
+        let start = Instant::now();
+        drop(in_hand.take(&["a", "b"], start).0);
+        let (again, _) = in_hand.take(&["b"], Instant::now());
+        let later = start + REMEMBER_LET_GO * 2;
+        in_hand.lock().forget_before(later);
+        let state = in_hand.lock();
+        assert_eq!(state.jobs.get("a"), None, "forgotten");
+        assert_eq!(state.jobs.get("b"), Some(&None), "in hand again: kept");
+        assert!(state.let_go.is_empty());
+        drop(state);
+        drop(again);
+        assert!(matches!(in_hand.lock().jobs.get("b"), Some(Some(_))));
     }
 }
