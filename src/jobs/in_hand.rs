@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long a job let go of is remembered: longer than a poll takes.
-const REMEMBER_LET_GO: Duration = Duration::from_secs(2);
+const REMEMBER_LET_GO: Duration = Duration::from_secs(5);
 
 /// Shared by the workers of a process (through their [`super::Handlers`]).
 #[derive(Clone, Default)]
