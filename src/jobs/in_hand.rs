@@ -65,7 +65,7 @@ impl InHand {
         let took = ids
             .iter()
             .map(|id| {
-                let free = free(&jobs, id, polled_at);
+                let free = free(jobs, id, polled_at);
                 if free {
                     jobs.insert((*id).to_owned(), None);
                     taken.push((*id).to_owned());

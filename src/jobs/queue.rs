@@ -14,7 +14,9 @@ use tokio_util::sync::CancellationToken;
 use super::job::{Job, JobKey, SHARDS, encode_payload, now_ms, shard_name};
 use super::{JobError, JobResult};
 use crate::keys::Ticks;
-use crate::store::{Condition, Item, Query, Store, StoreError, StoreResult, Table, Write};
+use crate::store::{
+    Condition, Item, Query, Store, StoreError, StoreExt as _, StoreResult, Table, Write,
+};
 
 /// Jobs read per page of a shard by one poll: a whole batch of small fan-outs.
 pub(super) const SCAN_LIMIT: usize = 100;
@@ -193,7 +195,7 @@ impl Claimed {
     /// since it was read (took it, or ended it).
     pub(super) async fn take_lease(&mut self, owner: &str) -> StoreResult<bool> {
         self.job.lease_owner = Some(owner.to_owned());
-        self.job.hidden_until_ms = Some(now_ms() + self.lease_ms);
+        self.extend_lease();
         match self.commit(true, Vec::new()).await {
             Ok(()) => {
                 self.leased = true;
@@ -213,7 +215,7 @@ impl Claimed {
         shutdown: CancellationToken,
     ) -> StoreResult<Option<Claimed>> {
         let (claimed, write) = Claimed::lease(store, available, owner, lease_ms, shutdown);
-        match write_one(claimed.store.as_ref(), write).await {
+        match claimed.store.write_one(write).await {
             Ok(()) => Ok(Some(claimed)),
             Err(StoreError::ConditionFailed) => Ok(None),
             Err(err) => Err(err),
@@ -358,7 +360,7 @@ impl Claimed {
     /// [`Self::checkpoint`] with `writes` in the same transaction (parts of a split, say), so
     /// the job's progress and what it did are never out of step.
     pub async fn checkpoint_with(&mut self, writes: Vec<Write>) -> JobResult<()> {
-        self.job.hidden_until_ms = Some(now_ms() + self.lease_ms);
+        self.extend_lease();
         self.commit(true, writes).await.map_err(lease_lost)
     }
 
@@ -366,11 +368,16 @@ impl Claimed {
     /// can (see [`Store::batch_write_then`]): for output that may land twice, or without the
     /// checkpoint (a fan-out page's entries), and that the checkpoint must not go ahead of.
     pub async fn checkpoint_after(&mut self, ahead: Vec<Write>) -> JobResult<()> {
-        self.job.hidden_until_ms = Some(now_ms() + self.lease_ms);
+        self.extend_lease();
         let next = self.job.encode();
         let write = self.own_write(true, next.clone());
         let written = self.store.batch_write_then(ahead, write).await;
         self.settle(written, next).map_err(lease_lost)
+    }
+
+    /// Hides the job for another lease period from now (written by the next checkpoint).
+    fn extend_lease(&mut self) {
+        self.job.hidden_until_ms = Some(now_ms() + self.lease_ms);
     }
 
     /// The write that enqueues part `index` of this job's work, of the same kind and status
@@ -397,7 +404,7 @@ impl Claimed {
         let next = self.job.encode();
         let write = self.own_write(keep, next.clone());
         let written = if extra.is_empty() {
-            write_one(self.store.as_ref(), write).await
+            self.store.write_one(write).await
         } else {
             let mut writes = extra;
             writes.push(write);
@@ -449,23 +456,6 @@ impl Claimed {
             Ok(()) | Err(StoreError::ConditionFailed) => Ok(()),
             Err(err) => Err(err),
         }
-    }
-}
-
-/// Applies one write with the single-item call (cheaper than a transaction on DynamoDB).
-async fn write_one(store: &dyn Store, write: Write) -> StoreResult<()> {
-    match write {
-        Write::Put {
-            table,
-            item,
-            condition,
-        } => store.put(table, item, condition).await,
-        Write::Delete {
-            table,
-            partition,
-            row,
-            condition,
-        } => store.delete(table, &partition, &row, condition).await,
     }
 }
 
@@ -553,13 +543,18 @@ mod tests {
             .expect("claim");
         assert!(won.is_some());
         assert!(lost.is_none(), "the second claim must lose");
+        let job = stored_job(store.as_ref(), &key).await;
+        assert_eq!(job.lease_owner.as_deref(), Some("worker-a"));
+    }
+
+    /// The job `key` as the store holds it.
+    async fn stored_job(store: &dyn Store, key: &JobKey) -> Job {
         let body = store
             .get(Table::Jobs, &key.shard_name(), &key.id)
             .await
             .expect("get")
             .expect("job");
-        let job = Job::decode(&key.id, &body).expect("job");
-        assert_eq!(job.lease_owner.as_deref(), Some("worker-a"));
+        Job::decode(&key.id, &body).expect("job")
     }
 
     /// `count` jobs in shard 0, as a poll of it finds them.
@@ -685,12 +680,7 @@ mod tests {
         assert_eq!(failing.injected(), 1);
         let key = job.key.clone();
         job.release(0).await.expect("release");
-        let body = inner
-            .get(Table::Jobs, &key.shard_name(), &key.id)
-            .await
-            .expect("get")
-            .expect("job");
-        let stored = Job::decode(&key.id, &body).expect("job");
+        let stored = stored_job(inner.as_ref(), &key).await;
         assert_eq!(stored.lease_owner, None, "released");
         assert_eq!(stored.progress, 10, "page 2 did not land");
         assert_eq!(

@@ -466,19 +466,7 @@ pub trait Store: Send + Sync + 'static {
     /// embedded store: one commit, one fsync, all or none); the others write the batch first.
     async fn batch_write_then(&self, batch: Vec<Write>, last: Write) -> StoreResult<()> {
         self.batch_write(batch).await?;
-        match last {
-            Write::Put {
-                table,
-                item,
-                condition,
-            } => self.put(table, item, condition).await,
-            Write::Delete {
-                table,
-                partition,
-                row,
-                condition,
-            } => self.delete(table, &partition, &row, condition).await,
-        }
+        self.write_one(last).await
     }
 
     /// Reads up to `query.limit` items of one partition. Returns fewer only when the range
@@ -497,6 +485,24 @@ pub trait Store: Send + Sync + 'static {
 /// Conveniences over [`Store`], for every implementation.
 #[async_trait]
 pub trait StoreExt: Store {
+    /// Applies one write, with its condition, by the single-item call (cheaper than a
+    /// transaction on DynamoDB).
+    async fn write_one(&self, write: Write) -> StoreResult<()> {
+        match write {
+            Write::Put {
+                table,
+                item,
+                condition,
+            } => self.put(table, item, condition).await,
+            Write::Delete {
+                table,
+                partition,
+                row,
+                condition,
+            } => self.delete(table, &partition, &row, condition).await,
+        }
+    }
+
     /// Reads all items of a query's range, page by page (for small partitions and tools).
     async fn query_all(&self, query: Query) -> StoreResult<Vec<Item>> {
         let page_size = query.limit.max(1);

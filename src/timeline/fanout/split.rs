@@ -42,7 +42,7 @@ impl FanoutHandler {
                     if preread.followers.len().saturating_sub(cut) > part_size
                         || preread.complete =>
                 {
-                    &preread.followers[cut..]
+                    preread.followers.get(cut..).unwrap_or_default()
                 }
                 _ => {
                     first = None;
