@@ -571,6 +571,57 @@ async fn a_big_event_is_split_into_follower_ranges_delivered_by_several_workers(
     assert!(jobs(&fixture.store).await.is_empty());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_whose_first_read_holds_only_one_part_reads_the_rest_and_misses_none() {
+    let fixture = fixture().await;
+    let mut split = settings(Duration::from_secs(30));
+    split.fanout.split_above = 1000;
+    let (mut worker, _) = worker(
+        Arc::new(fixture.store.clone()),
+        split.clone(),
+        CancellationToken::new(),
+    );
+    drain(&mut worker, &fixture.store).await;
+    assert_delivered_once(&fixture).await;
+    // A removal's first read asks for one part and one more follower: the other parts come
+    // from reads of their own.
+    fixture
+        .store
+        .transact(vec![removal_job(
+            "author",
+            &fixture.row_key,
+            fixture.event_id,
+            Ticks::now(),
+        )])
+        .await
+        .expect("enqueue the removal");
+    step_until_job(&mut worker).await;
+    let mut starts: Vec<String> = jobs(&fixture.store)
+        .await
+        .into_iter()
+        .map(|job| job.payload.range.expect("a part job").start)
+        .collect();
+    starts.sort();
+    assert_eq!(
+        starts,
+        [0, 1000, 2000].map(|index| fixture.followers[index].clone())
+    );
+    drain(&mut worker, &fixture.store).await;
+    for owner in fixture
+        .followers
+        .iter()
+        .map(String::as_str)
+        .chain(["author"])
+    {
+        let entries = fixture
+            .store
+            .query(Query::partition(Table::Timelines, owner, 10))
+            .await
+            .expect("timeline");
+        assert!(entries.is_empty(), "{owner} still has {entries:?}");
+    }
+}
+
 /// Authors with a few followers each, and one posted (queued) event of each author.
 struct SmallFanouts {
     _dir: tempfile::TempDir,
