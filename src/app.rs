@@ -260,16 +260,22 @@ impl Workers {
             notices,
         )
         .extend(crate::series::job_handlers(store, config.series_retention));
-        let workers = (0..config.workers)
-            .map(|_| {
-                Worker::new(
+        // Each regular worker has a reserve twin that runs only while work is left behind.
+        let workers = (0..config.workers * 2)
+            .map(|index| {
+                let worker = Worker::new(
                     store.clone(),
                     handlers.clone(),
                     config.runner_settings(),
                     wake.clone(),
                     metrics.jobs.clone(),
                     shutdown.clone(),
-                )
+                );
+                if index < config.workers {
+                    worker
+                } else {
+                    worker.reserve()
+                }
             })
             .collect();
         let retention_sweeps = RetentionSweeps {
@@ -478,7 +484,11 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
         ));
     }
     tracker.close();
-    info!(workers = config.workers, "job workers running");
+    info!(
+        workers = config.workers,
+        reserves = config.workers,
+        "job workers running"
+    );
     tracker.wait().await;
     notices.stopped().await;
     Ok(())

@@ -103,8 +103,9 @@ pub struct Config {
     pub table_prefix: String,
 
     /// Fan-out worker tasks in this process (`serve` may use 0 and leave fan-out to
-    /// `fanline worker` processes). More keep small fan-outs flowing while others run big
-    /// ones, but at low rates each idle worker takes a job or two as it comes, so commits
+    /// `fanline worker` processes). Each has a reserve twin that runs only while the workers
+    /// leave jobs behind or run big fan-outs: more workers would keep small fan-outs flowing
+    /// under load anyway, but at low rates each idle one takes a job as it comes, so commits
     /// batch less and fsyncs multiply (docs/benchmarks.md has the figures).
     #[arg(long, env = "FANLINE_WORKERS", default_value_t = 2)]
     pub workers: usize,

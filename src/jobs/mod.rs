@@ -166,7 +166,8 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 /// The handlers of a process, by kind, and what its workers share: the jobs they have in
-/// hand unleased, and which of them watches the queue while they are idle.
+/// hand unleased, which of them watches the queue while they are idle, and the wake-up of
+/// their reserve.
 #[derive(Clone, Default)]
 pub struct Handlers {
     by_kind: HashMap<&'static str, Arc<dyn Handler>>,
@@ -175,6 +176,9 @@ pub struct Handlers {
     /// until woken (by a post in this process, or by a worker that found work), so an idle
     /// process polls as one worker does, however many it runs.
     idle_watch: Arc<AtomicBool>,
+    /// Wakes a reserve worker (see [`Worker::reserve`]): a worker that leaves jobs behind in
+    /// a shard, or is about to run a big job alone, rings it.
+    reserve: Arc<tokio::sync::Notify>,
 }
 
 impl Handlers {
@@ -198,5 +202,9 @@ impl Handlers {
 
     fn idle_watch(&self) -> &AtomicBool {
         &self.idle_watch
+    }
+
+    fn reserve(&self) -> &tokio::sync::Notify {
+        &self.reserve
     }
 }

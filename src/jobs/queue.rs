@@ -76,11 +76,13 @@ pub(super) async fn available(
         let full = items.len() == SCAN_LIMIT;
         after = items.last().map(|item| item.row.clone());
         for item in items {
+            // A job another worker of this process holds is passed over undecoded: under a
+            // backlog, the second worker to poll a shard reads the first one's batch.
+            if in_hand(&item.row) {
+                continue;
+            }
             match Job::decode(&item.row, &item.value) {
-                Ok(job)
-                    if job.hidden_until_ms.is_none_or(|until| until <= now_ms)
-                        && !in_hand(&item.row) =>
-                {
+                Ok(job) if job.hidden_until_ms.is_none_or(|until| until <= now_ms) => {
                     found.push(Available {
                         key: JobKey {
                             shard,

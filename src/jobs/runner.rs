@@ -121,6 +121,8 @@ pub struct Worker {
     /// Jobs already logged as unreadable (or of a kind with no handler), so each is logged
     /// once, not at every poll.
     reported: HashSet<String>,
+    /// A reserve worker (see [`Worker::reserve`]).
+    reserve: bool,
 }
 
 impl Worker {
@@ -145,7 +147,25 @@ impl Worker {
             next_shard,
             floors: Floors::new(FULL_POLL_EVERY),
             reported: HashSet::new(),
+            reserve: false,
         }
+    }
+
+    /// Makes this a reserve worker: one that runs only while the others leave work behind.
+    /// Posts do not wake it, nor does it watch an idle queue; a worker that leaves jobs in a
+    /// shard, or goes to run a big fan-out alone, does, and it works until it finds the queue
+    /// empty. So at low rates the process commits jobs in the groups its regular workers
+    /// make (more workers taking one job each as it comes would each commit it alone), and
+    /// under a backlog, or while big fan-outs hold the regular workers, small ones still flow.
+    pub fn reserve(mut self) -> Self {
+        self.reserve = true;
+        self
+    }
+
+    /// Tells another worker that work is waiting: an idle regular one, and the reserve.
+    fn call_for_help(&self) {
+        self.wake.notify_one();
+        self.handlers.reserve().notify_one();
     }
 
     /// Reports every job that ends well on `sink`.
@@ -212,11 +232,13 @@ impl Worker {
             // handler takes at once.
             let mut chosen: Option<Arc<dyn Handler>> = None;
             let mut wanted = Vec::new();
+            let mut runnable = candidates.len();
             for candidate in candidates {
                 let Some(handler) = self.handlers.get(&candidate.job.kind).cloned() else {
                     if self.reported.insert(candidate.key.id.clone()) {
                         error!(job = %candidate.key.id, kind = %candidate.job.kind, "job left in the queue: no handler for its kind");
                     }
+                    runnable -= 1;
                     continue;
                 };
                 let current = chosen.get_or_insert(handler);
@@ -262,8 +284,13 @@ impl Worker {
                 _ => Vec::new(),
             };
             if let Some(handler) = chosen.filter(|_| !claimed.is_empty()) {
-                // More work may be waiting: let another idle worker look too.
-                self.wake.notify_one();
+                // Jobs this step leaves in the shard (or a whole page of them read, with
+                // more likely behind): another idle worker takes them. Only then: at low
+                // rates, idle workers woken for nothing would each take the next job alone,
+                // and every job would cost a commit of its own.
+                if runnable > claimed.len() || runnable >= queue::SCAN_LIMIT {
+                    self.call_for_help();
+                }
                 let count = claimed.len() as i64;
                 self.metrics.in_flight.inc_by(count);
                 let results = handler.run_batch(&mut claimed).await;
@@ -284,6 +311,10 @@ impl Worker {
                 let mut worked = ended.iter().any(|(job, result)| {
                     job.is_leased() || !matches!(result, Ok(Outcome::Returned))
                 });
+                if !alone.is_empty() {
+                    // This worker is busy for a while: others take what comes meanwhile.
+                    self.call_for_help();
+                }
                 let mut first_error = self.end_all(ended).await.err();
                 for (mut job, _) in alone {
                     if !job.is_leased() {
@@ -708,6 +739,14 @@ impl Worker {
                     failures = 0;
                     continue;
                 }
+                Ok(Processed::Idle) if self.reserve => {
+                    failures = 0;
+                    tokio::select! {
+                        () = self.shutdown.cancelled() => return,
+                        () = self.handlers.reserve().notified() => {}
+                    }
+                    continue;
+                }
                 Ok(Processed::Idle) => {
                     failures = 0;
                     let Some(_watching) = IdleWatch::take(self.handlers.idle_watch()) else {
@@ -1065,6 +1104,136 @@ mod tests {
             four <= one + 4 * 2 * u64::from(SHARDS),
             "four idle workers polled {four} times, one {one}"
         );
+    }
+
+    /// Takes one job a step and is done with it at once.
+    struct OneAtATime;
+
+    #[async_trait]
+    impl Handler for OneAtATime {
+        fn kind(&self) -> &'static str {
+            "single"
+        }
+
+        async fn run(&self, _job: &mut Claimed) -> JobResult<Outcome> {
+            Ok(Outcome::done())
+        }
+    }
+
+    async fn enqueue_on_shard_zero(store: &dyn Store, kind: &'static str, count: usize) {
+        for _ in 0..count {
+            store
+                .transact(vec![NewJob::new(key_on_shard_zero(), kind, &1u32).write()])
+                .await
+                .expect("enqueue");
+        }
+    }
+
+    /// Whether the process's reserve has been called (and takes the call).
+    async fn reserve_called(handlers: &Handlers) -> bool {
+        tokio::time::timeout(Duration::ZERO, handlers.reserve().notified())
+            .await
+            .is_ok()
+    }
+
+    /// A step that leaves jobs in its shard calls the reserve; one that takes every job it
+    /// found does not, so at low rates the reserve sleeps.
+    #[tokio::test]
+    async fn a_step_that_leaves_jobs_behind_calls_the_reserve_and_one_that_takes_them_all_does_not()
+    {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let handlers = Handlers::default().with(Arc::new(OneAtATime));
+        let mut worker = Worker::new(
+            store.clone(),
+            handlers.clone(),
+            RunnerSettings::default(),
+            Arc::new(Notify::new()),
+            JobMetrics::default(),
+            CancellationToken::new(),
+        );
+        enqueue_on_shard_zero(store.as_ref(), "single", 2).await;
+        worker.next_shard = 0;
+        assert_eq!(
+            worker.try_process_one().await.expect("step"),
+            Processed::Job
+        );
+        assert!(reserve_called(&handlers).await, "one job was left behind");
+        worker.next_shard = 0;
+        assert_eq!(
+            worker.try_process_one().await.expect("step"),
+            Processed::Job
+        );
+        assert!(
+            !reserve_called(&handlers).await,
+            "the last job was taken: nobody else is needed"
+        );
+    }
+
+    /// A reserve worker sleeps through posts' wake-ups and the idle poll timer, and runs once
+    /// called, until the queue is empty.
+    #[tokio::test(start_paused = true)]
+    async fn a_reserve_worker_runs_only_when_called() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let embedded: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let store = Arc::new(FaultyStore::new(embedded));
+        let polls = Arc::new(AtomicU64::new(0));
+        let counted = polls.clone();
+        store.on_every(Calls::on(Op::Query, Table::Jobs), move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        });
+        let store: Arc<dyn Store> = store;
+        let handlers = Handlers::default().with(Arc::new(OneAtATime));
+        let settings = RunnerSettings {
+            poll_interval: Duration::from_secs(1),
+            ..RunnerSettings::default()
+        };
+        let wake = Arc::new(Notify::new());
+        let shutdown = CancellationToken::new();
+        let reserve = Worker::new(
+            store.clone(),
+            handlers.clone(),
+            settings.clone(),
+            wake.clone(),
+            JobMetrics::default(),
+            shutdown.clone(),
+        )
+        .reserve();
+        let task = tokio::spawn(reserve.run());
+        // Its first step finds the queue empty; then it sleeps.
+        tokio::time::sleep(settings.poll_interval * 5).await;
+        let after_first_step = polls.load(Ordering::SeqCst);
+        assert!(after_first_step >= u64::from(SHARDS), "{after_first_step}");
+        enqueue_on_shard_zero(store.as_ref(), "single", 3).await;
+        wake.notify_one();
+        tokio::time::sleep(settings.poll_interval * 20).await;
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            after_first_step,
+            "neither a post's wake-up nor the timer moves a reserve worker"
+        );
+        handlers.reserve().notify_one();
+        // The store works on threads of its own: on a paused clock, any wait for the reserve
+        // would end at once.
+        tokio::time::resume();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut left = usize::MAX;
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            left = store
+                .query(Query::partition(Table::Jobs, shard_name(0), 10))
+                .await
+                .expect("queue")
+                .len();
+            if left == 0 {
+                break;
+            }
+        }
+        assert_eq!(left, 0, "called, the reserve ran every job");
+        shutdown.cancel();
+        task.await.expect("worker");
     }
 
     #[test]

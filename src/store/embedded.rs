@@ -447,6 +447,13 @@ fn read_range(snapshot: &Snapshot, keyspace: &Keyspace, query: &Query) -> StoreR
             .get(prefix.len()..)
             .and_then(|row| std::str::from_utf8(row).ok())
             .ok_or_else(|| StoreError::Other("stored key is not UTF-8".into()))?;
+        if values.capacity() == 0 {
+            // Room for as many values of this one's size as the query may take (up to a
+            // bound, past which the buffer grows as usual), rather than a few doublings, each
+            // a copy, to reach a page's size.
+            let likely = value.len().saturating_mul(query.limit).min(PRESIZE_BOUND);
+            values.reserve(likely);
+        }
         let start = values.len();
         values.extend_from_slice(&value);
         rows.push((row.to_owned(), start..values.len()));
@@ -461,6 +468,10 @@ fn read_range(snapshot: &Snapshot, keyspace: &Keyspace, query: &Query) -> StoreR
         })
         .collect())
 }
+
+/// Most bytes a query's value buffer is sized for at its first value: a timeline page is
+/// about 45 KiB.
+const PRESIZE_BOUND: usize = 64 * 1024;
 
 fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
     match (lower, upper) {
