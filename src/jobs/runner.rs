@@ -1048,9 +1048,8 @@ mod tests {
         assert_eq!(metrics.in_flight.get(), 0);
     }
 
-    /// Polls of the queue (one query a shard) by `workers` idle workers of one process over
-    /// `intervals` poll intervals, on paused time.
-    async fn idle_queue_queries(workers: usize, intervals: u32) -> u64 {
+    /// A store on a fresh directory that counts the queries of the queue (one a shard polled).
+    async fn counting_queue_polls() -> (tempfile::TempDir, Arc<FaultyStore>, Arc<AtomicU64>) {
         let dir = tempfile::tempdir().expect("temp dir");
         let embedded: Arc<dyn Store> =
             Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
@@ -1060,6 +1059,31 @@ mod tests {
         store.on_every(Calls::on(Op::Query, Table::Jobs), move || {
             counted.fetch_add(1, Ordering::SeqCst);
         });
+        (dir, store, queries)
+    }
+
+    /// A worker of `handlers` on `store`, woken by `wake`.
+    fn idle_test_worker(
+        store: Arc<dyn Store>,
+        handlers: &Handlers,
+        settings: &RunnerSettings,
+        wake: &Arc<Notify>,
+        shutdown: &CancellationToken,
+    ) -> Worker {
+        Worker::new(
+            store,
+            handlers.clone(),
+            settings.clone(),
+            wake.clone(),
+            JobMetrics::default(),
+            shutdown.clone(),
+        )
+    }
+
+    /// Polls of the queue (one query a shard) by `workers` idle workers of one process over
+    /// `intervals` poll intervals, on paused time.
+    async fn idle_queue_queries(workers: usize, intervals: u32) -> u64 {
+        let (_dir, store, queries) = counting_queue_polls().await;
         let handlers = Handlers::default().with(Arc::new(OneLongJob {
             store: store.clone(),
             queued_when_alone: Mutex::new(Vec::new()),
@@ -1072,14 +1096,8 @@ mod tests {
         let shutdown = CancellationToken::new();
         let tasks: Vec<_> = (0..workers)
             .map(|_| {
-                let worker = Worker::new(
-                    store.clone(),
-                    handlers.clone(),
-                    settings.clone(),
-                    wake.clone(),
-                    JobMetrics::default(),
-                    shutdown.clone(),
-                );
+                let worker =
+                    idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown);
                 tokio::spawn(worker.run())
             })
             .collect();
@@ -1175,15 +1193,7 @@ mod tests {
     /// called, until the queue is empty.
     #[tokio::test(start_paused = true)]
     async fn a_reserve_worker_runs_only_when_called() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let embedded: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
-        let store = Arc::new(FaultyStore::new(embedded));
-        let polls = Arc::new(AtomicU64::new(0));
-        let counted = polls.clone();
-        store.on_every(Calls::on(Op::Query, Table::Jobs), move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        });
+        let (_dir, store, polls) = counting_queue_polls().await;
         let store: Arc<dyn Store> = store;
         let handlers = Handlers::default().with(Arc::new(OneAtATime));
         let settings = RunnerSettings {
@@ -1192,15 +1202,8 @@ mod tests {
         };
         let wake = Arc::new(Notify::new());
         let shutdown = CancellationToken::new();
-        let reserve = Worker::new(
-            store.clone(),
-            handlers.clone(),
-            settings.clone(),
-            wake.clone(),
-            JobMetrics::default(),
-            shutdown.clone(),
-        )
-        .reserve();
+        let reserve =
+            idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown).reserve();
         let task = tokio::spawn(reserve.run());
         // Its first step finds the queue empty; then it sleeps.
         tokio::time::sleep(settings.poll_interval * 5).await;
