@@ -12,13 +12,14 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{Event, SubjectId, merged_authors, trim};
-use crate::jobs::{Claimed, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
+use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome, now_ms};
 use crate::store::{Item, Query, Store, StoreResult, Table, Write};
 
 /// The job kind.
@@ -29,6 +30,10 @@ const KIND: &str = "reconcile";
 struct EdgeJob {
     follower: String,
     author: String,
+    /// The second look after an unfollow's cleanup (see [`EdgeSettings::recheck_after`]):
+    /// it enqueues no other.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    recheck: bool,
 }
 
 /// The write that enqueues reconciling `follower`'s timeline with its edge to `author`; part
@@ -38,6 +43,7 @@ pub fn job(follower: &str, author: &str) -> Write {
     let edge = EdgeJob {
         follower: follower.to_owned(),
         author: author.to_owned(),
+        recheck: false,
     };
     NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, &edge).write()
 }
@@ -56,15 +62,33 @@ impl Handler for ReconcileHandler {
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let edge: EdgeJob = job.payload()?;
-        let touched = reconcile(
+        let reconciled = reconcile(
             self.store.as_ref(),
             self.settings,
             &edge.follower,
             &edge.author,
         )
         .await?;
-        job.add_progress(touched);
-        Ok(Outcome::done())
+        job.add_progress(reconciled.touched);
+        let recheck_after = self.settings.recheck_after;
+        if reconciled.following || edge.recheck || recheck_after.is_zero() {
+            return Ok(Outcome::done());
+        }
+        // A fan-out that read the followers before the unfollow may write its entry after
+        // the cleanup: a second look, a while later, deletes it.
+        let again = EdgeJob {
+            recheck: true,
+            ..edge
+        };
+        let not_before =
+            now_ms().saturating_add(i64::try_from(recheck_after.as_millis()).unwrap_or(i64::MAX));
+        let write = NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, &again)
+            .not_before(not_before)
+            .write();
+        Ok(Outcome::Done(Ending {
+            writes: vec![write],
+            ..Ending::default()
+        }))
     }
 }
 
@@ -81,16 +105,26 @@ pub struct EdgeSettings {
     pub backfill: usize,
     /// Entries a timeline keeps.
     pub max_timeline_len: usize,
+    /// How long after an unfollow's cleanup it is done again (zero: never). A fan-out reads
+    /// the followers, then writes their entries: one that read them before the unfollow may
+    /// write after the cleanup, and its entry would stay.
+    pub recheck_after: Duration,
 }
 
-/// Brings `follower`'s timeline in line with whether it follows `author`; returns the
-/// entries written or deleted.
+/// What a reconcile did: the entries it wrote or deleted, and the edge it left the timeline
+/// in line with.
+pub struct Reconciled {
+    pub touched: u64,
+    pub following: bool,
+}
+
+/// Brings `follower`'s timeline in line with whether it follows `author`.
 pub async fn reconcile(
     store: &dyn Store,
     settings: EdgeSettings,
     follower: &str,
     author: &str,
-) -> JobResult<u64> {
+) -> JobResult<Reconciled> {
     let mut before = edge(store, follower, author).await?;
     let mut touched = 0;
     for _ in 0..EDGE_RACES {
@@ -101,7 +135,10 @@ pub async fn reconcile(
         };
         let after = edge(store, follower, author).await?;
         if after == before {
-            return Ok(touched);
+            return Ok(Reconciled {
+                touched,
+                following: after.is_some(),
+            });
         }
         before = after;
     }

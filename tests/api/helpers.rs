@@ -35,6 +35,8 @@ impl TestStore {
         config.listen = "127.0.0.1:0".parse().expect("addr");
         config.data_dir = dir.path().join("data");
         config.poll_ms = 50;
+        // An unfollow's second cleanup waits in the queue: tests that drain it wait for it.
+        config.unfollow_recheck_ms = 100;
         config.admin_token = Some(TEST_ADMIN_TOKEN.to_owned());
         if backend == Backend::Dynamo {
             config.store = StoreKind::Dynamodb;

@@ -2,7 +2,7 @@
 //! everywhere, the timeline cap, authors merged at read time, and catch-up reads. Each test
 //! drains the job queue (`wait_for_idle`) instead of sleeping.
 
-use fanline::store::{Query, Store, Table};
+use fanline::store::{Query, Store, Table, Write};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -11,6 +11,7 @@ use crate::helpers::{Api, Backend, TestApp, TestStore, at, post_at, segment, spa
 on_both_backends!(
     following_backfills_the_newest_events_in_time_order,
     unfollow_removes_the_subjects_entries_from_the_follower_timeline,
+    an_entry_a_late_fan_out_writes_after_an_unfollows_cleanup_is_deleted_by_its_second_look,
     follow_and_unfollow_in_quick_succession_end_in_the_state_of_the_last_call,
     deleting_an_event_hides_it_at_once_and_removes_every_copy,
     deleting_a_missing_event_is_a_404_and_deleting_twice_is_idempotent,
@@ -108,6 +109,47 @@ async fn unfollow_removes_the_subjects_entries_from_the_follower_timeline(backen
     // Gone from storage too, not just hidden; alice's own timeline is untouched.
     assert_eq!(stored_rows(&app, Table::Timelines, "reader").await.len(), 3);
     assert_eq!(app.timeline("alice").await.len(), 3);
+}
+
+async fn an_entry_a_late_fan_out_writes_after_an_unfollows_cleanup_is_deleted_by_its_second_look(
+    backend: Backend,
+) {
+    let app = app(backend, |config| config.unfollow_recheck_ms = 300).await;
+    follow(&app, "reader", "alice").await;
+    app.wait_for_idle().await;
+    post_at(&app, "alice", "hello", 1).await;
+    app.wait_for_idle().await;
+    assert_eq!(texts(&app.timeline("reader").await), ["hello"]);
+    let entry = app
+        .faults
+        .query(Query::partition(Table::Timelines, "reader", 10))
+        .await
+        .expect("query")
+        .remove(0);
+    unfollow(&app, "reader", "alice").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !stored_rows(&app, Table::Timelines, "reader")
+        .await
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unfollow's cleanup never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // A fan-out that read alice's followers before the unfollow writes its entry only now.
+    app.faults
+        .batch_write(vec![Write::put(Table::Timelines, entry)])
+        .await
+        .expect("late write");
+    app.wait_for_idle().await;
+    assert_eq!(
+        stored_rows(&app, Table::Timelines, "reader").await,
+        Vec::<String>::new(),
+        "the second look deleted the late entry"
+    );
+    assert!(app.timeline("reader").await.is_empty());
 }
 
 async fn follow_and_unfollow_in_quick_succession_end_in_the_state_of_the_last_call(

@@ -77,6 +77,8 @@ pub struct FanoutSettings {
     /// An author with more followers than this is merged into timelines at read time
     /// instead of being fanned out.
     pub merge_threshold: usize,
+    /// How long after an unfollow's cleanup it is done again (zero: never).
+    pub unfollow_recheck: std::time::Duration,
 }
 
 impl Default for FanoutSettings {
@@ -87,6 +89,7 @@ impl Default for FanoutSettings {
             max_timeline_len: 800,
             backfill: 100,
             merge_threshold: 10_000,
+            unfollow_recheck: std::time::Duration::from_secs(5),
         }
     }
 }
