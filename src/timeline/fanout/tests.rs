@@ -221,8 +221,9 @@ async fn step_until_job(worker: &mut Worker) {
     }
 }
 
-/// Every follower and the author hold exactly one entry, the event's.
-async fn assert_delivered_once(fixture: &Fixture) {
+/// The stored timeline entries of every follower and of the author (up to 10 each).
+async fn everyones_entries(fixture: &Fixture) -> Vec<(String, Vec<Item>)> {
+    let mut all = Vec::new();
     for owner in fixture
         .followers
         .iter()
@@ -234,6 +235,14 @@ async fn assert_delivered_once(fixture: &Fixture) {
             .query(Query::partition(Table::Timelines, owner, 10))
             .await
             .expect("timeline");
+        all.push((owner.to_owned(), entries));
+    }
+    all
+}
+
+/// Every follower and the author hold exactly one entry, the event's.
+async fn assert_delivered_once(fixture: &Fixture) {
+    for (owner, entries) in everyones_entries(fixture).await {
         assert_eq!(entries.len(), 1, "entries of {owner}");
         assert_eq!(entries[0].row, fixture.row_key);
     }
@@ -607,17 +616,7 @@ async fn a_split_whose_first_read_holds_only_one_part_reads_the_rest_and_misses_
         [0, 1000, 2000].map(|index| fixture.followers[index].clone())
     );
     drain(&mut worker, &fixture.store).await;
-    for owner in fixture
-        .followers
-        .iter()
-        .map(String::as_str)
-        .chain(["author"])
-    {
-        let entries = fixture
-            .store
-            .query(Query::partition(Table::Timelines, owner, 10))
-            .await
-            .expect("timeline");
+    for (owner, entries) in everyones_entries(&fixture).await {
         assert!(entries.is_empty(), "{owner} still has {entries:?}");
     }
 }
