@@ -12,7 +12,8 @@
 //! memory (memtables, the block cache, the OS page cache) in tens of microseconds, less than
 //! a hop to tokio's blocking pool and back costs (two thread wake-ups, which were a third of
 //! the server's CPU per timeline page). Bigger reads, such as a big author's followers, run on
-//! the blocking pool so that they never hold an executor thread for long.
+//! the blocking pool so that they never hold an executor thread for long. Several queries
+//! read at once count the rows the earlier ones really read, not their limits.
 //!
 //! Memory is bounded by [`EmbeddedSettings`]: fjall's block cache has a size, and the writer
 //! thread keeps the tables' memtables (writes not yet flushed to disk) within the write
@@ -295,17 +296,34 @@ impl Store for EmbeddedStore {
             validate::query(&query)?;
             reads.push((self.inner.keyspaces.of(query.table)?.clone(), query));
         }
-        // As of one moment, in one place: on the calling task, or one blocking task for all.
-        let rows = reads.iter().map(|(_, query)| query.limit).sum();
-        let db = self.inner.db.clone();
-        read(rows, move || {
-            let snapshot = db.snapshot();
-            reads
-                .iter()
-                .map(|(keyspace, query)| read_range(&snapshot, keyspace, query))
-                .collect()
-        })
-        .await
+        // As of one moment: every query reads the same snapshot. They run on the calling
+        // task while each one's limit fits in the rows the earlier ones left of the inline
+        // bound, counting the rows they really read: a timeline page asks for up to 1,000
+        // merged authors and almost always finds none, and counting limits sent every page
+        // to the blocking pool. What does not fit runs there, on the same snapshot.
+        let snapshot = self.inner.db.snapshot();
+        let mut answers = Vec::with_capacity(reads.len());
+        let mut left = INLINE_READ_ROWS;
+        let mut reads = reads.into_iter().peekable();
+        while let Some((keyspace, query)) = reads.next_if(|(_, query)| query.limit <= left) {
+            let items = read_range(&snapshot, &keyspace, &query)?;
+            left -= items.len();
+            answers.push(items);
+        }
+        let rest: Vec<_> = reads.collect();
+        if rest.is_empty() {
+            // A loop of reads that never wait yields now and then (see `read`).
+            tokio::task::consume_budget().await;
+        } else {
+            let more = blocking(move || {
+                rest.iter()
+                    .map(|(keyspace, query)| read_range(&snapshot, keyspace, query))
+                    .collect::<StoreResult<Vec<_>>>()
+            })
+            .await?;
+            answers.extend(more);
+        }
+        Ok(answers)
     }
 
     async fn ping(&self) -> StoreResult<()> {
@@ -847,6 +865,59 @@ mod tests {
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         let reads = reader.await.expect("reader");
         assert!(reads > 0);
+    }
+
+    /// `query_many` reads its small queries on the calling task and hands the rest to the
+    /// blocking pool: both halves must still read one snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queries_read_partly_inline_and_partly_on_the_pool_see_one_moment() {
+        const BIG: usize = INLINE_READ_ROWS + 500;
+        const ROUNDS: usize = 40;
+        let (_dir, store) = open_temp().await;
+        let done = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (store, done) = (store.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut seen = 0;
+                while !done.load(Ordering::Relaxed) {
+                    let answers = store
+                        .query_many(vec![
+                            Query::partition(Table::Events, "small", 10),
+                            Query::partition(Table::Timelines, "big", BIG),
+                        ])
+                        .await
+                        .expect("query_many");
+                    let versions: std::collections::BTreeSet<_> = answers
+                        .iter()
+                        .flatten()
+                        .map(|item| item.value.clone())
+                        .collect();
+                    assert!(versions.len() <= 1, "one read saw {versions:?}");
+                    seen += usize::from(answers[1].len() == BIG);
+                }
+                seen
+            })
+        };
+        for round in 0..ROUNDS {
+            let version = format!("v{round:03}");
+            let small = (0..10).map(|row| (Table::Events, "small", row));
+            let big = (0..BIG).map(|row| (Table::Timelines, "big", row));
+            let writes = small
+                .chain(big)
+                .map(|(table, partition, row)| {
+                    Write::put(
+                        table,
+                        Item::new(partition, format!("r{row:05}"), version.clone()),
+                    )
+                })
+                .collect();
+            store.batch_write(writes).await.expect("write");
+        }
+        done.store(true, Ordering::Relaxed);
+        assert!(
+            reader.await.expect("reader") > 0,
+            "no read saw the big partition"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
