@@ -166,8 +166,8 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 /// The handlers of a process, by kind, and what its workers share: the jobs they have in
-/// hand unleased, which of them watches the queue while they are idle, and the wake-up of
-/// their reserve.
+/// hand unleased, which of them watches the queue while they are idle, the wake-up of
+/// their reserve, and where the queue shards' live jobs start.
 #[derive(Clone, Default)]
 pub struct Handlers {
     by_kind: HashMap<&'static str, Arc<dyn Handler>>,
@@ -179,6 +179,8 @@ pub struct Handlers {
     /// Wakes a reserve worker (see [`Worker::reserve`]): a worker that leaves jobs behind in
     /// a shard, or is about to run a big job alone, rings it.
     reserve: Arc<tokio::sync::Notify>,
+    /// Where each queue shard's live jobs start, as the workers' polls found.
+    floors: floors::SharedFloors,
 }
 
 impl Handlers {
@@ -206,5 +208,9 @@ impl Handlers {
 
     fn reserve(&self) -> &tokio::sync::Notify {
         &self.reserve
+    }
+
+    fn floors(&self) -> &floors::SharedFloors {
+        &self.floors
     }
 }

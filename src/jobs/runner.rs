@@ -15,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
-use super::floors::Floors;
 use super::job::{Job, SHARDS, StatusKey, now_ms};
 use super::metrics::{JobMetrics, kind};
 use super::queue::{self, Claimed};
@@ -96,9 +95,6 @@ const MAX_OWN_WRITES_TOGETHER: usize = 7;
 /// few hundred bytes.
 const RECORD_BYTES_BOUND: usize = 4096;
 
-/// How often a worker polls a shard from its start rather than from its floor (see
-/// [`Floors`]).
-const FULL_POLL_EVERY: Duration = Duration::from_millis(500);
 /// How often at most a worker reads a shard from its start because nothing was available
 /// past its floor.
 const RECHECK_EMPTY_EVERY: Duration = Duration::from_millis(50);
@@ -116,8 +112,6 @@ pub struct Worker {
     shutdown: CancellationToken,
     done_sink: Option<mpsc::UnboundedSender<JobDone>>,
     next_shard: u32,
-    /// Where each shard's live jobs start, as far as this worker knows.
-    floors: Floors,
     /// Jobs already logged as unreadable (or of a kind with no handler), so each is logged
     /// once, not at every poll.
     reported: HashSet<String>,
@@ -145,7 +139,6 @@ impl Worker {
             shutdown,
             done_sink: None,
             next_shard,
-            floors: Floors::new(FULL_POLL_EVERY),
             reported: HashSet::new(),
             reserve: false,
         }
@@ -182,9 +175,19 @@ impl Worker {
     /// (jobs enqueued under older ids, such as a split's parts or a deleted event's removal,
     /// sit below the floor), but at most every [`RECHECK_EMPTY_EVERY`]: on an LSM store that
     /// read wades through every job deleted since the last compaction, and idle workers are
-    /// woken by every post.
+    /// woken by every post. The floors are the process's (see [`SharedFloors`]).
+    ///
+    /// [`SharedFloors`]: super::floors::SharedFloors
     async fn poll(&mut self, shard: u32, polled_at: Instant) -> JobResult<queue::Poll> {
-        let from = self.floors.from(shard, Instant::now());
+        let floors = self.handlers.floors().clone();
+        let from = {
+            let mut floors = floors.lock();
+            let from = floors.from(shard, Instant::now());
+            if from.is_none() {
+                floors.begin_full_read(shard, Instant::now());
+            }
+            from
+        };
         let in_hand = self.handlers.in_hand().clone();
         let in_hand = move |id: &str| !in_hand.is_free(id, polled_at);
         let mut poll = queue::available(
@@ -195,17 +198,19 @@ impl Worker {
             &in_hand,
         )
         .await?;
-        self.floors
-            .polled(shard, from.is_none(), poll.first.clone(), Instant::now());
-        if from.is_some()
-            && poll.available.is_empty()
-            && self
-                .floors
-                .read_whole_since(shard, Instant::now(), RECHECK_EMPTY_EVERY)
-        {
+        let recheck = {
+            let mut floors = floors.lock();
+            floors.read_from(shard, from.as_deref(), poll.first.clone(), Instant::now());
+            from.is_some()
+                && poll.available.is_empty()
+                && floors.read_whole_since(shard, Instant::now(), RECHECK_EMPTY_EVERY)
+        };
+        if recheck {
+            floors.lock().begin_full_read(shard, Instant::now());
             poll = queue::available(self.store.as_ref(), shard, None, now_ms(), &in_hand).await?;
-            self.floors
-                .polled(shard, true, poll.first.clone(), Instant::now());
+            floors
+                .lock()
+                .read_from(shard, None, poll.first.clone(), Instant::now());
         }
         Ok(poll)
     }
@@ -1237,6 +1242,43 @@ mod tests {
         assert_eq!(left, 0, "called, the reserve ran every job");
         shutdown.cancel();
         task.await.expect("worker");
+    }
+
+    /// What one worker's poll of a shard found is where the process's other workers start:
+    /// one read from a shard's start serves them all.
+    #[tokio::test]
+    async fn the_workers_of_a_process_poll_from_the_floor_one_of_them_found() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        enqueue_on_shard_zero(store.as_ref(), "single", 2).await;
+        let first = store
+            .query(Query::partition(Table::Jobs, shard_name(0), 1))
+            .await
+            .expect("queue")
+            .remove(0)
+            .row;
+        let handlers = Handlers::default().with(Arc::new(OneAtATime));
+        let (settings, wake, shutdown) = (
+            RunnerSettings::default(),
+            Arc::new(Notify::new()),
+            CancellationToken::new(),
+        );
+        let mut one = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown);
+        let other = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown);
+        let floors = |worker: &Worker| worker.handlers.floors().lock().from(0, Instant::now());
+        assert_eq!(
+            floors(&other),
+            None,
+            "before any poll, shard 0 is read from its start"
+        );
+        let poll = one.poll(0, Instant::now()).await.expect("poll");
+        assert_eq!(poll.available.len(), 2);
+        assert_eq!(
+            floors(&other).as_deref(),
+            Some(first.as_str()),
+            "the other worker starts where the first one found the shard's first job"
+        );
     }
 
     #[test]
