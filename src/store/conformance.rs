@@ -825,7 +825,7 @@ pub async fn query_reads_one_partition_in_both_directions(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(rows(&forward), ["a", "b", "c", "d"]);
-    assert_eq!(forward[0].partition, p);
+    assert_eq!(&*forward[0].partition, p);
     assert_eq!(forward[0].value, Bytes::from("v-a"));
     let reverse = store
         .query(Query::partition(Table::Events, &p, 10).reverse())
@@ -1029,7 +1029,7 @@ pub async fn multi_byte_utf8_keys_sort_by_bytes(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(rows(&forward), ["alpha", "zeta", "émile", "€uro", "𝄞clef"]);
-    assert_eq!(forward[0].partition, p);
+    assert_eq!(&*forward[0].partition, p);
     let after = store
         .query(Query::partition(Table::SubjectFollowers, &p, 10).after(Some("émile".into())))
         .await

@@ -477,10 +477,11 @@ fn read_range(snapshot: &Snapshot, keyspace: &Keyspace, query: &Query) -> StoreR
         rows.push((row.to_owned(), start..values.len()));
     }
     let values = Bytes::from(values);
+    let partition: Arc<str> = Arc::from(query.partition.as_str());
     Ok(rows
         .into_iter()
         .map(|(row, value)| Item {
-            partition: query.partition.clone(),
+            partition: partition.clone(),
             row,
             value: values.slice(value),
         })

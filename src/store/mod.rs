@@ -25,6 +25,7 @@ mod stats;
 mod validate;
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -211,19 +212,21 @@ impl fmt::Display for Table {
 /// One stored item of a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Item {
-    pub partition: String,
+    /// Shared: the items of one query all name the same partition, and a page of a timeline
+    /// is hundreds of items.
+    pub partition: Arc<str>,
     pub row: String,
     pub value: Bytes,
 }
 
 impl Item {
     pub fn new(
-        partition: impl Into<String>,
+        partition: impl AsRef<str>,
         row: impl Into<String>,
         value: impl Into<Bytes>,
     ) -> Self {
         Item {
-            partition: partition.into(),
+            partition: Arc::from(partition.as_ref()),
             row: row.into(),
             value: value.into(),
         }

@@ -40,6 +40,7 @@ impl DynamoStore {
         let slack = usize::from(query.start.is_some() && query.end.is_some());
 
         let mut items = Vec::with_capacity(query.limit.min(1024));
+        let partition: std::sync::Arc<str> = query.partition.as_str().into();
         let mut exclusive_start = plan
             .start_after
             .map(|row| key_attributes(&query.partition, row));
@@ -66,7 +67,7 @@ impl DynamoStore {
                 }
                 let value = take_data(&mut attributes)?;
                 items.push(Item {
-                    partition: query.partition.clone(),
+                    partition: partition.clone(),
                     row,
                     value,
                 });
