@@ -101,7 +101,8 @@ const POLL_FULL_EVERY: Duration = Duration::from_millis(250);
 /// The floors of the queue shards as the workers of one process know them, shared so that
 /// one worker's read from a shard's start serves them all: each worker reading every shard
 /// from its start on its own timer read through every job deleted since the last compaction
-/// as many times over, which cost 6 % of the CPU at 15,000 one-follower events a second.
+/// as many times over (queue polls were 10.8 % of the CPU at one follower an event, 6.7 %
+/// with the floors shared).
 #[derive(Clone)]
 pub struct SharedFloors(Arc<Mutex<Floors>>);
 
