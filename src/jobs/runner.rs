@@ -201,12 +201,16 @@ impl Worker {
         let recheck = {
             let mut floors = floors.lock();
             floors.read_from(shard, from.as_deref(), poll.first.clone(), Instant::now());
-            from.is_some()
+            let recheck = from.is_some()
                 && poll.available.is_empty()
-                && floors.read_whole_since(shard, Instant::now(), RECHECK_EMPTY_EVERY)
+                && floors.read_whole_since(shard, Instant::now(), RECHECK_EMPTY_EVERY);
+            if recheck {
+                // Claimed under the same lock, so no other worker of the process begins one.
+                floors.begin_full_read(shard, Instant::now());
+            }
+            recheck
         };
         if recheck {
-            floors.lock().begin_full_read(shard, Instant::now());
             poll = queue::available(self.store.as_ref(), shard, None, now_ms(), &in_hand).await?;
             floors
                 .lock()
@@ -922,9 +926,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_job_run_alone_runs_after_the_other_jobs_of_its_batch_have_ended() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let (_dir, store) = temp_store().await;
         // Four jobs in one shard, the one to run alone the oldest.
         let mut ids = Vec::new();
         while ids.len() < 4 {
@@ -1015,9 +1017,7 @@ mod tests {
     /// complete; the step still counts as work.
     #[tokio::test]
     async fn an_unleased_job_ended_elsewhere_meanwhile_is_not_ended_again() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let (_dir, store) = temp_store().await;
         // Two jobs in one shard, one of them with a status record.
         let plain = NewJob::new(key_on_shard_zero(), "elsewhere", &0u32);
         let with_status =
@@ -1053,11 +1053,16 @@ mod tests {
         assert_eq!(metrics.in_flight.get(), 0);
     }
 
+    /// An embedded store on a fresh directory.
+    async fn temp_store() -> (tempfile::TempDir, Arc<dyn Store>) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        (dir, store)
+    }
+
     /// A store on a fresh directory that counts the queries of the queue (one a shard polled).
     async fn counting_queue_polls() -> (tempfile::TempDir, Arc<FaultyStore>, Arc<AtomicU64>) {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let embedded: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let (dir, embedded) = temp_store().await;
         let store = Arc::new(FaultyStore::new(embedded));
         let queries = Arc::new(AtomicU64::new(0));
         let counted = queries.clone();
@@ -1164,18 +1169,14 @@ mod tests {
     #[tokio::test]
     async fn a_step_that_leaves_jobs_behind_calls_the_reserve_and_one_that_takes_them_all_does_not()
     {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let (_dir, store) = temp_store().await;
         let handlers = Handlers::default().with(Arc::new(OneAtATime));
-        let mut worker = Worker::new(
-            store.clone(),
-            handlers.clone(),
+        let (settings, wake, shutdown) = (
             RunnerSettings::default(),
             Arc::new(Notify::new()),
-            JobMetrics::default(),
             CancellationToken::new(),
         );
+        let mut worker = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown);
         enqueue_on_shard_zero(store.as_ref(), "single", 2).await;
         worker.next_shard = 0;
         assert_eq!(
@@ -1248,9 +1249,7 @@ mod tests {
     /// one read from a shard's start serves them all.
     #[tokio::test]
     async fn the_workers_of_a_process_poll_from_the_floor_one_of_them_found() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store: Arc<dyn Store> =
-            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let (_dir, store) = temp_store().await;
         enqueue_on_shard_zero(store.as_ref(), "single", 2).await;
         let first = store
             .query(Query::partition(Table::Jobs, shard_name(0), 1))

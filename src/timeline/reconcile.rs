@@ -45,7 +45,12 @@ pub fn job(follower: &str, author: &str) -> Write {
         author: author.to_owned(),
         recheck: false,
     };
-    NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, &edge).write()
+    edge_job(&edge).write()
+}
+
+/// A job for `edge`, under a fresh UUIDv7.
+fn edge_job(edge: &EdgeJob) -> NewJob {
+    NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, edge)
 }
 
 /// Runs reconcile jobs.
@@ -82,9 +87,7 @@ impl Handler for ReconcileHandler {
         };
         let not_before =
             now_ms().saturating_add(i64::try_from(recheck_after.as_millis()).unwrap_or(i64::MAX));
-        let write = NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, &again)
-            .not_before(not_before)
-            .write();
+        let write = edge_job(&again).not_before(not_before).write();
         Ok(Outcome::Done(Ending {
             writes: vec![write],
             ..Ending::default()
