@@ -1090,6 +1090,16 @@ mod tests {
         )
     }
 
+    /// A worker of `handlers` with default settings, for tests that drive its steps.
+    fn stepping_worker(store: Arc<dyn Store>, handlers: &Handlers) -> Worker {
+        let (settings, wake, shutdown) = (
+            RunnerSettings::default(),
+            Arc::new(Notify::new()),
+            CancellationToken::new(),
+        );
+        idle_test_worker(store, handlers, &settings, &wake, &shutdown)
+    }
+
     /// Polls of the queue (one query a shard) by `workers` idle workers of one process over
     /// `intervals` poll intervals, on paused time.
     async fn idle_queue_queries(workers: usize, intervals: u32) -> u64 {
@@ -1171,12 +1181,7 @@ mod tests {
     {
         let (_dir, store) = temp_store().await;
         let handlers = Handlers::default().with(Arc::new(OneAtATime));
-        let (settings, wake, shutdown) = (
-            RunnerSettings::default(),
-            Arc::new(Notify::new()),
-            CancellationToken::new(),
-        );
-        let mut worker = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown);
+        let mut worker = stepping_worker(store.clone(), &handlers);
         enqueue_on_shard_zero(store.as_ref(), "single", 2).await;
         worker.next_shard = 0;
         assert_eq!(
@@ -1258,13 +1263,8 @@ mod tests {
             .remove(0)
             .row;
         let handlers = Handlers::default().with(Arc::new(OneAtATime));
-        let (settings, wake, shutdown) = (
-            RunnerSettings::default(),
-            Arc::new(Notify::new()),
-            CancellationToken::new(),
-        );
-        let mut one = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown);
-        let other = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown);
+        let mut one = stepping_worker(store.clone(), &handlers);
+        let other = stepping_worker(store.clone(), &handlers);
         let floors = |worker: &Worker| worker.handlers.floors().lock().from(0, Instant::now());
         assert_eq!(
             floors(&other),
