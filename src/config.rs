@@ -168,13 +168,6 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub merge_threshold: u32,
 
-    /// Milliseconds after an unfollow's cleanup that it is done again, for the entries of
-    /// fan-outs that read the followers before the unfollow and wrote after the cleanup; 0
-    /// for no second cleanup.
-    #[arg(long, env = "FANLINE_UNFOLLOW_RECHECK_MS", default_value_t = 5_000,
-          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
-    pub unfollow_recheck_ms: u64,
-
     /// Pending jobs past which posts are refused (503 `backlog_full`) until workers catch up;
     /// 0 for no bound.
     #[arg(long, env = "FANLINE_MAX_BACKLOG", default_value_t = 100_000)]
@@ -322,7 +315,6 @@ impl Config {
             max_timeline_len: self.max_timeline_len as usize,
             backfill: self.backfill as usize,
             merge_threshold: self.merge_threshold as usize,
-            unfollow_recheck: Duration::from_millis(self.unfollow_recheck_ms),
         }
     }
 
@@ -396,7 +388,6 @@ mod tests {
         assert_eq!(config.max_timeline_len, 800);
         assert_eq!(config.backfill, 100);
         assert_eq!(config.merge_threshold, 10_000);
-        assert_eq!(config.unfollow_recheck_ms, 5_000);
         assert_eq!(config.catch_up_window_secs, 60);
         assert_eq!(config.max_connections, 10_000);
         assert_eq!(config.stream_heartbeat_ms, 15_000);

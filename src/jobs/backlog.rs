@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::floors::Floors;
-use super::job::{Job, SHARDS, now_ms, shard_name};
+use super::job::{SHARDS, now_ms, shard_name};
 use crate::store::{Query, Store, StoreResult, Table};
 
 /// How often the backlog is counted.
@@ -41,8 +41,7 @@ pub struct Backlog {
     limit: u64,
     /// Jobs counted, up to `limit` (a fuller queue shows as `limit`).
     pending: AtomicU64,
-    /// Unix milliseconds since which the longest-waiting job counted has waited; 0 if none
-    /// waits.
+    /// Unix milliseconds of the oldest job counted; 0 if the queue was empty.
     oldest_ms: AtomicI64,
     /// Whether a count has succeeded yet.
     counted: AtomicBool,
@@ -119,8 +118,9 @@ impl Backlog {
                     .polled(shard, true, count.first.clone(), Instant::now());
             }
             counted += count.jobs;
-            if let Some(since) = count.waiting_since {
-                oldest = Some(oldest.map_or(since, |seen| seen.min(since)));
+            // Ids start with a UUIDv7, so a shard's first row is its oldest job.
+            if let Some(created) = count.first.as_deref().and_then(created_ms) {
+                oldest = Some(oldest.map_or(created, |seen| seen.min(created)));
             }
         }
         let shown = if self.limit > 0 {
@@ -185,9 +185,6 @@ struct ShardCount {
     jobs: u64,
     /// The first job read: every job before it (from where the count started) is gone.
     first: Option<String>,
-    /// Unix milliseconds since which the shard's longest-waiting job has waited (see
-    /// [`waiting_since`]); `None` if no job counted is due yet.
-    waiting_since: Option<i64>,
 }
 
 /// Counts up to `room` jobs of `shard`, from `from` (inclusive) or its start.
@@ -200,11 +197,7 @@ async fn count_shard(
     let mut count = ShardCount {
         jobs: 0,
         first: None,
-        waiting_since: None,
     };
-    let now = now_ms();
-    // Jobs sort by creation, so the first job never enqueued to run later ends the search.
-    let mut looking = true;
     let mut after = None;
     loop {
         let left = usize::try_from(room - count.jobs).unwrap_or(usize::MAX);
@@ -222,38 +215,11 @@ async fn count_shard(
         if count.first.is_none() {
             count.first = page.first().map(|item| item.row.clone());
         }
-        for item in &page {
-            if !looking {
-                break;
-            }
-            let (since, delayed) = waiting_since(&item.row, &item.value, now);
-            if let Some(since) = since {
-                count.waiting_since = Some(count.waiting_since.map_or(since, |s| s.min(since)));
-            }
-            looking = delayed;
-        }
         count.jobs += page.len() as u64;
         if page.len() < page_size {
             return Ok(count);
         }
         after = page.last().map(|item| item.row.clone());
-    }
-}
-
-/// Since when the job `id` (stored as `body`) has waited for a worker, as of `now_ms`: since
-/// it was created, or, for one enqueued to run later and not yet tried (an unfollow's second
-/// look), since it became due; `None` while it is not due. Also whether it was so delayed. A
-/// job a worker holds, or one retried after a failure, counts from its creation: that is
-/// how far behind its work is.
-fn waiting_since(id: &str, body: &[u8], now_ms: i64) -> (Option<i64>, bool) {
-    let created = created_ms(id);
-    match Job::decode(id, body) {
-        Ok(job) if job.attempts == 0 && job.lease_owner.is_none() => match job.hidden_until_ms {
-            Some(due) if due > now_ms => (None, true),
-            Some(due) => (created.map(|created| created.max(due)), true),
-            None => (created, false),
-        },
-        _ => (created, false),
     }
 }
 
@@ -365,56 +331,6 @@ mod tests {
             1,
             "nothing past the floor: the shard is read from its start"
         );
-    }
-
-    /// A job enqueued to run later (an unfollow's second look) is pending, but no one waits
-    /// on it until it is due: the backlog's age leaves it out until then, and from then on
-    /// counts from when it became due.
-    #[tokio::test]
-    async fn a_job_enqueued_to_run_later_ages_the_backlog_only_once_due() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
-        let backlog = Backlog::new(0);
-        let later = |due_ms: i64| {
-            NewJob::new(JobKey::new(Uuid::now_v7(), ".later"), "demo", &0)
-                .not_before(due_ms)
-                .write()
-        };
-        store
-            .transact(vec![later(now_ms() + 60_000)])
-            .await
-            .expect("enqueue");
-        backlog.refresh(&store).await.expect("count");
-        let view = backlog.view();
-        assert_eq!(view.pending, 1, "it is pending");
-        assert_eq!(view.oldest_age, None, "but not waiting: it is not due");
-
-        // Due 100 ms from now, and then past due.
-        let due = now_ms() + 100;
-        store.transact(vec![later(due)]).await.expect("enqueue");
-        while now_ms() <= due + 50 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        backlog.refresh(&store).await.expect("count");
-        let view = backlog.view();
-        assert_eq!(view.pending, 2);
-        let age = view.oldest_age.expect("the due job waits");
-        let since_due = u64::try_from(now_ms() - due).expect("past due");
-        assert!(
-            age <= Duration::from_millis(since_due),
-            "counted from when it was due ({since_due} ms ago), not from its creation: {age:?}"
-        );
-
-        // A job enqueued to run at once counts from its creation.
-        let key = JobKey::new(Uuid::now_v7(), "");
-        store
-            .transact(vec![NewJob::new(key.clone(), "demo", &0).write()])
-            .await
-            .expect("enqueue");
-        backlog.refresh(&store).await.expect("count");
-        let view = backlog.view();
-        assert_eq!(view.pending, 3);
-        assert!(view.oldest_age.is_some());
     }
 
     #[test]

@@ -184,8 +184,6 @@ pub struct NewJob {
     pub payload: Box<RawValue>,
     pub status: Option<StatusKey>,
     pub enqueued_at: Ticks,
-    /// Unix milliseconds before which no worker takes the job.
-    pub not_before_ms: Option<i64>,
 }
 
 impl NewJob {
@@ -196,15 +194,7 @@ impl NewJob {
             payload: encode_payload(payload),
             status: None,
             enqueued_at: Ticks::now(),
-            not_before_ms: None,
         }
-    }
-
-    /// Hides the job from workers until `unix_ms`: work that must come a while after what
-    /// enqueues it.
-    pub fn not_before(mut self, unix_ms: i64) -> Self {
-        self.not_before_ms = Some(unix_ms);
-        self
     }
 
     /// Keeps the outcome of the job (and of any parts it splits into) in a status record in
@@ -223,14 +213,13 @@ impl NewJob {
     }
 
     pub(super) fn into_job(self, part: Option<u32>) -> (JobKey, Job) {
-        let mut job = Job::fresh(
+        let job = Job::fresh(
             self.kind.to_owned(),
             self.payload,
             self.status,
             part,
             self.enqueued_at,
         );
-        job.hidden_until_ms = self.not_before_ms;
         (self.key, job)
     }
 

@@ -1,6 +1,7 @@
 //! A [`Store`] wrapper that injects faults, for tests of what the service does when its
 //! backend misbehaves: fail or throttle every Nth call, fail one chosen call, hang one
-//! (a process that died mid-call), or fail everything for a stretch of time (an outage).
+//! (a process that died mid-call), hold one until the test lets it go (to stage a race at an
+//! exact point), or fail everything for a stretch of time (an outage).
 //!
 //! Rules match calls by operation and table. Each rule counts its own matching calls, so
 //! "the second batch write to `timelines`" means the same thing however busy the other
@@ -109,11 +110,53 @@ struct Hook {
     hook: Box<dyn Fn() + Send + Sync>,
 }
 
+/// Where a held call (see [`FaultyStore::hold_nth`]) waits: the test learns that the call
+/// reached it, stages what it wants meanwhile, then lets the call go on.
+#[derive(Debug)]
+pub struct Gate {
+    reached: tokio::sync::watch::Sender<bool>,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Gate {
+            reached: tokio::sync::watch::Sender::new(false),
+            open: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Waits until the held call has reached the gate.
+    pub async fn reached(&self) {
+        let mut reached = self.reached.subscribe();
+        let _ = reached.wait_for(|reached| *reached).await;
+    }
+
+    /// Lets the held call go on to the store.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    async fn pass(&self) {
+        self.reached.send_replace(true);
+        let mut open = self.open.subscribe();
+        let _ = open.wait_for(|open| *open).await;
+    }
+}
+
+struct Hold {
+    calls: Calls,
+    n: u64,
+    seen: u64,
+    gate: std::sync::Arc<Gate>,
+}
+
 /// Wraps a store and injects the faults its rules describe. Calls no rule picks go through.
 pub struct FaultyStore {
     inner: std::sync::Arc<dyn Store>,
     rules: Mutex<Vec<Rule>>,
     hooks: Mutex<Vec<Hook>>,
+    holds: Mutex<Vec<Hold>>,
     /// Set while an outage (see [`FaultyStore::set_outage`]) is on.
     outage: Mutex<Option<Fault>>,
     injected: AtomicU64,
@@ -128,6 +171,7 @@ impl FaultyStore {
             inner,
             rules: Mutex::new(Vec::new()),
             hooks: Mutex::new(Vec::new()),
+            holds: Mutex::new(Vec::new()),
             outage: Mutex::new(None),
             injected: AtomicU64::new(0),
             hung: Notify::new(),
@@ -168,6 +212,23 @@ impl FaultyStore {
     /// calls of a kind.
     pub fn on_every(&self, calls: Calls, hook: impl Fn() + Send + Sync + 'static) {
         self.on_nth(0, calls, hook);
+    }
+
+    /// Holds the `n`th matching call (1-based) at its start until the returned gate is
+    /// opened: the test stages what it wants between that call and the ones before it (an
+    /// unfollow between a fan-out's read of the followers and its write).
+    pub fn hold_nth(&self, n: u64, calls: Calls) -> std::sync::Arc<Gate> {
+        let gate = std::sync::Arc::new(Gate::new());
+        self.holds
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .push(Hold {
+                calls,
+                n,
+                seen: 0,
+                gate: gate.clone(),
+            });
+        gate
     }
 
     /// Every call fails with `fault` while the outage lasts (`None` ends it).
@@ -251,6 +312,20 @@ impl FaultyStore {
                     (hook.hook)();
                 }
             }
+        }
+        let held: Vec<std::sync::Arc<Gate>> = self
+            .holds
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .iter_mut()
+            .filter(|hold| hold.calls.matches(op, tables))
+            .filter_map(|hold| {
+                hold.seen += 1;
+                (hold.seen == hold.n).then(|| hold.gate.clone())
+            })
+            .collect();
+        for gate in held {
+            gate.pass().await;
         }
         let Some(fault) = self.pick(op, tables) else {
             return Ok(());
@@ -371,5 +446,43 @@ mod tests {
         faulty.set_outage(None);
         assert!(faulty.ping().await.is_ok());
         assert_eq!(faulty.injected(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_held_call_waits_at_its_gate_until_it_is_opened() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let inner = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let faulty = Arc::new(FaultyStore::new(Arc::new(inner)));
+        let gate = faulty.hold_nth(2, Calls::on(Op::BatchWrite, Table::Meta));
+        let write = |row: &str| vec![Write::put(Table::Meta, Item::new("p", row, Bytes::new()))];
+        faulty
+            .batch_write(write("first"))
+            .await
+            .expect("first write");
+        let held = tokio::spawn({
+            let faulty = faulty.clone();
+            let write = write("second");
+            async move { faulty.batch_write(write).await }
+        });
+        gate.reached().await;
+        // Held at its start: nothing of it is written yet, and other calls go on.
+        assert_eq!(
+            faulty.get(Table::Meta, "p", "second").await.expect("get"),
+            None
+        );
+        faulty
+            .batch_write(write("third"))
+            .await
+            .expect("third write");
+        assert!(!held.is_finished());
+        gate.open();
+        held.await.expect("task").expect("second write");
+        assert!(
+            faulty
+                .get(Table::Meta, "p", "second")
+                .await
+                .expect("get")
+                .is_some()
+        );
     }
 }

@@ -214,7 +214,6 @@ pub fn job_handlers(
     let edges = reconcile::EdgeSettings {
         backfill: settings.backfill,
         max_timeline_len: settings.max_timeline_len,
-        recheck_after: settings.unfollow_recheck,
     };
     Handlers::default()
         .with(Arc::new(

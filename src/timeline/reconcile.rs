@@ -12,14 +12,13 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{Event, SubjectId, merged_authors, trim};
-use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome, now_ms};
+use crate::jobs::{Claimed, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{Item, Query, Store, StoreResult, Table, Write};
 
 /// The job kind.
@@ -30,10 +29,6 @@ const KIND: &str = "reconcile";
 struct EdgeJob {
     follower: String,
     author: String,
-    /// The second look after an unfollow's cleanup (see [`EdgeSettings::recheck_after`]):
-    /// it enqueues no other.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    recheck: bool,
 }
 
 /// The write that enqueues reconciling `follower`'s timeline with its edge to `author`; part
@@ -43,14 +38,8 @@ pub fn job(follower: &str, author: &str) -> Write {
     let edge = EdgeJob {
         follower: follower.to_owned(),
         author: author.to_owned(),
-        recheck: false,
     };
-    edge_job(&edge).write()
-}
-
-/// A job for `edge`, under a fresh UUIDv7.
-fn edge_job(edge: &EdgeJob) -> NewJob {
-    NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, edge)
+    NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, &edge).write()
 }
 
 /// Runs reconcile jobs.
@@ -67,31 +56,15 @@ impl Handler for ReconcileHandler {
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let edge: EdgeJob = job.payload()?;
-        let reconciled = reconcile(
+        let touched = reconcile(
             self.store.as_ref(),
             self.settings,
             &edge.follower,
             &edge.author,
         )
         .await?;
-        job.add_progress(reconciled.touched);
-        let recheck_after = self.settings.recheck_after;
-        if reconciled.following || edge.recheck || recheck_after.is_zero() {
-            return Ok(Outcome::done());
-        }
-        // A fan-out that read the followers before the unfollow may write its entry after
-        // the cleanup: a second look, a while later, deletes it.
-        let again = EdgeJob {
-            recheck: true,
-            ..edge
-        };
-        let not_before =
-            now_ms().saturating_add(i64::try_from(recheck_after.as_millis()).unwrap_or(i64::MAX));
-        let write = edge_job(&again).not_before(not_before).write();
-        Ok(Outcome::Done(Ending {
-            writes: vec![write],
-            ..Ending::default()
-        }))
+        job.add_progress(touched);
+        Ok(Outcome::done())
     }
 }
 
@@ -108,26 +81,16 @@ pub struct EdgeSettings {
     pub backfill: usize,
     /// Entries a timeline keeps.
     pub max_timeline_len: usize,
-    /// How long after an unfollow's cleanup it is done again (zero: never). A fan-out reads
-    /// the followers, then writes their entries: one that read them before the unfollow may
-    /// write after the cleanup, and its entry would stay.
-    pub recheck_after: Duration,
 }
 
-/// What a reconcile did: the entries it wrote or deleted, and the edge it left the timeline
-/// in line with.
-pub struct Reconciled {
-    pub touched: u64,
-    pub following: bool,
-}
-
-/// Brings `follower`'s timeline in line with whether it follows `author`.
+/// Brings `follower`'s timeline in line with whether it follows `author`; returns how many
+/// entries it wrote or deleted.
 pub async fn reconcile(
     store: &dyn Store,
     settings: EdgeSettings,
     follower: &str,
     author: &str,
-) -> JobResult<Reconciled> {
+) -> JobResult<u64> {
     let mut before = edge(store, follower, author).await?;
     let mut touched = 0;
     for _ in 0..EDGE_RACES {
@@ -138,10 +101,7 @@ pub async fn reconcile(
         };
         let after = edge(store, follower, author).await?;
         if after == before {
-            return Ok(Reconciled {
-                touched,
-                following: after.is_some(),
-            });
+            return Ok(touched);
         }
         before = after;
     }
@@ -235,7 +195,7 @@ pub(super) async fn take_back_deleted(
 /// Deletes the author's entries from the follower's timeline: the keys of the author's events
 /// from the newest down to the oldest entry the timeline holds (at most
 /// [`MAX_CLEANUP_KEYS`]).
-async fn clean_up(store: &dyn Store, follower: &str, author: &str) -> StoreResult<u64> {
+pub(super) async fn clean_up(store: &dyn Store, follower: &str, author: &str) -> StoreResult<u64> {
     let mut deleted = 0;
     store
         .batch_write(vec![merged_authors::stop_merging(follower, author)])

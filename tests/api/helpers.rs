@@ -35,8 +35,6 @@ impl TestStore {
         config.listen = "127.0.0.1:0".parse().expect("addr");
         config.data_dir = dir.path().join("data");
         config.poll_ms = 50;
-        // An unfollow's second cleanup waits in the queue: tests that drain it wait for it.
-        config.unfollow_recheck_ms = 100;
         config.admin_token = Some(TEST_ADMIN_TOKEN.to_owned());
         if backend == Backend::Dynamo {
             config.store = StoreKind::Dynamodb;
@@ -383,15 +381,20 @@ impl Api {
     /// Polls `/metrics` until the job queue is empty: every fan-out, removal, backfill and
     /// cleanup enqueued so far has ended (a job leaves the queue only when it ends).
     pub async fn wait_for_idle(&self) {
+        self.wait_for_queue_depth(0).await;
+    }
+
+    /// Polls the job queue until it holds `jobs` jobs, or fails after a deadline.
+    pub async fn wait_for_queue_depth(&self, jobs: u64) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let depth = self.queue_depth().await;
-            if depth == 0 {
+            if depth == jobs {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "the queue still holds {depth} jobs"
+                "the queue still holds {depth} jobs, not {jobs}"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -2,7 +2,10 @@
 //! everywhere, the timeline cap, authors merged at read time, and catch-up reads. Each test
 //! drains the job queue (`wait_for_idle`) instead of sleeping.
 
-use fanline::store::{Query, Store, Table, Write};
+use std::time::Duration;
+
+use fanline::store::fault::{Calls, Op};
+use fanline::store::{Query, Store, Table};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -11,13 +14,14 @@ use crate::helpers::{Api, Backend, TestApp, TestStore, at, post_at, segment, spa
 on_both_backends!(
     following_backfills_the_newest_events_in_time_order,
     unfollow_removes_the_subjects_entries_from_the_follower_timeline,
-    an_entry_a_late_fan_out_writes_after_an_unfollows_cleanup_is_deleted_by_its_second_look,
+    a_fan_out_that_writes_after_an_unfollows_cleanup_takes_its_entry_back,
     follow_and_unfollow_in_quick_succession_end_in_the_state_of_the_last_call,
     deleting_an_event_hides_it_at_once_and_removes_every_copy,
     deleting_a_missing_event_is_a_404_and_deleting_twice_is_idempotent,
     a_timeline_page_stops_at_the_cap_and_says_it_was_truncated,
     merged_timeline_pages_match_a_fully_pushed_timeline_page_by_page,
     an_author_crossing_the_threshold_both_ways_keeps_timelines_whole,
+    a_merge_transition_that_writes_after_an_unfollows_cleanup_takes_its_marker_back,
     a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers,
     posts_racing_across_the_threshold_all_reach_every_follower,
     catch_up_reads_return_every_entry_once_oldest_first_even_when_late,
@@ -111,45 +115,36 @@ async fn unfollow_removes_the_subjects_entries_from_the_follower_timeline(backen
     assert_eq!(app.timeline("alice").await.len(), 3);
 }
 
-async fn an_entry_a_late_fan_out_writes_after_an_unfollows_cleanup_is_deleted_by_its_second_look(
-    backend: Backend,
-) {
-    let app = app(backend, |config| config.unfollow_recheck_ms = 300).await;
+async fn a_fan_out_that_writes_after_an_unfollows_cleanup_takes_its_entry_back(backend: Backend) {
+    let app = app(backend, |_| {}).await;
     follow(&app, "reader", "alice").await;
     app.wait_for_idle().await;
-    post_at(&app, "alice", "hello", 1).await;
-    app.wait_for_idle().await;
-    assert_eq!(texts(&app.timeline("reader").await), ["hello"]);
-    let entry = app
+    // The fan-out of alice's post reads her followers (reader among them), then its write of
+    // the entries waits here: meanwhile reader unfollows and the cleanup finds nothing.
+    let write = app
         .faults
-        .query(Query::partition(Table::Timelines, "reader", 10))
+        .hold_nth(1, Calls::on(Op::BatchWrite, Table::Timelines));
+    post_at(&app, "alice", "hello", 1).await;
+    tokio::time::timeout(Duration::from_secs(30), write.reached())
         .await
-        .expect("query")
-        .remove(0);
+        .expect("the fan-out never wrote its entries");
     unfollow(&app, "reader", "alice").await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !stored_rows(&app, Table::Timelines, "reader")
-        .await
-        .is_empty()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the unfollow's cleanup never ran"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    // A fan-out that read alice's followers before the unfollow writes its entry only now.
-    app.faults
-        .batch_write(vec![Write::put(Table::Timelines, entry)])
-        .await
-        .expect("late write");
+    // Only the held fan-out is left in the queue once the unfollow's cleanup has run.
+    app.wait_for_queue_depth(1).await;
+    assert!(
+        stored_rows(&app, Table::Timelines, "reader")
+            .await
+            .is_empty()
+    );
+    write.open();
     app.wait_for_idle().await;
     assert_eq!(
         stored_rows(&app, Table::Timelines, "reader").await,
         Vec::<String>::new(),
-        "the second look deleted the late entry"
+        "the fan-out took back the entry of a reader who unfollowed"
     );
     assert!(app.timeline("reader").await.is_empty());
+    assert_eq!(texts(&app.timeline("alice").await), ["hello"]);
 }
 
 async fn follow_and_unfollow_in_quick_succession_end_in_the_state_of_the_last_call(
@@ -484,6 +479,37 @@ async fn an_author_crossing_the_threshold_both_ways_keeps_timelines_whole(backen
         .await
         .expect("get");
     assert_eq!(flag, None);
+}
+
+async fn a_merge_transition_that_writes_after_an_unfollows_cleanup_takes_its_marker_back(
+    backend: Backend,
+) {
+    let app = app(backend, |config| config.merge_threshold = 2).await;
+    for follower in ["reader", "fan", "newcomer"] {
+        follow(&app, follower, "rising").await;
+    }
+    app.wait_for_idle().await;
+    // The post crosses the threshold: its job marks every follower's timeline to merge the
+    // author, and that write waits while fan unfollows and the cleanup runs.
+    let marks = app
+        .faults
+        .hold_nth(1, Calls::on(Op::BatchWrite, Table::MergedFollowing));
+    post_at(&app, "rising", "p1", 1).await;
+    tokio::time::timeout(Duration::from_secs(30), marks.reached())
+        .await
+        .expect("the transition never marked the timelines");
+    unfollow(&app, "fan", "rising").await;
+    app.wait_for_queue_depth(1).await;
+    marks.open();
+    app.wait_for_idle().await;
+    assert!(
+        stored_rows(&app, Table::MergedFollowing, "fan")
+            .await
+            .is_empty(),
+        "the transition took back the mark of a reader who unfollowed"
+    );
+    assert!(app.timeline("fan").await.is_empty());
+    assert_eq!(texts(&app.timeline("reader").await), ["p1"]);
 }
 
 async fn a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers(

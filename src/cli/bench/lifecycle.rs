@@ -62,7 +62,6 @@ pub async fn unfollow_cleanup(rig: &Rig, samples: usize) -> anyhow::Result<()> {
     let settings = EdgeSettings {
         backfill: 100,
         max_timeline_len: FULL_TIMELINE,
-        recheck_after: std::time::Duration::ZERO,
     };
     let mut times = Vec::with_capacity(samples);
     for sample in 0..samples {

@@ -15,6 +15,7 @@
 //! into the transition: marking every follower's timeline to merge the author at read time
 //! (`Merge`), or copying the merged events back in (`Unmerge`).
 
+mod edges;
 mod metrics;
 mod small;
 mod split;
@@ -35,7 +36,7 @@ use tracing::info;
 use uuid::Uuid;
 
 use super::live::{self, LiveMessage};
-use super::{Event, SubjectId, merged_authors, removal, trim};
+use super::{Event, SubjectId, merged_authors, reconcile, removal, trim};
 use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::keys::{Ticks, parse_event_row_key};
 use crate::notices::{Notice, Notices};
@@ -77,8 +78,6 @@ pub struct FanoutSettings {
     /// An author with more followers than this is merged into timelines at read time
     /// instead of being fanned out.
     pub merge_threshold: usize,
-    /// How long after an unfollow's cleanup it is done again (zero: never).
-    pub unfollow_recheck: std::time::Duration,
 }
 
 impl Default for FanoutSettings {
@@ -89,7 +88,6 @@ impl Default for FanoutSettings {
             max_timeline_len: 800,
             backfill: 100,
             merge_threshold: 10_000,
-            unfollow_recheck: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -639,6 +637,7 @@ impl FanoutHandler {
                 }
                 let count = writes.len();
                 self.store.batch_write(writes).await?;
+                self.take_back_unfollowed(&author, &owners).await?;
                 // Live streams of these timelines read again, and so learn to watch the
                 // author's own log from now on.
                 for owner in &owners {
@@ -658,6 +657,12 @@ impl FanoutHandler {
                         .map(|owner| self.unmerge_timeline(owner, &author, &row_key, entry_opt));
                     count += try_join_all(unmerged).await?.into_iter().sum::<usize>();
                 }
+                let followers: Vec<&str> = owners
+                    .iter()
+                    .copied()
+                    .filter(|owner| *owner != author)
+                    .collect();
+                self.take_back_unfollowed(&author, &followers).await?;
                 count
             }
             (Action::Deliver, Some(entry)) => {
@@ -704,6 +709,21 @@ impl FanoutHandler {
             state.cursor = cursor;
         }
         Ok(applied)
+    }
+
+    /// Cleans up, as their unfollow did, the timelines of `followers` who no longer follow
+    /// `author`: a merge transition just wrote to them, perhaps after that cleanup ran (see
+    /// [`edges`]).
+    async fn take_back_unfollowed(&self, author: &str, followers: &[&str]) -> JobResult<()> {
+        let written = [edges::Written {
+            author,
+            followers: followers.to_vec(),
+        }];
+        let store = self.store.as_ref();
+        for gone in edges::unfollowed(store, &written).await?.concat() {
+            reconcile::clean_up(store, gone, author).await?;
+        }
+        Ok(())
     }
 
     /// Trims the timelines of `owners` to the cap.

@@ -8,13 +8,13 @@
 //! the split and merge thresholds). Anything else, found while looking, runs alone as before.
 //! The reads of a batch are three rounds whatever its size: every author's followers, every
 //! author's merged flag, and the events of jobs that carry no entry; after the write, one
-//! round checks that no event was deleted meanwhile. Entries are keyed by event row key, so
-//! a batch written twice (a retry after a failed write) leaves one entry per follower; a
-//! failed write fails every job of the batch, and each is retried.
+//! round checks that no event was deleted and no reader unfollowed meanwhile. Entries are
+//! keyed by event row key, so a batch written twice (a retry after a failed write) leaves one
+//! entry per follower; a failed write fails every job of the batch, and each is retried.
 
 use bytes::Bytes;
 
-use super::{Action, FanoutHandler, FanoutJob};
+use super::{Action, FanoutHandler, FanoutJob, edges};
 use crate::jobs::{Claimed, Ending, Handler as _, JobError, JobResult, Outcome};
 use crate::keys::parse_event_row_key;
 use crate::notices::Notice;
@@ -202,8 +202,9 @@ impl FanoutHandler {
     /// Writes the entries of every delivery in one batch (with `checkpoint_opt`'s checkpoint
     /// after them, in one durable write where the store can), trims the timelines their
     /// events trim, then takes back the copies of events deleted meanwhile (a delete whose
-    /// removal job may have run before these writes). Returns the positions of those events.
-    /// Used for a page of one big fan-out too.
+    /// removal job may have run before these writes) and those of readers who unfollowed
+    /// meanwhile (see [`edges`]). Returns the positions of the deleted events. Used for a
+    /// page of one big fan-out too.
     pub(super) async fn write_entries(
         &self,
         deliveries: &[Delivery<'_>],
@@ -240,30 +241,43 @@ impl FanoutHandler {
         if !trimmed.is_empty() {
             self.trim_all(&trimmed).await?;
         }
-        let still = store
-            .get_many(
-                deliveries
-                    .iter()
-                    .map(|delivery| Key::new(Table::Events, delivery.author, delivery.row_key))
-                    .collect(),
-            )
-            .await?;
+        let events = deliveries
+            .iter()
+            .map(|delivery| Key::new(Table::Events, delivery.author, delivery.row_key))
+            .collect();
+        let written: Vec<edges::Written<'_>> = deliveries
+            .iter()
+            .map(|delivery| edges::Written {
+                author: delivery.author,
+                followers: delivery.followers().collect(),
+            })
+            .collect();
+        let (still, unfollowed) =
+            futures::join!(store.get_many(events), edges::unfollowed(store, &written));
+        let (still, unfollowed) = (still?, unfollowed?);
         let gone: Vec<usize> = still
             .iter()
             .enumerate()
             .filter(|(_, body)| body.is_none())
             .map(|(position, _)| position)
             .collect();
-        if !gone.is_empty() {
-            let deletes =
-                gone.iter()
-                    .flat_map(|position| {
-                        let delivery = &deliveries[*position];
-                        delivery.owners.iter().map(move |owner| {
-                            Write::delete(Table::Timelines, *owner, delivery.row_key)
-                        })
-                    })
-                    .collect();
+        // The copies of an event deleted meanwhile, and those of readers who unfollowed.
+        let deletes: Vec<Write> = deliveries
+            .iter()
+            .zip(&unfollowed)
+            .enumerate()
+            .flat_map(|(position, (delivery, unfollowed))| {
+                let owners = if gone.contains(&position) {
+                    &delivery.owners
+                } else {
+                    unfollowed
+                };
+                owners
+                    .iter()
+                    .map(move |owner| Write::delete(Table::Timelines, *owner, delivery.row_key))
+            })
+            .collect();
+        if !deletes.is_empty() {
             store.batch_write(deletes).await?;
         }
         Ok(gone)
@@ -276,6 +290,16 @@ pub(super) struct Delivery<'a> {
     pub row_key: &'a str,
     pub entry: &'a Bytes,
     pub owners: Vec<&'a str>,
+}
+
+impl<'a> Delivery<'a> {
+    /// The owners that get the entry as followers (all but the author's own timeline).
+    fn followers(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.owners
+            .iter()
+            .copied()
+            .filter(|owner| *owner != self.author)
+    }
 }
 
 /// Done, with its follower count for the status record.

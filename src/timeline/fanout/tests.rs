@@ -299,6 +299,39 @@ async fn a_job_is_delivered_page_by_page_then_deleted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries_back() {
+    let fixture = fixture().await;
+    let store = faulty(&fixture);
+    // The second page's write waits after the followers were read; two of its readers
+    // unfollow meanwhile (their cleanup would find nothing to delete yet).
+    let second_page = store.hold_nth(2, Calls::on(Op::BatchWrite, Table::Timelines));
+    let (mut worker, _) = worker(
+        store.clone(),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    let step = tokio::spawn(async move { worker.try_process_one().await });
+    second_page.reached().await;
+    let unfollowed = ["f01500", "f01600"];
+    fixture
+        .store
+        .batch_write(
+            unfollowed
+                .iter()
+                .map(|follower| Write::delete(Table::SubjectFollowers, "author", *follower))
+                .collect(),
+        )
+        .await
+        .expect("unfollow");
+    second_page.open();
+    assert_eq!(step.await.expect("task").expect("step"), Processed::Job);
+    for (owner, entries) in everyones_entries(&fixture).await {
+        let expected = usize::from(!unfollowed.contains(&owner.as_str()));
+        assert_eq!(entries.len(), expected, "entries of {owner}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_workers_job_resumes_from_its_checkpoint_after_the_lease_expires() {
     let fixture = fixture().await;
     let crashing = faulty(&fixture);
