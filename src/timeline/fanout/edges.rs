@@ -7,12 +7,17 @@
 //! later than the write, and its cleanup (which runs after the unfollow) deletes what the
 //! write left. Either way nothing stays, however long the write took.
 //!
-//! The second read is one query per author over the range of followers written to: one
-//! request for a page of them, and for all the small fan-outs of a batch together.
+//! The second read is one round for a whole batch of small fan-outs: the edges of a few
+//! followers are read by key, together (on DynamoDB, `BatchGetItem`s of 100 keys, so a
+//! batch of small fan-outs costs a request or a few), and a page of followers by one query
+//! over its range (one request, where reading it by key would take ten).
 
 use std::collections::HashSet;
 
-use crate::store::{Query, Store, StoreResult, Table};
+use crate::store::{Key, Query, Store, StoreResult, Table};
+
+/// Most followers of one fan-out whose edges are read by key; more are read as a range.
+const BY_KEY_UP_TO: usize = 100;
 
 /// The timelines one fan-out wrote to: `author`'s followers `followers`.
 pub(super) struct Written<'a> {
@@ -21,29 +26,57 @@ pub(super) struct Written<'a> {
 }
 
 /// Of each `written`'s followers, those that no longer follow its author, in one round of
-/// queries (and a further query for a range that new followers made longer than a page).
+/// reads (and a further query for a range that new followers made longer than a page).
 pub(super) async fn unfollowed<'a>(
     store: &dyn Store,
     written: &[Written<'a>],
 ) -> StoreResult<Vec<Vec<&'a str>>> {
-    let ranges: Vec<Option<Range<'a>>> = written.iter().map(Range::of).collect();
-    let first_pages = store
-        .query_many(
-            ranges
+    let by_key = |written: &Written<'_>| written.followers.len() <= BY_KEY_UP_TO;
+    let keys: Vec<Key> = written
+        .iter()
+        .filter(|written| by_key(written))
+        .flat_map(|written| {
+            written
+                .followers
                 .iter()
-                .flatten()
-                .map(|range| range.query(None))
-                .collect(),
-        )
-        .await?;
-    let mut first_pages = first_pages.into_iter();
+                .map(|follower| Key::new(Table::SubjectFollowers, written.author, *follower))
+        })
+        .collect();
+    let ranges: Vec<Range<'a>> = written
+        .iter()
+        .filter(|written| !by_key(written))
+        .filter_map(Range::of)
+        .collect();
+    let (edges, first_pages) = futures::join!(
+        async {
+            if keys.is_empty() {
+                Ok(Vec::new())
+            } else {
+                store.get_many(keys).await
+            }
+        },
+        store.query_many(ranges.iter().map(|range| range.query(None)).collect()),
+    );
+    let mut edges = edges?.into_iter();
+    let mut first_pages = first_pages?.into_iter().zip(&ranges);
     let mut answers = Vec::with_capacity(written.len());
-    for (range, written) in ranges.iter().zip(written) {
-        let Some(range) = range else {
+    for written in written {
+        if by_key(written) {
+            answers.push(
+                written
+                    .followers
+                    .iter()
+                    .copied()
+                    .zip(edges.by_ref())
+                    .filter_map(|(follower, edge)| edge.is_none().then_some(follower))
+                    .collect(),
+            );
+            continue;
+        }
+        let Some((mut page, range)) = first_pages.next() else {
             answers.push(Vec::new());
             continue;
         };
-        let mut page = first_pages.next().unwrap_or_default();
         let mut present = HashSet::new();
         loop {
             let more = page.len() >= range.limit
@@ -128,14 +161,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn finds_the_followers_gone_however_many_joined_in_their_range() {
-        // Written to b, d, f, h of alice; d and h unfollowed since, and many joined between.
-        let mut now: Vec<String> = vec!["b".into(), "f".into()];
-        now.extend((0..50).map(|n| format!("c{n:02}")));
-        now.extend((0..50).map(|n| format!("e{n:02}")));
-        now.push("z".into());
-        let now: Vec<&str> = now.iter().map(String::as_str).collect();
-        let (_dir, store) = store_with_followers("alice", &now).await;
+    async fn finds_the_followers_gone_of_each_small_fan_out_by_key() {
+        let (_dir, store) = store_with_followers("alice", &["b", "f"]).await;
         let written = [
             Written {
                 author: "alice",
@@ -147,11 +174,40 @@ mod tests {
             },
             Written {
                 author: "carol",
-                followers: vec!["y"],
+                followers: vec!["b"],
             },
         ];
         let gone = unfollowed(store.as_ref(), &written).await.expect("read");
-        assert_eq!(gone, vec![vec!["d", "h"], Vec::new(), vec!["y"]]);
+        assert_eq!(gone, vec![vec!["d", "h"], Vec::new(), vec!["b"]]);
+    }
+
+    #[tokio::test]
+    async fn finds_the_followers_gone_of_a_page_however_many_joined_in_its_range() {
+        // A page written to 150 followers; two of them unfollowed since, and 120 joined
+        // between them (past the page's length), and some after.
+        let page: Vec<String> = (0..150).map(|n| format!("f{n:03}")).collect();
+        let gone_since = ["f010", "f149"];
+        let mut now: Vec<String> = page
+            .iter()
+            .filter(|follower| !gone_since.contains(&follower.as_str()))
+            .cloned()
+            .collect();
+        now.extend((0..120).map(|n| format!("f050-{n:03}")));
+        now.extend(["g", "h"].map(String::from));
+        let now: Vec<&str> = now.iter().map(String::as_str).collect();
+        let (_dir, store) = store_with_followers("alice", &now).await;
+        let written = [
+            Written {
+                author: "alice",
+                followers: page.iter().map(String::as_str).collect(),
+            },
+            Written {
+                author: "alice",
+                followers: vec!["f000", "f010"],
+            },
+        ];
+        let gone = unfollowed(store.as_ref(), &written).await.expect("read");
+        assert_eq!(gone, vec![gone_since.to_vec(), vec!["f010"]]);
     }
 
     #[tokio::test]
