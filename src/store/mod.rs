@@ -119,8 +119,9 @@ pub enum Table {
     /// timeline reads filter them out. Each is written to every shard, so reads, which pick
     /// one shard, spread over partitions.
     Removals,
-    /// Author subject id -> one row: the author's events are merged into timelines at read
-    /// time instead of being fanned out (an author with very many followers).
+    /// Author subject id -> `merged`: the author's events are merged into timelines at read
+    /// time instead of being fanned out (an author with very many followers); `unfollowed`:
+    /// a mark each unfollow of the author rewrites, for its fan-out pages to notice.
     MergedAuthors,
     /// Follower subject id -> merged author id: the authors a timeline merges at read time,
     /// with the oldest of their events it shows.

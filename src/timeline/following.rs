@@ -55,6 +55,8 @@ impl Timelines {
             Write::delete(Table::SubjectFollowing, follower.as_str(), target.as_str()),
             // A merged author leaves the timeline at once; pushed entries go with the job.
             merged_authors::stop_merging(follower.as_str(), target.as_str()),
+            // Fan-out pages of the target written meanwhile see it and look again.
+            merged_authors::unfollowed_mark(target.as_str()),
             reconcile::job(follower.as_str(), target.as_str()),
         ];
         self.store.transact(writes).await?;

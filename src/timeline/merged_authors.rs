@@ -15,6 +15,10 @@ use crate::store::{Condition, Item, Key, Query, Store, StoreError, StoreResult, 
 /// The row of an author's flag in `mergedAuthors`.
 const FLAG_ROW: &str = "merged";
 
+/// The row in `mergedAuthors` that every unfollow of the author rewrites (see
+/// [`unfollowed_mark`]).
+const UNFOLLOWED_ROW: &str = "unfollowed";
+
 /// Most merged authors one timeline read will merge.
 pub const MAX_MERGED_PER_TIMELINE: usize = 1000;
 
@@ -52,6 +56,26 @@ pub async fn author_flag(store: &dyn Store, author: &str) -> StoreResult<Option<
 /// Where `author`'s flag is, to read many authors' flags at once (see [`flag_since`]).
 pub fn flag_key(author: &str) -> Key {
     Key::new(Table::MergedAuthors, author, FLAG_ROW)
+}
+
+/// The write that moves `author`'s unfollow mark, in every unfollow's transaction: a fan-out
+/// page reads the mark before its followers and again after its write, and reads its
+/// followers' edges again only if the mark moved (see `fanout::edges`). Its value is a fresh
+/// UUIDv7, so no two unfollows leave the same mark.
+pub fn unfollowed_mark(author: &str) -> Write {
+    Write::put(
+        Table::MergedAuthors,
+        Item::new(
+            author,
+            UNFOLLOWED_ROW,
+            Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+        ),
+    )
+}
+
+/// Where `author`'s unfollow mark is.
+pub fn unfollowed_key(author: &str) -> Key {
+    Key::new(Table::MergedAuthors, author, UNFOLLOWED_ROW)
 }
 
 /// The event since which an author is merged, from its flag's value.

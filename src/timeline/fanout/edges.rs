@@ -7,14 +7,64 @@
 //! later than the write, and its cleanup (which runs after the unfollow) deletes what the
 //! write left. Either way nothing stays, however long the write took.
 //!
-//! The second read is one round for a whole batch of small fan-outs: the edges of a few
-//! followers are read by key, together (on DynamoDB, `BatchGetItem`s of 100 keys, so a
-//! batch of small fan-outs costs a request or a few), and a page of followers by one query
-//! over its range (one request, where reading it by key would take ten).
+//! A batch of small fan-outs reads the edges of all its followers by key, in one round (on
+//! DynamoDB, `BatchGetItem`s of 100 keys: a request or a few for the batch). A page of one
+//! big fan-out would read a thousand edges, so it reads its author's unfollow mark instead
+//! (`merged_authors::unfollowed_mark`, which every unfollow's transaction moves): once
+//! before its followers, once after its write. Only if the mark moved does it read its
+//! followers' edges again, as one query over their range.
 
 use std::collections::HashSet;
 
+use bytes::Bytes;
+
 use crate::store::{Key, Query, Store, StoreResult, Table};
+use crate::timeline::merged_authors;
+
+/// How a write to followers' timelines learns which of them unfollowed meanwhile.
+pub(super) enum Recheck<'m> {
+    /// Every follower's edge, read by key (a batch of small fan-outs).
+    Edges,
+    /// The author's unfollow mark, and the edges only if it moved (a page of one fan-out).
+    Mark(&'m mut Mark),
+}
+
+/// An author's unfollow mark as a fan-out last read it.
+pub(super) struct Mark {
+    author: String,
+    seen: Option<Bytes>,
+}
+
+impl Mark {
+    /// Reads `author`'s mark: before the followers whose writes it guards are read.
+    pub(super) async fn read(store: &dyn Store, author: &str) -> StoreResult<Mark> {
+        let key = merged_authors::unfollowed_key(author);
+        Ok(Mark {
+            author: author.to_owned(),
+            seen: store.get(key.table, &key.partition, &key.row).await?,
+        })
+    }
+
+    /// Where the mark is, to read it with other keys.
+    pub(super) fn key(&self) -> Key {
+        merged_authors::unfollowed_key(&self.author)
+    }
+
+    /// Takes the mark as read after a write: whether an unfollow moved it since the last
+    /// read. The next page's followers are read after this read, so it guards them next.
+    pub(super) fn moved_to(&mut self, now: Option<Bytes>) -> bool {
+        let moved = now != self.seen;
+        self.seen = now;
+        moved
+    }
+
+    /// Reads the mark again after a write (see [`Mark::moved_to`]).
+    pub(super) async fn moved(&mut self, store: &dyn Store) -> StoreResult<bool> {
+        let key = self.key();
+        let now = store.get(key.table, &key.partition, &key.row).await?;
+        Ok(self.moved_to(now))
+    }
+}
 
 /// Most followers of one fan-out whose edges are read by key; more are read as a range.
 const BY_KEY_UP_TO: usize = 100;

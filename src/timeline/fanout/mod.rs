@@ -446,6 +446,8 @@ impl FanoutHandler {
         if state.split.is_some() {
             return self.split(job, state, None).await;
         }
+        // Read before any follower, so that a page sees every unfollow after its read.
+        let mut mark = edges::Mark::read(self.store.as_ref(), &author).await?;
         // A fresh job: one read tells whether to split (and whether the author is merged at
         // read time), and otherwise holds every follower to work on, in memory.
         let mut preread_opt = None;
@@ -553,7 +555,7 @@ impl FanoutHandler {
                 checkpoint: !last_page,
             };
             let applied = self
-                .apply_page(job, state, page, entry_opt.as_ref())
+                .apply_page(job, state, page, entry_opt.as_ref(), &mut mark)
                 .await?;
             if last_page || applied == Applied::Stopped {
                 return Ok(Step::Delivered);
@@ -594,6 +596,7 @@ impl FanoutHandler {
         state: &mut FanoutJob,
         page: Page<'_>,
         entry_opt: Option<&Bytes>,
+        mark: &mut edges::Mark,
     ) -> JobResult<Applied> {
         let Page {
             followers,
@@ -637,7 +640,7 @@ impl FanoutHandler {
                 }
                 let count = writes.len();
                 self.store.batch_write(writes).await?;
-                self.take_back_unfollowed(&author, &owners).await?;
+                self.take_back_unfollowed(&author, &owners, mark).await?;
                 // Live streams of these timelines read again, and so learn to watch the
                 // author's own log from now on.
                 for owner in &owners {
@@ -662,7 +665,7 @@ impl FanoutHandler {
                     .copied()
                     .filter(|owner| *owner != author)
                     .collect();
-                self.take_back_unfollowed(&author, &followers).await?;
+                self.take_back_unfollowed(&author, &followers, mark).await?;
                 count
             }
             (Action::Deliver, Some(entry)) => {
@@ -689,7 +692,11 @@ impl FanoutHandler {
                 // A delete that raced this page may have removed these rows already: if the
                 // event is gone now, its copies are taken back and the job stops.
                 let gone = self
-                    .write_entries(std::slice::from_ref(&delivery), checkpoint_opt)
+                    .write_entries(
+                        std::slice::from_ref(&delivery),
+                        checkpoint_opt,
+                        edges::Recheck::Mark(mark),
+                    )
                     .await?;
                 if !gone.is_empty() {
                     applied = Applied::Stopped;
@@ -713,13 +720,21 @@ impl FanoutHandler {
 
     /// Cleans up, as their unfollow did, the timelines of `followers` who no longer follow
     /// `author`: a merge transition just wrote to them, perhaps after that cleanup ran (see
-    /// [`edges`]).
-    async fn take_back_unfollowed(&self, author: &str, followers: &[&str]) -> JobResult<()> {
+    /// [`edges`]). Reads their edges only if the author's unfollow `mark` moved.
+    async fn take_back_unfollowed(
+        &self,
+        author: &str,
+        followers: &[&str],
+        mark: &mut edges::Mark,
+    ) -> JobResult<()> {
+        let store = self.store.as_ref();
+        if !mark.moved(store).await? {
+            return Ok(());
+        }
         let written = [edges::Written {
             author,
             followers: followers.to_vec(),
         }];
-        let store = self.store.as_ref();
         for gone in edges::unfollowed(store, &written).await?.concat() {
             reconcile::clean_up(store, gone, author).await?;
         }

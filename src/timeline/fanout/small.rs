@@ -145,7 +145,10 @@ impl FanoutHandler {
                     owners: owners.iter().map(String::as_str).collect(),
                 })
                 .collect();
-            match self.write_entries(&deliveries, None).await {
+            match self
+                .write_entries(&deliveries, None, edges::Recheck::Edges)
+                .await
+            {
                 Ok(gone) => {
                     for (position, (index, _, _, owners)) in small.iter().enumerate() {
                         let written = owners.len() as u64;
@@ -203,12 +206,13 @@ impl FanoutHandler {
     /// after them, in one durable write where the store can), trims the timelines their
     /// events trim, then takes back the copies of events deleted meanwhile (a delete whose
     /// removal job may have run before these writes) and those of readers who unfollowed
-    /// meanwhile (see [`edges`]). Returns the positions of the deleted events. Used for a
+    /// meanwhile, found as `recheck` says (see [`edges`]). Returns the positions of the deleted events. Used for a
     /// page of one big fan-out too.
     pub(super) async fn write_entries(
         &self,
         deliveries: &[Delivery<'_>],
         checkpoint_opt: Option<&mut Claimed>,
+        recheck: edges::Recheck<'_>,
     ) -> JobResult<Vec<usize>> {
         let store = self.store.as_ref();
         let puts = deliveries
@@ -252,9 +256,24 @@ impl FanoutHandler {
                 followers: delivery.followers().collect(),
             })
             .collect();
-        let (still, unfollowed) =
-            futures::join!(store.get_many(events), edges::unfollowed(store, &written));
-        let (still, unfollowed) = (still?, unfollowed?);
+        let (still, unfollowed) = match recheck {
+            edges::Recheck::Edges => {
+                let (still, unfollowed) =
+                    futures::join!(store.get_many(events), edges::unfollowed(store, &written));
+                (still?, unfollowed?)
+            }
+            edges::Recheck::Mark(mark) => {
+                let mut keys = events;
+                keys.push(mark.key());
+                let mut still = store.get_many(keys).await?;
+                let unfollowed = if mark.moved_to(still.pop().flatten()) {
+                    edges::unfollowed(store, &written).await?
+                } else {
+                    written.iter().map(|_| Vec::new()).collect()
+                };
+                (still, unfollowed)
+            }
+        };
         let gone: Vec<usize> = still
             .iter()
             .enumerate()

@@ -305,6 +305,13 @@ async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries
     // The second page's write waits after the followers were read; two of its readers
     // unfollow meanwhile (their cleanup would find nothing to delete yet).
     let second_page = store.hold_nth(2, Calls::on(Op::BatchWrite, Table::Timelines));
+    let follower_reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    store.on_every(Calls::on(Op::Query, Table::SubjectFollowers), {
+        let follower_reads = follower_reads.clone();
+        move || {
+            follower_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
     let (mut worker, _) = worker(
         store.clone(),
         settings(Duration::from_secs(30)),
@@ -312,15 +319,16 @@ async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries
     );
     let step = tokio::spawn(async move { worker.try_process_one().await });
     second_page.reached().await;
+    // As the unfollows' transactions do: the edges go, and the author's unfollow mark moves.
     let unfollowed = ["f01500", "f01600"];
+    let mut unfollows: Vec<Write> = unfollowed
+        .iter()
+        .map(|follower| Write::delete(Table::SubjectFollowers, "author", *follower))
+        .collect();
+    unfollows.push(merged_authors::unfollowed_mark("author"));
     fixture
         .store
-        .batch_write(
-            unfollowed
-                .iter()
-                .map(|follower| Write::delete(Table::SubjectFollowers, "author", *follower))
-                .collect(),
-        )
+        .batch_write(unfollows)
         .await
         .expect("unfollow");
     second_page.open();
@@ -329,6 +337,10 @@ async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries
         let expected = usize::from(!unfollowed.contains(&owner.as_str()));
         assert_eq!(entries.len(), expected, "entries of {owner}");
     }
+    // The batch's look (too many for a small fan-out) and the job's one read of all the
+    // followers, then the second page's edges, read again because the unfollow mark moved
+    // under it; under the first and third pages it did not.
+    assert_eq!(follower_reads.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
