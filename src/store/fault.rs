@@ -464,7 +464,9 @@ mod tests {
             let write = write("second");
             async move { faulty.batch_write(write).await }
         });
-        gate.reached().await;
+        tokio::time::timeout(std::time::Duration::from_secs(30), gate.reached())
+            .await
+            .expect("the second write never started");
         // Held at its start: nothing of it is written yet, and other calls go on.
         assert_eq!(
             faulty.get(Table::Meta, "p", "second").await.expect("get"),

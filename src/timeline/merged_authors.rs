@@ -7,6 +7,9 @@
 //! `events` partition into the page. Older events, pushed before the author crossed the
 //! threshold, are still in the timeline itself; the read merges by row key and drops
 //! duplicates, so the two sources overlap safely.
+//!
+//! The same table holds each author's unfollow mark ([`unfollowed_mark`]), which tells the
+//! author's fan-out pages that a reader may have unfollowed under them.
 
 use bytes::Bytes;
 

@@ -8,7 +8,8 @@
 //! edge again, starting over if it changed. Writes of a job that acted on an old state are
 //! always followed by that job's second read, which sees the change and undoes them, and a
 //! change after that read has its own job. So follows and unfollows in any order and at any
-//! speed end in the state of the last call.
+//! speed end in the state of the last call. A fan-out that read the followers before an
+//! unfollow and wrote after its cleanup takes its own write back (`fanout::edges`).
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -206,8 +206,8 @@ impl FanoutHandler {
     /// after them, in one durable write where the store can), trims the timelines their
     /// events trim, then takes back the copies of events deleted meanwhile (a delete whose
     /// removal job may have run before these writes) and those of readers who unfollowed
-    /// meanwhile, found as `recheck` says (see [`edges`]). Returns the positions of the deleted events. Used for a
-    /// page of one big fan-out too.
+    /// meanwhile, found as `recheck` says (see [`edges`]). Returns the positions of the
+    /// deleted events. Used for a page of one big fan-out too.
     pub(super) async fn write_entries(
         &self,
         deliveries: &[Delivery<'_>],

@@ -318,7 +318,9 @@ async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries
         CancellationToken::new(),
     );
     let step = tokio::spawn(async move { worker.try_process_one().await });
-    second_page.reached().await;
+    tokio::time::timeout(Duration::from_secs(30), second_page.reached())
+        .await
+        .expect("the second page was never written");
     // As the unfollows' transactions do: the edges go, and the author's unfollow mark moves.
     let unfollowed = ["f01500", "f01600"];
     let mut unfollows: Vec<Write> = unfollowed
