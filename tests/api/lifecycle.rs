@@ -119,32 +119,33 @@ async fn a_fan_out_that_writes_after_an_unfollows_cleanup_takes_its_entry_back(b
     let app = app(backend, |_| {}).await;
     follow(&app, "reader", "alice").await;
     app.wait_for_idle().await;
-    // The fan-out of alice's post reads her followers (reader among them), then its write of
-    // the entries waits here: meanwhile reader unfollows and the cleanup finds nothing.
-    let write = app
-        .faults
-        .hold_nth(1, Calls::on(Op::BatchWrite, Table::Timelines));
-    post_at(&app, "alice", "hello", 1).await;
-    tokio::time::timeout(Duration::from_secs(30), write.reached())
-        .await
-        .expect("the fan-out never wrote its entries");
-    unfollow(&app, "reader", "alice").await;
-    // Only the held fan-out is left in the queue once the unfollow's cleanup has run.
-    app.wait_for_queue_depth(1).await;
-    assert!(
-        stored_rows(&app, Table::Timelines, "reader")
-            .await
-            .is_empty()
-    );
-    write.open();
-    app.wait_for_idle().await;
+    // The fan-out reads alice's followers (reader among them), then writes their entries.
+    let entries = Calls::on(Op::BatchWrite, Table::Timelines);
+    unfollow_under_a_held_write(&app, entries, "alice", "reader").await;
     assert_eq!(
         stored_rows(&app, Table::Timelines, "reader").await,
         Vec::<String>::new(),
         "the fan-out took back the entry of a reader who unfollowed"
     );
-    assert!(app.timeline("reader").await.is_empty());
     assert_eq!(texts(&app.timeline("alice").await), ["hello"]);
+}
+
+/// Posts `hello` as `author` and holds the first `calls` write of its fan-out (made after it
+/// read the followers) while `reader` unfollows and the unfollow's cleanup runs, finding
+/// nothing yet; then lets the write go on and drains the queue.
+async fn unfollow_under_a_held_write(app: &TestApp, calls: Calls, author: &str, reader: &str) {
+    let write = app.faults.hold_nth(1, calls);
+    post_at(app, author, "hello", 1).await;
+    tokio::time::timeout(Duration::from_secs(30), write.reached())
+        .await
+        .expect("the fan-out never made the held write");
+    unfollow(app, reader, author).await;
+    // Only the held fan-out is left in the queue once the unfollow's cleanup has run.
+    app.wait_for_queue_depth(1).await;
+    assert!(app.timeline(reader).await.is_empty());
+    write.open();
+    app.wait_for_idle().await;
+    assert!(app.timeline(reader).await.is_empty());
 }
 
 async fn follow_and_unfollow_in_quick_succession_end_in_the_state_of_the_last_call(
@@ -490,26 +491,16 @@ async fn a_merge_transition_that_writes_after_an_unfollows_cleanup_takes_its_mar
     }
     app.wait_for_idle().await;
     // The post crosses the threshold: its job marks every follower's timeline to merge the
-    // author, and that write waits while fan unfollows and the cleanup runs.
-    let marks = app
-        .faults
-        .hold_nth(1, Calls::on(Op::BatchWrite, Table::MergedFollowing));
-    post_at(&app, "rising", "p1", 1).await;
-    tokio::time::timeout(Duration::from_secs(30), marks.reached())
-        .await
-        .expect("the transition never marked the timelines");
-    unfollow(&app, "fan", "rising").await;
-    app.wait_for_queue_depth(1).await;
-    marks.open();
-    app.wait_for_idle().await;
+    // author.
+    let marks = Calls::on(Op::BatchWrite, Table::MergedFollowing);
+    unfollow_under_a_held_write(&app, marks, "rising", "fan").await;
     assert!(
         stored_rows(&app, Table::MergedFollowing, "fan")
             .await
             .is_empty(),
         "the transition took back the mark of a reader who unfollowed"
     );
-    assert!(app.timeline("fan").await.is_empty());
-    assert_eq!(texts(&app.timeline("reader").await), ["p1"]);
+    assert_eq!(texts(&app.timeline("reader").await), ["hello"]);
 }
 
 async fn a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers(
