@@ -203,8 +203,8 @@ impl FanoutHandler {
     }
 
     /// Writes the entries of every delivery in one batch (with `checkpoint_opt`'s checkpoint
-    /// after them, in one durable write where the store can), trims the timelines their
-    /// events trim, then takes back the copies of events deleted meanwhile (a delete whose
+    /// after them, in one durable write where the store can), trims the timelines whose
+    /// deliveries trim, then takes back the copies of events deleted meanwhile (a delete whose
     /// removal job may have run before these writes) and those of readers who unfollowed
     /// meanwhile, found as `recheck` says (see [`edges`]). Returns the positions of the
     /// deleted events. Used for a page of one big fan-out too.
@@ -237,10 +237,17 @@ impl FanoutHandler {
         }
         let trimmed: Vec<&str> = deliveries
             .iter()
-            .filter(|delivery| {
-                parse_event_row_key(delivery.row_key).is_some_and(|(_, id)| trim::trims(id))
+            .filter_map(|delivery| {
+                let (_, event_id) = parse_event_row_key(delivery.row_key)?;
+                Some(
+                    delivery
+                        .owners
+                        .iter()
+                        .copied()
+                        .filter(move |owner| trim::trims(event_id, owner)),
+                )
             })
-            .flat_map(|delivery| delivery.owners.iter().copied())
+            .flatten()
             .collect();
         if !trimmed.is_empty() {
             self.trim_all(&trimmed).await?;
