@@ -260,6 +260,35 @@ mod tests {
         assert_eq!(gone, vec![gone_since.to_vec(), vec!["f010"]]);
     }
 
+    /// A failed read is the write's failure (its jobs are retried), never "no one left".
+    #[tokio::test]
+    async fn a_failed_read_of_the_edges_is_an_error_by_key_and_by_range() {
+        use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+        let (_dir, store) = store_with_followers("alice", &["a", "b"]).await;
+        let few = [Written {
+            author: "alice",
+            followers: vec!["a", "b"],
+        }];
+        let page_of: Vec<String> = (0..=BY_KEY_UP_TO).map(|n| format!("f{n:03}")).collect();
+        let page = [Written {
+            author: "alice",
+            followers: page_of.iter().map(String::as_str).collect(),
+        }];
+        for (written, calls) in [
+            (&few, Calls::on(Op::Get, Table::SubjectFollowers)),
+            (&page, Calls::on(Op::Query, Table::SubjectFollowers)),
+        ] {
+            let faulty = FaultyStore::new(store.clone());
+            faulty.fail_always(calls, Fault::Unavailable);
+            let read = unfollowed(&faulty, written).await;
+            assert!(
+                matches!(read, Err(crate::store::StoreError::Unavailable(_))),
+                "{calls:?}: {:?}",
+                read.map(|gone| gone.len())
+            );
+        }
+    }
+
     #[tokio::test]
     async fn finds_no_one_gone_when_every_edge_stays() {
         let (_dir, store) = store_with_followers("alice", &["a", "b", "c"]).await;

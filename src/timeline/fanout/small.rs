@@ -256,15 +256,19 @@ impl FanoutHandler {
             .iter()
             .map(|delivery| Key::new(Table::Events, delivery.author, delivery.row_key))
             .collect();
-        let written: Vec<edges::Written<'_>> = deliveries
-            .iter()
-            .map(|delivery| edges::Written {
-                author: delivery.author,
-                followers: delivery.followers().collect(),
-            })
-            .collect();
+        // Built only when the edges are read: a page whose mark did not move needs none.
+        let written = || -> Vec<edges::Written<'_>> {
+            deliveries
+                .iter()
+                .map(|delivery| edges::Written {
+                    author: delivery.author,
+                    followers: delivery.followers().collect(),
+                })
+                .collect()
+        };
         let (still, unfollowed) = match recheck {
             edges::Recheck::Edges => {
+                let written = written();
                 let (still, unfollowed) =
                     futures::join!(store.get_many(events), edges::unfollowed(store, &written));
                 (still?, unfollowed?)
@@ -274,9 +278,9 @@ impl FanoutHandler {
                 keys.push(mark.key());
                 let mut still = store.get_many(keys).await?;
                 let unfollowed = if mark.moved_to(still.pop().flatten()) {
-                    edges::unfollowed(store, &written).await?
+                    edges::unfollowed(store, &written()).await?
                 } else {
-                    written.iter().map(|_| Vec::new()).collect()
+                    deliveries.iter().map(|_| Vec::new()).collect()
                 };
                 (still, unfollowed)
             }
