@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::jobs::{HANDOFF_CAPACITY, Wake};
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::info;
@@ -101,7 +101,7 @@ fn notices_for(config: &Config, store: &Arc<dyn Store>, shutdown: &CancellationT
 struct Shared<'a> {
     store: &'a Arc<dyn Store>,
     /// Wakes idle workers when a job is enqueued.
-    wake: &'a Arc<Notify>,
+    wake: &'a Wake,
     notices: &'a Notices,
     metrics: &'a Arc<Metrics>,
     shutdown: &'a CancellationToken,
@@ -234,7 +234,7 @@ pub struct Workers {
 struct RetentionSweeps {
     store: Arc<dyn Store>,
     settings: crate::series::RetentionSettings,
-    wake: Arc<Notify>,
+    wake: Wake,
     shutdown: CancellationToken,
 }
 
@@ -244,7 +244,7 @@ impl Workers {
     pub async fn new(
         config: &Config,
         store: &Arc<dyn Store>,
-        wake: &Arc<Notify>,
+        wake: &Wake,
         notices: &Notices,
         metrics: &Metrics,
         shutdown: &CancellationToken,
@@ -336,7 +336,12 @@ impl Application {
     ) -> anyhow::Result<Application> {
         let OpenStore { store, stats } = opened;
         let mqtt_settings = MqttSettings::from_config(&config, "serve")?;
-        let wake = Arc::new(Notify::new());
+        // Jobs this process enqueues are handed to its workers, if it runs any.
+        let wake = if config.workers > 0 {
+            Wake::with_handoff(HANDOFF_CAPACITY)
+        } else {
+            Wake::without_handoff()
+        };
         let shutdown = CancellationToken::new();
         let notices = notices_for(&config, &store, &shutdown);
         let metrics = Arc::new(Metrics::new(stats).with_notices(&notices));
@@ -430,7 +435,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     let mqtt_settings = MqttSettings::from_config(config, "worker")?;
     let OpenStore { store, stats } = open_store(config).await?;
     store.ping().await.context("the store does not answer")?;
-    let wake = Arc::new(Notify::new());
+    let wake = Wake::with_handoff(HANDOFF_CAPACITY);
     let notices = notices_for(config, &store, &shutdown);
     let metrics = Arc::new(Metrics::new(stats).with_notices(&notices));
     let tracker = TaskTracker::new();

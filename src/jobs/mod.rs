@@ -20,6 +20,7 @@ mod metrics;
 mod queue;
 mod runner;
 mod status;
+mod wake;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub use metrics::{JobMetrics, KindLabel, RetryLabels};
 pub use queue::{Claimed, depth};
 pub use runner::{JobDone, Processed, RunnerSettings, Worker};
 pub use status::{WorkState, WorkStatus, lookup as work_status};
+pub use wake::{HANDOFF_CAPACITY, Handover, Wake};
 
 /// Why a job did not end well.
 #[derive(Debug, thiserror::Error)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
@@ -19,6 +19,7 @@ use super::job::{Job, SHARDS, StatusKey, now_ms};
 use super::metrics::{JobMetrics, kind};
 use super::queue::{self, Claimed};
 use super::status::{self, RECORD_RACES, StatusRecord};
+use super::wake::Wake;
 use super::{Ending, Handler, Handlers, JobError, JobResult, Outcome, dead_letter};
 use crate::keys::Ticks;
 use crate::store::{
@@ -107,7 +108,7 @@ pub struct Worker {
     handlers: Handlers,
     settings: RunnerSettings,
     owner: String,
-    wake: Arc<Notify>,
+    wake: Wake,
     metrics: JobMetrics,
     shutdown: CancellationToken,
     done_sink: Option<mpsc::UnboundedSender<JobDone>>,
@@ -124,7 +125,7 @@ impl Worker {
         store: Arc<dyn Store>,
         handlers: Handlers,
         settings: RunnerSettings,
-        wake: Arc<Notify>,
+        wake: Wake,
         metrics: JobMetrics,
         shutdown: CancellationToken,
     ) -> Self {
@@ -188,8 +189,8 @@ impl Worker {
             }
             from
         };
-        let in_hand = self.handlers.in_hand().clone();
-        let in_hand = move |id: &str| !in_hand.is_free(id, polled_at);
+        let (in_hand, wake) = (self.handlers.in_hand().clone(), self.wake.clone());
+        let in_hand = move |id: &str| !in_hand.is_free(id, polled_at) || wake.is_handed(id);
         let mut poll = queue::available(
             self.store.as_ref(),
             shard,
@@ -220,8 +221,59 @@ impl Worker {
     }
 
     /// Claims available jobs of one kind (as many as its handler takes at once, from one
-    /// shard), runs them and ends them.
+    /// shard or from those handed over), runs them and ends them. Reads the queue if no job
+    /// was handed over.
     pub async fn try_process_one(&mut self) -> JobResult<Processed> {
+        if self.process_handed().await? {
+            return Ok(Processed::Job);
+        }
+        self.read_queue_and_process().await
+    }
+
+    /// A step of [`Worker::run`]: the queue is read when it may hold jobs no worker was
+    /// handed, and at least every poll interval (see [`Wake::read_queue_now`]); otherwise
+    /// the step takes only jobs handed over.
+    async fn step(&mut self) -> JobResult<Processed> {
+        if self.wake.read_queue_now(self.settings.poll_interval) {
+            let processed = self.read_queue_and_process().await;
+            if !matches!(processed, Ok(Processed::Idle)) {
+                // Not every shard was read, or a read failed: the next step reads again.
+                self.wake.more_in_queue();
+                return processed;
+            }
+        }
+        match self.process_handed().await {
+            Ok(true) => Ok(Processed::Job),
+            Ok(false) => Ok(Processed::Idle),
+            Err(err) => {
+                // The jobs of the failed batch are back in the queue only.
+                self.wake.more_in_queue();
+                Err(err)
+            }
+        }
+    }
+
+    /// Runs a batch of the jobs handed over, if any are; returns whether it did work.
+    async fn process_handed(&mut self) -> JobResult<bool> {
+        let handed = self
+            .wake
+            .take(|kind| self.handlers.get(kind).map(|handler| handler.batch_size()));
+        let Some(first) = handed.first() else {
+            return Ok(false);
+        };
+        let Some(handler) = self.handlers.get(&first.available.job.kind).cloned() else {
+            return Ok(false);
+        };
+        let polled_at = handed.iter().map(|one| one.at).min().unwrap_or(first.at);
+        let wanted: Vec<_> = handed.into_iter().map(|one| one.available).collect();
+        let leaves_more = self.wake.has_handed();
+        self.run_wanted(handler, wanted, polled_at, leaves_more)
+            .await
+    }
+
+    /// Reads the queue's shards in turn until one holds jobs available, and runs a batch
+    /// of them.
+    async fn read_queue_and_process(&mut self) -> JobResult<Processed> {
         for _ in 0..SHARDS {
             let shard = self.next_shard;
             self.next_shard = (self.next_shard + 1) % SHARDS;
@@ -259,104 +311,120 @@ impl Worker {
                 }
                 wanted.push(candidate);
             }
-            // Lets go of unleased jobs when this step ends, however it ends.
-            let mut _in_hand = None;
-            let mut claimed = match &chosen {
-                Some(handler) if !wanted.is_empty() && handler.runs_unleased() => {
-                    let ids: Vec<&str> = wanted.iter().map(|one| one.key.id.as_str()).collect();
-                    let (taken, took) = self.handlers.in_hand().take(&ids, polled_at);
-                    _in_hand = Some(taken);
-                    wanted
-                        .into_iter()
-                        .zip(took)
-                        .filter(|(_, took)| *took)
-                        .map(|(one, _)| {
-                            Claimed::unleased(
-                                self.store.clone(),
-                                one,
-                                self.lease_ms(),
-                                self.shutdown.clone(),
-                            )
-                        })
-                        .collect()
-                }
-                Some(_) if !wanted.is_empty() => {
-                    Claimed::claim_many(
-                        self.store.clone(),
-                        wanted,
-                        &self.owner,
-                        self.lease_ms(),
-                        self.shutdown.clone(),
-                    )
-                    .await?
-                }
-                _ => Vec::new(),
+            let Some(handler) = chosen else {
+                continue;
             };
-            if let Some(handler) = chosen.filter(|_| !claimed.is_empty()) {
-                // Jobs this step leaves in the shard (or a whole page of them read, with
-                // more likely behind): another idle worker takes them. Only then: at low
-                // rates, idle workers woken for nothing would each take the next job alone,
-                // and every job would cost a commit of its own.
-                if runnable > claimed.len() || runnable >= queue::SCAN_LIMIT {
-                    self.call_for_help();
-                }
-                let count = claimed.len() as i64;
-                self.metrics.in_flight.inc_by(count);
-                let results = handler.run_batch(&mut claimed).await;
-                let mut results = results.into_iter();
-                let (alone, ended): (Vec<_>, Vec<_>) = claimed
-                    .into_iter()
-                    .map(|job| {
-                        let result = results.next().unwrap_or_else(|| {
-                            Err(JobError::Conflict("the handler returned no result".into()))
-                        });
-                        (job, result)
-                    })
-                    .partition(|(_, result)| matches!(result, Ok(Outcome::Alone)));
-                self.metrics.in_flight.dec_by(count - alone.len() as i64);
-                // Unleased jobs handed back untouched cost nothing to end; if that is all
-                // this batch came to, and no job it runs alone can be leased, the step
-                // looks at the next shard.
-                let mut worked = ended.iter().any(|(job, result)| {
-                    job.is_leased() || !matches!(result, Ok(Outcome::Returned))
-                });
-                if !alone.is_empty() {
-                    // This worker is busy for a while: others take what comes meanwhile.
-                    self.call_for_help();
-                }
-                let mut first_error = self.end_all(ended).await.err();
-                for (mut job, _) in alone {
-                    if !job.is_leased() {
-                        match job.take_lease(&self.owner).await {
-                            Ok(true) => {}
-                            // Another worker took it or ended it.
-                            Ok(false) => {
-                                self.metrics.in_flight.dec();
-                                continue;
-                            }
-                            Err(err) => {
-                                self.metrics.in_flight.dec();
-                                first_error.get_or_insert(err.into());
-                                continue;
-                            }
-                        }
-                    }
-                    worked = true;
-                    let result = handler.run(&mut job).await;
-                    self.metrics.in_flight.dec();
-                    if let Err(err) = self.end(job, result).await {
-                        first_error.get_or_insert(err);
-                    }
-                }
-                if let Some(err) = first_error {
-                    return Err(err);
-                }
-                if worked {
-                    return Ok(Processed::Job);
-                }
+            let leaves_more = runnable > wanted.len() || runnable >= queue::SCAN_LIMIT;
+            if self
+                .run_wanted(handler, wanted, polled_at, leaves_more)
+                .await?
+            {
+                return Ok(Processed::Job);
             }
         }
         Ok(Processed::Idle)
+    }
+
+    /// Takes `wanted` (jobs of `handler`'s kind, read at `polled_at`), runs them and ends
+    /// them; returns whether that was work (unleased jobs handed back untouched are not).
+    /// `leaves_more`: jobs are left behind, which another worker is called to take.
+    async fn run_wanted(
+        &mut self,
+        handler: Arc<dyn Handler>,
+        wanted: Vec<queue::Available>,
+        polled_at: Instant,
+        leaves_more: bool,
+    ) -> JobResult<bool> {
+        // Lets go of unleased jobs when this step ends, however it ends.
+        let mut _in_hand = None;
+        let mut claimed = if handler.runs_unleased() {
+            let ids: Vec<&str> = wanted.iter().map(|one| one.key.id.as_str()).collect();
+            let (taken, took) = self.handlers.in_hand().take(&ids, polled_at);
+            _in_hand = Some(taken);
+            wanted
+                .into_iter()
+                .zip(took)
+                .filter(|(_, took)| *took)
+                .map(|(one, _)| {
+                    Claimed::unleased(
+                        self.store.clone(),
+                        one,
+                        self.lease_ms(),
+                        self.shutdown.clone(),
+                    )
+                })
+                .collect()
+        } else {
+            Claimed::claim_many(
+                self.store.clone(),
+                wanted,
+                &self.owner,
+                self.lease_ms(),
+                self.shutdown.clone(),
+            )
+            .await?
+        };
+        if claimed.is_empty() {
+            return Ok(false);
+        }
+        // Jobs this step leaves behind (or a whole page of them read, with more likely
+        // behind): another idle worker takes them. Only then: at low rates, idle workers
+        // woken for nothing would each take the next job alone, and every job would cost a
+        // commit of its own.
+        if leaves_more {
+            self.call_for_help();
+        }
+        let count = claimed.len() as i64;
+        self.metrics.in_flight.inc_by(count);
+        let results = handler.run_batch(&mut claimed).await;
+        let mut results = results.into_iter();
+        let (alone, ended): (Vec<_>, Vec<_>) = claimed
+            .into_iter()
+            .map(|job| {
+                let result = results.next().unwrap_or_else(|| {
+                    Err(JobError::Conflict("the handler returned no result".into()))
+                });
+                (job, result)
+            })
+            .partition(|(_, result)| matches!(result, Ok(Outcome::Alone)));
+        self.metrics.in_flight.dec_by(count - alone.len() as i64);
+        // Unleased jobs handed back untouched cost nothing to end; if that is all this batch
+        // came to, and no job it runs alone can be leased, the step looks further.
+        let mut worked = ended
+            .iter()
+            .any(|(job, result)| job.is_leased() || !matches!(result, Ok(Outcome::Returned)));
+        if !alone.is_empty() {
+            // This worker is busy for a while: others take what comes meanwhile.
+            self.call_for_help();
+        }
+        let mut first_error = self.end_all(ended).await.err();
+        for (mut job, _) in alone {
+            if !job.is_leased() {
+                match job.take_lease(&self.owner).await {
+                    Ok(true) => {}
+                    // Another worker took it or ended it.
+                    Ok(false) => {
+                        self.metrics.in_flight.dec();
+                        continue;
+                    }
+                    Err(err) => {
+                        self.metrics.in_flight.dec();
+                        first_error.get_or_insert(err.into());
+                        continue;
+                    }
+                }
+            }
+            worked = true;
+            let result = handler.run(&mut job).await;
+            self.metrics.in_flight.dec();
+            if let Err(err) = self.end(job, result).await {
+                first_error.get_or_insert(err);
+            }
+        }
+        match first_error {
+            Some(err) => Err(err),
+            None => Ok(worked),
+        }
     }
 
     /// Ends jobs the way their runs ended: the plain "done" ones together, in as few
@@ -530,7 +598,7 @@ impl Worker {
             Ok(Outcome::Done(ending)) => self.finish(job, Ended::Done(ending)).await,
             Ok(Outcome::Split { parts, ending }) => {
                 let ended = self.finish(job, Ended::Split { parts, ending }).await;
-                self.wake.notify_one();
+                self.wake.enqueued();
                 ended
             }
             Ok(Outcome::Paused) => {
@@ -743,7 +811,7 @@ impl Worker {
             if self.shutdown.is_cancelled() {
                 return;
             }
-            let pause = match self.try_process_one().await {
+            let pause = match self.step().await {
                 Ok(Processed::Job) => {
                     failures = 0;
                     continue;
@@ -853,7 +921,7 @@ fn retry_delay_ms(failures: u32, base_ms: i64) -> i64 {
 mod tests {
     use super::super::job::shard_name;
     use super::*;
-    use crate::jobs::{JobKey, NewJob};
+    use crate::jobs::{HANDOFF_CAPACITY, JobKey, NewJob};
     use crate::store::fault::{Calls, FaultyStore, Op};
     use crate::store::{EmbeddedStore, Query, Table};
     use async_trait::async_trait;
@@ -918,7 +986,7 @@ mod tests {
             store.clone(),
             Handlers::default().with(handler),
             RunnerSettings::default(),
-            Arc::new(Notify::new()),
+            Wake::with_handoff(HANDOFF_CAPACITY),
             metrics.clone(),
             CancellationToken::new(),
         )
@@ -1077,7 +1145,7 @@ mod tests {
         store: Arc<dyn Store>,
         handlers: &Handlers,
         settings: &RunnerSettings,
-        wake: &Arc<Notify>,
+        wake: &Wake,
         shutdown: &CancellationToken,
     ) -> Worker {
         Worker::new(
@@ -1094,7 +1162,7 @@ mod tests {
     fn stepping_worker(store: Arc<dyn Store>, handlers: &Handlers) -> Worker {
         let (settings, wake, shutdown) = (
             RunnerSettings::default(),
-            Arc::new(Notify::new()),
+            Wake::with_handoff(HANDOFF_CAPACITY),
             CancellationToken::new(),
         );
         idle_test_worker(store, handlers, &settings, &wake, &shutdown)
@@ -1112,7 +1180,7 @@ mod tests {
             poll_interval: Duration::from_secs(1),
             ..RunnerSettings::default()
         };
-        let wake = Arc::new(Notify::new());
+        let wake = Wake::with_handoff(HANDOFF_CAPACITY);
         let shutdown = CancellationToken::new();
         let tasks: Vec<_> = (0..workers)
             .map(|_| {
@@ -1211,7 +1279,7 @@ mod tests {
             poll_interval: Duration::from_secs(1),
             ..RunnerSettings::default()
         };
-        let wake = Arc::new(Notify::new());
+        let wake = Wake::with_handoff(HANDOFF_CAPACITY);
         let shutdown = CancellationToken::new();
         let reserve =
             idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown).reserve();
@@ -1221,7 +1289,7 @@ mod tests {
         let after_first_step = polls.load(Ordering::SeqCst);
         assert!(after_first_step >= u64::from(SHARDS), "{after_first_step}");
         enqueue_on_shard_zero(store.as_ref(), "single", 3).await;
-        wake.notify_one();
+        wake.enqueued();
         tokio::time::sleep(settings.poll_interval * 20).await;
         assert_eq!(
             polls.load(Ordering::SeqCst),
@@ -1292,5 +1360,75 @@ mod tests {
         let spread: std::collections::HashSet<i64> =
             (0..50).map(|_| retry_delay_ms(8, 100)).collect();
         assert!(spread.len() > 1, "jitter spreads retries out");
+    }
+
+    /// A job this process hands over is run without a read of the queue; a job enqueued
+    /// without being handed over is found by one.
+    #[tokio::test]
+    async fn a_job_handed_over_runs_without_a_read_of_the_queue() {
+        let (_dir, store, polls) = counting_queue_polls().await;
+        let store: Arc<dyn Store> = store;
+        let handlers = Handlers::default().with(Arc::new(OneAtATime));
+        let settings = RunnerSettings {
+            poll_interval: Duration::from_secs(3600),
+            ..RunnerSettings::default()
+        };
+        let wake = Wake::with_handoff(HANDOFF_CAPACITY);
+        let shutdown = CancellationToken::new();
+        let (sink, mut done) = mpsc::unbounded_channel();
+        let worker = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown)
+            .report_done_to(sink);
+        let task = tokio::spawn(worker.run());
+        let within = Duration::from_secs(30);
+        let wait_for_polls = |at_least: u64| {
+            let polls = polls.clone();
+            async move {
+                tokio::time::timeout(within, async {
+                    while polls.load(Ordering::SeqCst) < at_least {
+                        tokio::task::yield_now().await;
+                    }
+                })
+                .await
+                .expect("the worker reads the queue");
+            }
+        };
+        // Its first step reads every shard; then it waits.
+        wait_for_polls(u64::from(SHARDS)).await;
+
+        let writes = vec![NewJob::new(key_on_shard_zero(), "single", &1u32).write()];
+        let id = writes[0].key().1.to_owned();
+        let handover = wake.handover(&writes);
+        store.transact(writes).await.expect("enqueue");
+        let polls_before = polls.load(Ordering::SeqCst);
+        wake.hand_over(handover);
+        let ended = tokio::time::timeout(within, done.recv())
+            .await
+            .expect("the handed job runs")
+            .expect("a report");
+        assert_eq!(ended.id, id);
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            polls_before,
+            "the handed job was run without a read of the queue"
+        );
+        assert!(
+            store
+                .query(Query::partition(Table::Jobs, shard_name(0), 10))
+                .await
+                .expect("read")
+                .is_empty(),
+            "the handed job ended and left the queue"
+        );
+
+        // A job only said to be enqueued is found by a read of the queue.
+        enqueue_on_shard_zero(store.as_ref(), "single", 1).await;
+        wake.enqueued();
+        tokio::time::timeout(within, done.recv())
+            .await
+            .expect("the job enqueued is found")
+            .expect("a report");
+        assert!(polls.load(Ordering::SeqCst) > polls_before + 1);
+        shutdown.cancel();
+        task.await.expect("worker");
     }
 }

@@ -10,10 +10,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::jobs::Wake;
 use async_trait::async_trait;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -187,14 +187,14 @@ pub struct RetentionSettings {
 pub async fn keep_sweeping(
     store: Arc<dyn Store>,
     settings: RetentionSettings,
-    wake: Arc<Notify>,
+    wake: Wake,
     shutdown: CancellationToken,
 ) {
     loop {
         let wait = match claim_sweep(store.as_ref(), settings.sweep_every).await {
             Ok(Some(wait)) => wait,
             Ok(None) => {
-                wake.notify_one();
+                wake.enqueued();
                 settings.sweep_every
             }
             Err(error) => {

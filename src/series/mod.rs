@@ -37,7 +37,7 @@ mod writing;
 
 use std::sync::Arc;
 
-use tokio::sync::Notify;
+use crate::jobs::Wake;
 
 use crate::cursor::CursorCodec;
 use crate::notices::Notices;
@@ -98,7 +98,7 @@ pub struct Series {
     store: Arc<dyn Store>,
     cursors: CursorCodec,
     /// Wakes an idle in-process worker when a write posts an event or stages a batch.
-    wake_workers: Arc<Notify>,
+    wake_workers: Wake,
     /// Tells live tails of the points written.
     notices: Notices,
     /// The retention of series with none of their own.
@@ -106,7 +106,7 @@ pub struct Series {
 }
 
 impl Series {
-    pub fn new(store: Arc<dyn Store>, cursors: CursorCodec, wake_workers: Arc<Notify>) -> Self {
+    pub fn new(store: Arc<dyn Store>, cursors: CursorCodec, wake_workers: Wake) -> Self {
         Series {
             store,
             cursors,

@@ -197,13 +197,14 @@ impl Series {
             let bytes: usize = writes.iter().map(write_bytes).sum();
             if writes.len() > MAX_TRANSACTION_WRITES || bytes > MAX_TRANSACTION_BYTES {
                 journal::stage_and_commit(store, &prepared).await?;
-                self.wake_workers.notify_one();
+                self.wake_workers.enqueued();
                 self.tell_tails(&prepared);
                 return Ok(written(&prepared));
             }
+            let handover = self.wake_workers.handover(&writes);
             match store.transact(writes).await {
                 Ok(()) => {
-                    self.wake_workers.notify_one();
+                    self.wake_workers.hand_over(handover);
                     self.tell_tails(&prepared);
                     return Ok(written(&prepared));
                 }

@@ -572,7 +572,7 @@ mod tests {
                 backfill: 100,
                 catch_up_window: Duration::from_secs(60),
             },
-            std::sync::Arc::default(),
+            crate::jobs::Wake::without_handoff(),
         );
         (store, timelines)
     }

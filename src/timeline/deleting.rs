@@ -78,7 +78,7 @@ impl Timelines {
             writes.extend(removal::mark(&index.row_key));
             match store.transact(writes).await {
                 Ok(()) => {
-                    self.wake_workers.notify_one();
+                    self.wake_workers.enqueued();
                     // Timelines that merge the author drop it now; pushed copies are told
                     // as the removal job deletes them.
                     self.notices.publish(

@@ -32,7 +32,7 @@ impl Timelines {
         ];
         match self.store.transact(writes).await {
             Ok(()) => {
-                self.wake_workers.notify_one();
+                self.wake_workers.enqueued();
                 Ok(())
             }
             // Both directions are always written together: one present means both are.
@@ -60,7 +60,7 @@ impl Timelines {
             reconcile::job(follower.as_str(), target.as_str()),
         ];
         self.store.transact(writes).await?;
-        self.wake_workers.notify_one();
+        self.wake_workers.enqueued();
         live::tell(
             &self.notices,
             follower,

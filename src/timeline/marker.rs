@@ -267,7 +267,7 @@ mod tests {
                 backfill: 100,
                 catch_up_window: Duration::from_secs(60),
             },
-            Arc::default(),
+            crate::jobs::Wake::without_handoff(),
         )
         .with_notices(notices.clone());
         Fixture {

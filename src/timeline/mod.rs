@@ -18,8 +18,8 @@ mod trim;
 
 use std::sync::Arc;
 
+use crate::jobs::Wake;
 use rand::RngCore;
-use tokio::sync::Notify;
 
 use crate::cursor::{CursorCodec, InvalidCursor};
 use crate::jobs::{self, Backlog, Handlers, JobError};
@@ -122,7 +122,7 @@ pub struct Timelines {
     cursors: CursorCodec,
     settings: Settings,
     /// Wakes an idle in-process fan-out worker when a job is enqueued.
-    wake_workers: Arc<Notify>,
+    wake_workers: Wake,
     /// Predicts which authors a timeline merges, so a read asks for them at once.
     merged_hints: merge::MergedHints,
     /// The job queue's size as last counted: posts wait while it is at its bound.
@@ -136,7 +136,7 @@ impl Timelines {
         store: Arc<dyn Store>,
         cursors: CursorCodec,
         settings: Settings,
-        wake_workers: Arc<Notify>,
+        wake_workers: Wake,
     ) -> Self {
         Timelines {
             store,
@@ -208,7 +208,7 @@ pub fn job_handlers(
     store: &Arc<dyn Store>,
     settings: fanout::FanoutSettings,
     metrics: fanout::FanoutMetrics,
-    wake: &Arc<Notify>,
+    wake: &Wake,
     notices: &Notices,
 ) -> Handlers {
     let edges = reconcile::EdgeSettings {

@@ -111,9 +111,10 @@ impl Timelines {
             ));
         }
 
+        let handover = self.wake_workers.handover(&writes);
         match self.store.transact(writes).await {
             Ok(()) => {
-                self.wake_workers.notify_one();
+                self.wake_workers.hand_over(handover);
                 // Timelines that merge the author read its new event now.
                 self.notices
                     .publish(&live::author_topic(author.as_str()), Notice::Changed);

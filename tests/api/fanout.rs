@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fanline::cursor::CursorCodec;
-use fanline::jobs::{JobDone, JobMetrics, RunnerSettings, Worker};
+use fanline::jobs::{HANDOFF_CAPACITY, JobDone, JobMetrics, RunnerSettings, Wake, Worker};
 use fanline::keys::Ticks;
 use fanline::store::fault::{Calls, Fault, Op};
 use fanline::store::{Item, Query, Store, StoreExt, Table, Write};
@@ -15,7 +15,7 @@ use fanline::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use fanline::timeline::{Edge, NewEvent, Posted, Settings, SubjectId, Timelines};
 use reqwest::StatusCode;
 use serde_json::Value;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::{Api, Backend, Reply, TestStore, segment, spawn_app, spawn_app_with};
@@ -412,7 +412,7 @@ impl FanoutRun {
                 max_payload_bytes: 1024,
                 ..fanline::config::Config::defaults().timeline_settings()
             },
-            Arc::new(Notify::new()),
+            Wake::without_handoff(),
         );
         let event = NewEvent {
             client_id: None,
@@ -436,7 +436,7 @@ impl FanoutRun {
     /// Runs `workers` workers until the event is done; returns the jobs they ended.
     async fn deliver(&self, workers: usize, split_above: usize) -> Vec<JobDone> {
         let shutdown = CancellationToken::new();
-        let wake = Arc::new(Notify::new());
+        let wake = Wake::with_handoff(HANDOFF_CAPACITY);
         let (sink, mut reports) = mpsc::unbounded_channel();
         let runner = RunnerSettings {
             poll_interval: Duration::from_millis(10),

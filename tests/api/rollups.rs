@@ -115,7 +115,7 @@ async fn series_on(store: Arc<dyn Store>) -> Series {
     Series::new(
         store,
         CursorCodec::new(&key),
-        Arc::new(tokio::sync::Notify::new()),
+        fanline::jobs::Wake::without_handoff(),
     )
 }
 

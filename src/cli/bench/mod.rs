@@ -25,10 +25,11 @@ mod wire;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::jobs::Wake;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::value::RawValue;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, StoreKind};
@@ -199,7 +200,7 @@ struct Rig {
     timelines: Arc<Timelines>,
     author: SubjectId,
     followers: Vec<String>,
-    wake: Arc<Notify>,
+    wake: Wake,
     /// The handlers of every domain, as a server runs them.
     handlers: Handlers,
     /// Shared by all the rig's workers: deliveries counted here include the authors' own
@@ -217,7 +218,7 @@ impl Rig {
             .map(|i| format!("bench-follower-{i:07}"))
             .collect();
         add_followers(store.as_ref(), &author, &followers).await?;
-        let wake = Arc::new(Notify::new());
+        let wake = Wake::with_handoff(crate::jobs::HANDOFF_CAPACITY);
         let timelines = Arc::new(Timelines::new(
             store,
             CursorCodec::new(b"bench"),

@@ -177,7 +177,7 @@ async fn measure_in_process(store: Arc<dyn Store>) {
         store.clone(),
         crate::cursor::CursorCodec::new(b"page cost"),
         Config::defaults().timeline_settings(),
-        Arc::default(),
+        crate::jobs::Wake::without_handoff(),
     ));
     let owner = SubjectId::parse("reader").expect("owner");
     let page = cpu_per_call(|| {

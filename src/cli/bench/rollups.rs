@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::jobs::Wake;
 use anyhow::Context;
 use async_trait::async_trait;
 use bytes::Bytes;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use tokio::sync::Notify;
 
 use super::sensor::write_seconds_in;
 use super::{BenchStore, millis, percentile};
@@ -121,7 +121,7 @@ pub(super) async fn year_read(
     let series = Series::new(
         counting.clone(),
         CursorCodec::new(&key),
-        Arc::new(Notify::new()),
+        Wake::without_handoff(),
     );
     let name = SeriesName::parse("bench-rollup-year").map_err(anyhow::Error::msg)?;
     let start = day_start(end_day.saturating_sub(days));

@@ -8,11 +8,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::jobs::Wake;
 use anyhow::Context;
 use clap::Args;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use tokio::sync::Notify;
 
 use super::line_protocol::LineProtocolBenchArgs;
 use super::sensor::{DAY_SECONDS, sensor_value, write_seconds_in};
@@ -397,7 +397,7 @@ async fn bench_series(bench_store: &BenchStore) -> anyhow::Result<Series> {
     Ok(Series::new(
         bench_store.store.clone(),
         CursorCodec::new(&key),
-        std::sync::Arc::new(Notify::new()),
+        Wake::without_handoff(),
     ))
 }
 

@@ -1,10 +1,8 @@
 //! The direct-to-store writer: each chunk is one all-or-nothing [`Series::write`] on the store
 //! the configuration names, as the server would do it.
 
-use std::sync::Arc;
-
+use crate::jobs::Wake;
 use anyhow::Context;
-use tokio::sync::Notify;
 
 use super::Failure;
 use super::chunk::Chunk;
@@ -34,7 +32,7 @@ pub(super) async fn open(config: &Config) -> anyhow::Result<Series> {
     Ok(Series::new(
         opened.store,
         CursorCodec::new(&key),
-        Arc::new(Notify::new()),
+        Wake::without_handoff(),
     ))
 }
 

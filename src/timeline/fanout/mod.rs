@@ -26,12 +26,12 @@ mod unmerge;
 
 use std::sync::Arc;
 
+use crate::jobs::Wake;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use tokio::sync::Notify;
 use tracing::info;
 use uuid::Uuid;
 
@@ -294,7 +294,7 @@ pub struct FanoutHandler {
     settings: FanoutSettings,
     metrics: FanoutMetrics,
     /// Wakes idle workers of this process when parts are enqueued.
-    wake: Arc<Notify>,
+    wake: Wake,
     /// How many jobs to claim at once: doubled (up to [`SMALL_BATCH`]) after a batch of only
     /// small fan-outs, back to 1 after one that held a big one, so big fan-outs are not
     /// claimed in numbers only to be given back.
@@ -384,7 +384,7 @@ impl FanoutHandler {
         store: Arc<dyn Store>,
         settings: FanoutSettings,
         metrics: FanoutMetrics,
-        wake: Arc<Notify>,
+        wake: Wake,
     ) -> Self {
         FanoutHandler {
             batch_hint: std::sync::atomic::AtomicUsize::new(1),

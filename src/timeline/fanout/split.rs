@@ -82,7 +82,7 @@ impl FanoutHandler {
             if split.next.is_some() {
                 state.split = Some(split);
                 save(job, state, part_writes).await?;
-                self.wake.notify_one();
+                self.wake.enqueued();
                 continue;
             }
             // The last part: the root job hands over to its parts.

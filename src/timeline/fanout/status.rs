@@ -129,7 +129,7 @@ impl Timelines {
                 "this event's fan-out has no dead-lettered job to re-queue".into(),
             ));
         }
-        self.wake_workers.notify_one();
+        self.wake_workers.enqueued();
         Ok(current)
     }
 }

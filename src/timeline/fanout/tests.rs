@@ -84,7 +84,7 @@ async fn post_one(store: &EmbeddedStore, author: &str) -> crate::timeline::Event
             max_payload_bytes: 1024,
             ..crate::config::Config::defaults().timeline_settings()
         },
-        Arc::new(Notify::new()),
+        Wake::without_handoff(),
     );
     let posted = timelines
         .post_event(
@@ -153,7 +153,7 @@ fn workers_of_one_process(
 ) -> (Vec<Worker>, Counters) {
     let fanout = FanoutMetrics::default();
     let jobs = JobMetrics::default();
-    let wake = Arc::new(Notify::new());
+    let wake = Wake::without_handoff();
     let handlers = Handlers::default().with(Arc::new(FanoutHandler::new(
         store.clone(),
         settings.fanout,
