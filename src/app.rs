@@ -18,7 +18,7 @@ use crate::cursor::CursorCodec;
 use crate::http::rate_limit::RateLimits;
 use crate::http::serve::{self, ConnectionLimits};
 use crate::http::stream::Streams;
-use crate::http::{self, AppState, BodyLimits};
+use crate::http::{self, AppState, BodyLimits, Services};
 use crate::jobs::{self, Backlog, Worker};
 use crate::metrics::Metrics;
 use crate::mqtt::{MqttSettings, Subscriber};
@@ -135,7 +135,7 @@ async fn app_state(
     let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
         .with_notices(notices.clone())
         .with_default_retention(config.series_retention);
-    Ok(AppState {
+    Ok(AppState::new(Services {
         timelines: Arc::new(timelines),
         series: Arc::new(series),
         tokens: Arc::new(
@@ -155,7 +155,7 @@ async fn app_state(
             shutdown.clone(),
         ),
         metrics: metrics.clone(),
-    })
+    }))
 }
 
 /// Shortest admin token accepted from configuration.

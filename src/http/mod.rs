@@ -48,9 +48,27 @@ use crate::metrics::Metrics;
 use crate::series::Series;
 use crate::timeline::{SubjectId, Timelines};
 
-/// What every handler can reach.
+/// What every handler can reach: cloned for each request by every layer that takes it as
+/// `State`, so one shared pointer rather than one for each service.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Services>);
+
+impl AppState {
+    pub fn new(services: Services) -> Self {
+        AppState(Arc::new(services))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Services;
+
+    fn deref(&self) -> &Services {
+        &self.0
+    }
+}
+
+/// The services behind [`AppState`].
+pub struct Services {
     pub timelines: Arc<Timelines>,
     pub series: Arc<Series>,
     pub tokens: Arc<Tokens>,

@@ -295,9 +295,10 @@ impl Wake {
     }
 }
 
-/// The shard of a queue partition's name.
+/// The shard of a queue partition's name (see [`shard_name`]).
 fn shard_of(partition: &str) -> Option<u32> {
-    (0..SHARDS).find(|&shard| shard_name(shard) == partition)
+    let shard: u32 = partition.strip_prefix("shard-")?.parse().ok()?;
+    (shard < SHARDS && shard_name(shard) == partition).then_some(shard)
 }
 
 #[cfg(test)]
