@@ -209,7 +209,9 @@ struct Rig {
 }
 
 impl Rig {
-    async fn new(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Result<Rig> {
+    /// A rig whose posts wake its workers through `wake`: handing their jobs over, as a
+    /// server's posts do, or leaving them to be found in the queue, as under a backlog.
+    async fn new(args: &BenchArgs, parent: &std::path::Path, wake: Wake) -> anyhow::Result<Rig> {
         let bench_store =
             BenchStore::open(args.store, args.dynamodb_endpoint.as_deref(), parent).await?;
         let store = bench_store.store.clone();
@@ -218,7 +220,6 @@ impl Rig {
             .map(|i| format!("bench-follower-{i:07}"))
             .collect();
         add_followers(store.as_ref(), &author, &followers).await?;
-        let wake = Wake::with_handoff(crate::jobs::HANDOFF_CAPACITY);
         let timelines = Arc::new(Timelines::new(
             store,
             CursorCodec::new(b"bench"),
@@ -374,14 +375,15 @@ async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Re
         args.store, args.followers, args.split_above, args.page_size, args.posts
     );
 
-    // Throughput: post everything with no worker running, then time the fan-out alone. The
-    // last run's store is kept for the read and disk figures.
+    // Throughput: post everything with no worker running, then time the fan-out alone: the
+    // drain of a backlog, so the workers find the jobs in the queue (none is handed over).
+    // The last run's store is kept for the read and disk figures.
     let mut last_rig: Option<Rig> = None;
     for &count in &args.workers {
         if let Some(previous) = last_rig.take() {
             previous.bench_store.close().await?;
         }
-        let rig = Rig::new(args, parent).await?;
+        let rig = Rig::new(args, parent, Wake::without_handoff()).await?;
         for i in 0..args.posts {
             rig.timelines
                 .post_event(&rig.author, bench_event(i)?)
@@ -414,8 +416,14 @@ async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Re
         last_rig = Some(rig);
     }
 
-    // Lag: one event at a time, from posting to its last entry written, on a fresh store.
-    let rig = Rig::new(args, parent).await?;
+    // Lag: one event at a time, from posting to its last entry written, on a fresh store,
+    // each job handed to the workers as a server's posts hand theirs.
+    let rig = Rig::new(
+        args,
+        parent,
+        Wake::with_handoff(crate::jobs::HANDOFF_CAPACITY),
+    )
+    .await?;
     let mut workers = rig.start_workers(2);
     let mut lags = Vec::with_capacity(args.lag_samples);
     for i in 0..args.lag_samples {
