@@ -37,7 +37,8 @@ use crate::cursor::CursorCodec;
 use crate::jobs::{Handlers, JobDone, JobMetrics, RunnerSettings, Worker};
 use crate::keys::Ticks;
 use crate::store::{
-    DynamoConfig, DynamoStore, EmbeddedStore, Item, Store, StoreStats, Table, Write,
+    DynamoConfig, DynamoStore, EmbeddedSettings, EmbeddedStore, Item, Store, StoreStats, Table,
+    Write,
 };
 use crate::timeline::fanout::{FanoutMetrics, FanoutSettings};
 use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
@@ -132,10 +133,20 @@ impl BenchStore {
         dynamodb_endpoint: Option<&str>,
         parent: &std::path::Path,
     ) -> anyhow::Result<BenchStore> {
+        BenchStore::open_with(kind, dynamodb_endpoint, parent, EmbeddedSettings::default()).await
+    }
+
+    /// [`BenchStore::open`], an embedded store with `settings`.
+    async fn open_with(
+        kind: StoreKind,
+        dynamodb_endpoint: Option<&str>,
+        parent: &std::path::Path,
+        settings: EmbeddedSettings,
+    ) -> anyhow::Result<BenchStore> {
         match kind {
             StoreKind::Embedded => {
                 let dir = tempfile::tempdir_in(parent).context("failed to create a temp dir")?;
-                let embedded = EmbeddedStore::open_async(dir.path()).await?;
+                let embedded = EmbeddedStore::open_with(dir.path(), settings).await?;
                 Ok(BenchStore {
                     store: Arc::new(embedded.clone()),
                     stats: Arc::default(),

@@ -80,6 +80,10 @@ pub struct SocialBenchArgs {
     /// The server's in-process worker tasks (`--workers`); by default the server's.
     #[arg(long)]
     pub workers: Option<usize>,
+    /// Megabytes of the embedded store's block cache (`--cache-mb`); by default the
+    /// server's (32), which the page reads' 10,000 timelines do not fit in.
+    #[arg(long, default_value_t = crate::config::Config::defaults().cache_mb)]
+    pub cache_mb: u64,
     /// Followers per event of each fixed point (each on a fresh store); the flag alone, with
     /// no value, skips them.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,5,50,10000")]
@@ -210,6 +214,15 @@ pub(in crate::cli::bench) async fn measure(args: &SocialBenchArgs) -> anyhow::Re
     Ok(report)
 }
 
+impl SocialBenchArgs {
+    /// The embedded store's memory bounds: the server's defaults, with `--cache-mb`.
+    fn embedded_settings(&self) -> crate::store::EmbeddedSettings {
+        let mut config = Config::defaults();
+        config.cache_mb = self.cache_mb;
+        config.embedded_settings()
+    }
+}
+
 /// Starts the server as the bench runs it: no per-token rate limit (all clients share the
 /// admin token), the backlog bound and workers of the flags.
 async fn start_server(
@@ -234,8 +247,13 @@ async fn workload(
     parent: &std::path::Path,
     report: &mut SocialReport,
 ) -> anyhow::Result<()> {
-    let bench_store =
-        BenchStore::open(args.store, args.dynamodb_endpoint.as_deref(), parent).await?;
+    let bench_store = BenchStore::open_with(
+        args.store,
+        args.dynamodb_endpoint.as_deref(),
+        parent,
+        args.embedded_settings(),
+    )
+    .await?;
     let graph = Graph::power_law(args.authors, args.max_followers, args.seed);
     let began = Instant::now();
     graph.write(bench_store.store.as_ref(), args.seed).await?;
@@ -388,8 +406,13 @@ async fn fixed_point(
     } else {
         (author_count * followers).clamp(followers, followers.max(10_000))
     };
-    let bench_store =
-        BenchStore::open(args.store, args.dynamodb_endpoint.as_deref(), parent).await?;
+    let bench_store = BenchStore::open_with(
+        args.store,
+        args.dynamodb_endpoint.as_deref(),
+        parent,
+        args.embedded_settings(),
+    )
+    .await?;
     let since = Edge::encode_since(crate::keys::Ticks::now());
     let mut writes = Vec::new();
     let mut authors = Vec::with_capacity(author_count);
