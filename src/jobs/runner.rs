@@ -255,7 +255,8 @@ impl Worker {
 
     /// Runs a batch of the jobs handed over, if any are; returns whether it did work.
     async fn process_handed(&mut self) -> JobResult<bool> {
-        let handed = self
+        // Reads of the queue pass over these jobs until they have ended.
+        let (handed, _running) = self
             .wake
             .take(|kind| self.handlers.get(kind).map(|handler| handler.batch_size()));
         let Some(first) = handed.first() else {

@@ -45,26 +45,32 @@ struct Inner {
     last_read: Mutex<tokio::time::Instant>,
 }
 
-/// The jobs handed over and not yet taken, oldest first, and their ids with those of jobs
-/// about to be handed over. A read of the queue passes over them as it does over jobs in
-/// hand: under a steady stream of posts, every read would otherwise find jobs between their
-/// commit and their hand-over, and take them.
+/// The jobs handed over and not yet taken, oldest first, and the ids of those, of jobs about
+/// to be handed over and of jobs a worker took and has not ended yet. A read of the queue
+/// passes over them as it does over jobs in hand: under a steady stream of posts, every read
+/// would otherwise find jobs between their commit and their hand-over, and take them.
 #[derive(Default)]
 struct HandedJobs {
     queue: VecDeque<Handed>,
     ids: HashSet<String>,
 }
 
-impl HandedJobs {
-    fn pop_front(&mut self) -> Option<Handed> {
-        let one = self.queue.pop_front()?;
-        self.ids.remove(&one.available.key.id);
-        Some(one)
-    }
+/// Handed jobs a worker took: reads pass over them until it drops this, having taken them in
+/// hand (or leased them) and ended them, so that no read of this process runs them again.
+pub(super) struct Running {
+    wake: Wake,
+    ids: Vec<String>,
+}
 
-    fn push_front(&mut self, one: Handed) {
-        self.ids.insert(one.available.key.id.clone());
-        self.queue.push_front(one);
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        let mut handed = self.wake.handed();
+        for id in &self.ids {
+            handed.ids.remove(id);
+        }
     }
 }
 
@@ -200,50 +206,52 @@ impl Wake {
     /// Takes up to `take(kind)` handed jobs of the kind of the oldest one (`None`: no worker
     /// of this process runs that kind, and the job is left to the reads). Jobs of other kinds
     /// stay, in order. Jobs waiting longer than [`HANDED_FOR_AT_MOST`] are left to the reads.
-    pub(super) fn take(&self, take: impl Fn(&str) -> Option<usize>) -> Vec<Handed> {
+    /// Reads pass over the jobs taken until the guard returned with them is dropped.
+    pub(super) fn take(&self, take: impl Fn(&str) -> Option<usize>) -> (Vec<Handed>, Running) {
         let now = Instant::now();
         let mut handed = self.handed();
         let mut stale = false;
         let mut chosen: Option<(String, usize)> = None;
         let mut taken = Vec::new();
         let mut kept = VecDeque::new();
-        while let Some(one) = handed.pop_front() {
-            if now.saturating_duration_since(one.at) > HANDED_FOR_AT_MOST {
-                stale = true;
-                continue;
-            }
+        while let Some(one) = handed.queue.pop_front() {
             let kind = &one.available.job.kind;
-            match &chosen {
-                None => match take(kind) {
-                    Some(limit) => chosen = Some((kind.clone(), limit.max(1))),
-                    None => {
-                        stale = true;
-                        continue;
-                    }
-                },
+            let limit = match &chosen {
+                _ if now.saturating_duration_since(one.at) > HANDED_FOR_AT_MOST => None,
+                None => take(kind),
                 Some((chosen_kind, _)) if chosen_kind != kind => {
                     kept.push_back(one);
                     continue;
                 }
-                Some(_) => {}
-            }
+                Some((_, limit)) => Some(*limit),
+            };
+            let Some(limit) = limit else {
+                handed.ids.remove(&one.available.key.id);
+                stale = true;
+                continue;
+            };
+            chosen.get_or_insert_with(|| (kind.clone(), limit.max(1)));
             taken.push(one);
-            if chosen
-                .as_ref()
-                .is_some_and(|(_, limit)| taken.len() >= *limit)
-            {
+            if taken.len() >= limit.max(1) {
                 break;
             }
         }
         // Those of other kinds go back in front of the rest, in their order.
         while let Some(one) = kept.pop_back() {
-            handed.push_front(one);
+            handed.queue.push_front(one);
         }
         drop(handed);
         if stale {
             self.inner.unhanded.store(true, Ordering::Release);
         }
-        taken
+        let running = Running {
+            wake: self.clone(),
+            ids: taken
+                .iter()
+                .map(|one| one.available.key.id.clone())
+                .collect(),
+        };
+        (taken, running)
     }
 
     /// Whether handed jobs are waiting.
@@ -251,7 +259,8 @@ impl Wake {
         !self.handed().queue.is_empty()
     }
 
-    /// Whether job `id` waits in the hand-off: a read of the queue passes over it.
+    /// Whether job `id` waits in the hand-off, is about to, or runs from it: a read of the
+    /// queue passes over it.
     pub(super) fn is_handed(&self, id: &str) -> bool {
         self.handed().ids.contains(id)
     }
@@ -323,19 +332,24 @@ mod tests {
             .map(|write| write.key().1.to_owned())
             .collect();
         wake.hand_over(wake.handover(&writes));
-        let taken = wake.take(|_| Some(10));
+        let (taken, running) = wake.take(|_| Some(10));
         let taken_ids: Vec<&str> = taken
             .iter()
             .map(|one| one.available.key.id.as_str())
             .collect();
         assert_eq!(taken_ids, [ids[0].as_str(), ids[2].as_str()]);
         assert!(taken.iter().all(|one| one.available.job.kind == "a"));
+        assert!(
+            wake.is_handed(&ids[0]),
+            "a read passes over a job taken until it has ended"
+        );
+        drop(running);
         assert!(!wake.is_handed(&ids[0]));
         assert!(
             wake.is_handed(&ids[1]),
             "a read of the queue passes over a handed job"
         );
-        let rest = wake.take(|_| Some(10));
+        let (rest, _) = wake.take(|_| Some(10));
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].available.key.id, ids[1]);
         assert!(!wake.has_handed());
@@ -353,13 +367,13 @@ mod tests {
             "a new wake reads the queue"
         );
         assert!(!wake.read_queue_now(Duration::from_secs(60)));
-        let taken = wake.take(|kind| (kind == "a").then_some(2));
+        let (taken, _) = wake.take(|kind| (kind == "a").then_some(2));
         assert_eq!(taken.len(), 2);
         assert!(
             wake.read_queue_now(Duration::from_secs(60)),
             "a job of a kind no worker here runs is left to a read of the queue"
         );
-        assert_eq!(wake.take(|_| Some(10)).len(), 3);
+        assert_eq!(wake.take(|_| Some(10)).0.len(), 3);
     }
 
     #[test]
@@ -369,7 +383,7 @@ mod tests {
         let writes: Vec<Write> = (0..3).map(|_| job_write("a")).collect();
         wake.hand_over(wake.handover(&writes));
         assert!(wake.read_queue_now(Duration::from_secs(60)));
-        assert_eq!(wake.take(|_| Some(10)).len(), 2);
+        assert_eq!(wake.take(|_| Some(10)).0.len(), 2);
 
         let none = Wake::without_handoff();
         none.hand_over(none.handover(&writes));
