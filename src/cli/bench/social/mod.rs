@@ -215,11 +215,18 @@ pub(in crate::cli::bench) async fn measure(args: &SocialBenchArgs) -> anyhow::Re
 }
 
 impl SocialBenchArgs {
-    /// The embedded store's memory bounds: the server's defaults, with `--cache-mb`.
-    fn embedded_settings(&self) -> crate::store::EmbeddedSettings {
+    /// A fresh store of the kind the flags name; an embedded one with the server's default
+    /// memory bounds but `--cache-mb`.
+    async fn open_store(&self, parent: &std::path::Path) -> anyhow::Result<BenchStore> {
         let mut config = Config::defaults();
         config.cache_mb = self.cache_mb;
-        config.embedded_settings()
+        BenchStore::open_with(
+            self.store,
+            self.dynamodb_endpoint.as_deref(),
+            parent,
+            config.embedded_settings(),
+        )
+        .await
     }
 }
 
@@ -247,13 +254,7 @@ async fn workload(
     parent: &std::path::Path,
     report: &mut SocialReport,
 ) -> anyhow::Result<()> {
-    let bench_store = BenchStore::open_with(
-        args.store,
-        args.dynamodb_endpoint.as_deref(),
-        parent,
-        args.embedded_settings(),
-    )
-    .await?;
+    let bench_store = args.open_store(parent).await?;
     let graph = Graph::power_law(args.authors, args.max_followers, args.seed);
     let began = Instant::now();
     graph.write(bench_store.store.as_ref(), args.seed).await?;
@@ -406,13 +407,7 @@ async fn fixed_point(
     } else {
         (author_count * followers).clamp(followers, followers.max(10_000))
     };
-    let bench_store = BenchStore::open_with(
-        args.store,
-        args.dynamodb_endpoint.as_deref(),
-        parent,
-        args.embedded_settings(),
-    )
-    .await?;
+    let bench_store = args.open_store(parent).await?;
     let since = Edge::encode_since(crate::keys::Ticks::now());
     let mut writes = Vec::new();
     let mut authors = Vec::with_capacity(author_count);
