@@ -91,20 +91,34 @@ impl Ticks {
 }
 
 /// RFC 3339 in UTC with all seven fractional digits, so the text round-trips exactly.
+/// RFC 3339 in UTC with all seven digits of the ticks: `2026-11-21T10:00:00.0000000Z`. Written
+/// digit by digit into a fixed buffer: every post and stored entry formats one, and the
+/// formatting machinery's padded integers cost several times more.
 impl fmt::Display for Ticks {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         let datetime = self.to_datetime();
-        write!(
-            formatter,
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:07}Z",
-            datetime.year(),
-            u8::from(datetime.month()),
-            datetime.day(),
-            datetime.hour(),
-            datetime.minute(),
-            datetime.second(),
-            self.0 % TICKS_PER_SECOND
-        )
+        let mut text = *b"0000-00-00T00:00:00.0000000Z";
+        // Years run from 1 to 9999 (see `MAX_TICKS`).
+        put_digits(&mut text[0..4], datetime.year().unsigned_abs());
+        put_digits(&mut text[5..7], u8::from(datetime.month()).into());
+        put_digits(&mut text[8..10], datetime.day().into());
+        put_digits(&mut text[11..13], datetime.hour().into());
+        put_digits(&mut text[14..16], datetime.minute().into());
+        put_digits(&mut text[17..19], datetime.second().into());
+        put_digits(
+            &mut text[20..27],
+            u32::try_from(self.0 % TICKS_PER_SECOND).unwrap_or(0),
+        );
+        // Only ASCII digits and separators were written.
+        formatter.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
+    }
+}
+
+/// Writes `value`'s last `out.len()` decimal digits into `out`, zero-padded.
+fn put_digits(out: &mut [u8], mut value: u32) {
+    for slot in out.iter_mut().rev() {
+        *slot = b'0' + (value % 10) as u8;
+        value /= 10;
     }
 }
 

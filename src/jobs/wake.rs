@@ -52,7 +52,8 @@ struct Inner {
 #[derive(Default)]
 struct HandedJobs {
     queue: VecDeque<Handed>,
-    ids: HashSet<String>,
+    /// Job ids are ours (UUIDv7s): foldhash rather than SipHash.
+    ids: HashSet<String, foldhash::fast::RandomState>,
 }
 
 /// Handed jobs a worker took: reads pass over them until it drops this, having taken them in

@@ -229,16 +229,25 @@ fn request_digest(new: &NewEvent) -> String {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }
-    let digest = hasher.finalize();
-    digest[..16]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    hex::encode(&hasher.finalize()[..16])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Idempotency records keep this digest: a new build must compute the one an older
+    /// build stored, or a retry of a post made before an upgrade would be a conflict.
+    #[test]
+    fn the_request_digest_is_the_first_half_of_a_sha256_of_the_length_prefixed_parts_in_hex() {
+        let new = NewEvent {
+            client_id: Some("c-1".into()),
+            kind: Some("post".into()),
+            payload: RawValue::from_string(r#"{"text":"hello"}"#.into()).expect("json"),
+            at: None,
+        };
+        assert_eq!(request_digest(&new), "53daaddbd36d921e6b89bd17fb963f66");
+    }
 
     #[test]
     fn depth_counts_nesting_outside_strings() {
