@@ -923,7 +923,7 @@ mod tests {
     use super::super::job::shard_name;
     use super::*;
     use crate::jobs::{HANDOFF_CAPACITY, JobKey, NewJob};
-    use crate::store::fault::{Calls, FaultyStore, Op};
+    use crate::store::fault::{Calls, Fault, FaultyStore, Op};
     use crate::store::{EmbeddedStore, Query, Table};
     use async_trait::async_trait;
     use std::sync::Mutex;
@@ -1429,6 +1429,63 @@ mod tests {
             .expect("the job enqueued is found")
             .expect("a report");
         assert!(polls.load(Ordering::SeqCst) > polls_before + 1);
+        shutdown.cancel();
+        task.await.expect("worker");
+    }
+
+    /// A batch of handed jobs whose ending fails leaves them in the queue only: the next step
+    /// reads the queue for them at once, not a poll interval later.
+    #[tokio::test]
+    async fn handed_jobs_whose_batch_failed_are_read_from_the_queue_at_the_next_step() {
+        let (_dir, faulty, polls) = counting_queue_polls().await;
+        let store: Arc<dyn Store> = faulty.clone();
+        let handlers = Handlers::default().with(Arc::new(OneAtATime));
+        let settings = RunnerSettings {
+            poll_interval: Duration::from_secs(3600),
+            retry_base: Duration::from_millis(1),
+            ..RunnerSettings::default()
+        };
+        let wake = Wake::with_handoff(HANDOFF_CAPACITY);
+        let shutdown = CancellationToken::new();
+        let (sink, mut done) = mpsc::unbounded_channel();
+        let worker = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown)
+            .report_done_to(sink);
+        let task = tokio::spawn(worker.run());
+        let within = Duration::from_secs(30);
+        let until = |what: &'static str, reached: Box<dyn Fn() -> bool + Send>| async move {
+            tokio::time::timeout(within, async {
+                while !reached() {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{what}"));
+        };
+        let first_reads = polls.clone();
+        until(
+            "the worker's first step reads every shard",
+            Box::new(move || first_reads.load(Ordering::SeqCst) >= u64::from(SHARDS)),
+        )
+        .await;
+
+        let writes = vec![NewJob::new(key_on_shard_zero(), "single", &1u32).write()];
+        let id = writes[0].key().1.to_owned();
+        let handover = wake.handover(&writes);
+        store.transact(writes).await.expect("enqueue");
+        faulty.set_outage(Some(Fault::Unavailable));
+        wake.hand_over(handover);
+        let failed = faulty.clone();
+        until(
+            "the handed batch's ending fails",
+            Box::new(move || failed.injected() > 0),
+        )
+        .await;
+        faulty.set_outage(None);
+        let ended = tokio::time::timeout(within, done.recv())
+            .await
+            .expect("the job is found in the queue and run again")
+            .expect("a report");
+        assert_eq!(ended.id, id);
         shutdown.cancel();
         task.await.expect("worker");
     }

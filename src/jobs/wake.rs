@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::job::{Job, JobKey, SHARDS, shard_name};
+use super::job::{Job, JobKey, SHARDS};
 use super::queue::Available;
 use crate::store::{Table, Write};
 
@@ -65,13 +65,8 @@ pub(super) struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if self.ids.is_empty() {
-            return;
-        }
-        let mut handed = self.wake.handed();
-        for id in &self.ids {
-            handed.ids.remove(id);
-        }
+        self.wake
+            .let_reads_take(self.ids.iter().map(String::as_str));
     }
 }
 
@@ -93,13 +88,8 @@ pub struct Handover {
 
 impl Drop for Handover {
     fn drop(&mut self) {
-        if self.jobs.is_empty() {
-            return;
-        }
-        let mut handed = self.wake.handed();
-        for one in self.jobs.drain(..) {
-            handed.ids.remove(&one.available.key.id);
-        }
+        let ids = self.jobs.iter().map(|one| one.available.key.id.as_str());
+        self.wake.let_reads_take(ids);
     }
 }
 
@@ -195,6 +185,17 @@ impl Wake {
             self.inner.unhanded.store(true, Ordering::Release);
         }
         self.inner.notify.notify_one();
+    }
+
+    /// Reads of the queue no longer pass over jobs `ids` (see [`HandedJobs`]).
+    fn let_reads_take<'a>(&self, ids: impl ExactSizeIterator<Item = &'a str>) {
+        if ids.len() == 0 {
+            return;
+        }
+        let mut handed = self.handed();
+        for id in ids {
+            handed.ids.remove(id);
+        }
     }
 
     fn handed(&self) -> MutexGuard<'_, HandedJobs> {
@@ -305,16 +306,22 @@ impl Wake {
     }
 }
 
-/// The shard of a queue partition's name (see [`shard_name`]).
+/// The shard of a queue partition's name, spelled exactly as [`super::job::shard_name`]
+/// spells it (two digits), without formatting a name on every post.
 fn shard_of(partition: &str) -> Option<u32> {
-    let shard: u32 = partition.strip_prefix("shard-")?.parse().ok()?;
-    (shard < SHARDS && shard_name(shard) == partition).then_some(shard)
+    let digits = partition.strip_prefix("shard-")?;
+    if digits.len() != 2 || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    let shard: u32 = digits.parse().ok()?;
+    (shard < SHARDS).then_some(shard)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::jobs::NewJob;
+    use crate::jobs::job::shard_name;
     use crate::store::Item;
     use uuid::Uuid;
 
@@ -419,5 +426,22 @@ mod tests {
             "a failed transaction hands nothing over"
         );
         assert!(!wake.has_handed());
+    }
+
+    #[test]
+    fn a_shard_is_read_back_only_from_its_own_spelling() {
+        for shard in 0..SHARDS {
+            assert_eq!(shard_of(&shard_name(shard)), Some(shard));
+        }
+        for other in [
+            "shard-8",
+            "shard-008",
+            "shard-99",
+            "shard-+1",
+            "shard-",
+            "jobs-01",
+        ] {
+            assert_eq!(shard_of(other), None, "{other}");
+        }
     }
 }
