@@ -922,7 +922,7 @@ fn retry_delay_ms(failures: u32, base_ms: i64) -> i64 {
 mod tests {
     use super::super::job::shard_name;
     use super::*;
-    use crate::jobs::{HANDOFF_CAPACITY, JobKey, NewJob};
+    use crate::jobs::{HANDOFF_CAPACITY, Handover, JobKey, NewJob};
     use crate::store::fault::{Calls, Fault, FaultyStore, Op};
     use crate::store::{EmbeddedStore, Query, Table};
     use async_trait::async_trait;
@@ -1363,57 +1363,97 @@ mod tests {
         assert!(spread.len() > 1, "jitter spreads retries out");
     }
 
+    /// Waits, at most 30 s, until `reached` says yes; panics saying `what` otherwise.
+    async fn until(what: &str, reached: impl Fn() -> bool) {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !reached() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    /// One worker of a process that hands jobs over, running, with a poll interval too long
+    /// to matter, past its first step (which reads every shard).
+    struct HandoffRig {
+        store: Arc<dyn Store>,
+        wake: Wake,
+        done: mpsc::UnboundedReceiver<JobDone>,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl HandoffRig {
+        async fn start(store: Arc<dyn Store>, polls: &AtomicU64) -> HandoffRig {
+            let handlers = Handlers::default().with(Arc::new(OneAtATime));
+            let settings = RunnerSettings {
+                poll_interval: Duration::from_secs(3600),
+                retry_base: Duration::from_millis(1),
+                ..RunnerSettings::default()
+            };
+            let wake = Wake::with_handoff(HANDOFF_CAPACITY);
+            let shutdown = CancellationToken::new();
+            let (sink, done) = mpsc::unbounded_channel();
+            let worker = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown)
+                .report_done_to(sink);
+            let task = tokio::spawn(worker.run());
+            until("the worker's first step reads every shard", || {
+                polls.load(Ordering::SeqCst) >= u64::from(SHARDS)
+            })
+            .await;
+            HandoffRig {
+                store,
+                wake,
+                done,
+                shutdown,
+                task,
+            }
+        }
+
+        /// Enqueues a job in a transaction whose job is handed over, and returns its id and
+        /// what to hand over once the caller is ready.
+        async fn enqueue_handed(&self) -> (String, Handover) {
+            let writes = vec![NewJob::new(key_on_shard_zero(), "single", &1u32).write()];
+            let id = writes[0].key().1.to_owned();
+            let handover = self.wake.handover(&writes);
+            self.store.transact(writes).await.expect("enqueue");
+            (id, handover)
+        }
+
+        /// The id of the next job to end well.
+        async fn next_done(&mut self, what: &str) -> String {
+            tokio::time::timeout(Duration::from_secs(30), self.done.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{what}"))
+                .expect("a report")
+                .id
+        }
+
+        async fn stop(self) {
+            self.shutdown.cancel();
+            self.task.await.expect("worker");
+        }
+    }
+
     /// A job this process hands over is run without a read of the queue; a job enqueued
     /// without being handed over is found by one.
     #[tokio::test]
     async fn a_job_handed_over_runs_without_a_read_of_the_queue() {
         let (_dir, store, polls) = counting_queue_polls().await;
-        let store: Arc<dyn Store> = store;
-        let handlers = Handlers::default().with(Arc::new(OneAtATime));
-        let settings = RunnerSettings {
-            poll_interval: Duration::from_secs(3600),
-            ..RunnerSettings::default()
-        };
-        let wake = Wake::with_handoff(HANDOFF_CAPACITY);
-        let shutdown = CancellationToken::new();
-        let (sink, mut done) = mpsc::unbounded_channel();
-        let worker = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown)
-            .report_done_to(sink);
-        let task = tokio::spawn(worker.run());
-        let within = Duration::from_secs(30);
-        let wait_for_polls = |at_least: u64| {
-            let polls = polls.clone();
-            async move {
-                tokio::time::timeout(within, async {
-                    while polls.load(Ordering::SeqCst) < at_least {
-                        tokio::task::yield_now().await;
-                    }
-                })
-                .await
-                .expect("the worker reads the queue");
-            }
-        };
-        // Its first step reads every shard; then it waits.
-        wait_for_polls(u64::from(SHARDS)).await;
+        let mut rig = HandoffRig::start(store, &polls).await;
 
-        let writes = vec![NewJob::new(key_on_shard_zero(), "single", &1u32).write()];
-        let id = writes[0].key().1.to_owned();
-        let handover = wake.handover(&writes);
-        store.transact(writes).await.expect("enqueue");
+        let (id, handover) = rig.enqueue_handed().await;
         let polls_before = polls.load(Ordering::SeqCst);
-        wake.hand_over(handover);
-        let ended = tokio::time::timeout(within, done.recv())
-            .await
-            .expect("the handed job runs")
-            .expect("a report");
-        assert_eq!(ended.id, id);
+        rig.wake.hand_over(handover);
+        assert_eq!(rig.next_done("the handed job runs").await, id);
         assert_eq!(
             polls.load(Ordering::SeqCst),
             polls_before,
             "the handed job was run without a read of the queue"
         );
         assert!(
-            store
+            rig.store
                 .query(Query::partition(Table::Jobs, shard_name(0), 10))
                 .await
                 .expect("read")
@@ -1422,15 +1462,11 @@ mod tests {
         );
 
         // A job only said to be enqueued is found by a read of the queue.
-        enqueue_on_shard_zero(store.as_ref(), "single", 1).await;
-        wake.enqueued();
-        tokio::time::timeout(within, done.recv())
-            .await
-            .expect("the job enqueued is found")
-            .expect("a report");
+        enqueue_on_shard_zero(rig.store.as_ref(), "single", 1).await;
+        rig.wake.enqueued();
+        rig.next_done("the job enqueued is found").await;
         assert!(polls.load(Ordering::SeqCst) > polls_before + 1);
-        shutdown.cancel();
-        task.await.expect("worker");
+        rig.stop().await;
     }
 
     /// A batch of handed jobs whose ending fails leaves them in the queue only: the next step
@@ -1438,55 +1474,18 @@ mod tests {
     #[tokio::test]
     async fn handed_jobs_whose_batch_failed_are_read_from_the_queue_at_the_next_step() {
         let (_dir, faulty, polls) = counting_queue_polls().await;
-        let store: Arc<dyn Store> = faulty.clone();
-        let handlers = Handlers::default().with(Arc::new(OneAtATime));
-        let settings = RunnerSettings {
-            poll_interval: Duration::from_secs(3600),
-            retry_base: Duration::from_millis(1),
-            ..RunnerSettings::default()
-        };
-        let wake = Wake::with_handoff(HANDOFF_CAPACITY);
-        let shutdown = CancellationToken::new();
-        let (sink, mut done) = mpsc::unbounded_channel();
-        let worker = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown)
-            .report_done_to(sink);
-        let task = tokio::spawn(worker.run());
-        let within = Duration::from_secs(30);
-        let until = |what: &'static str, reached: Box<dyn Fn() -> bool + Send>| async move {
-            tokio::time::timeout(within, async {
-                while !reached() {
-                    tokio::task::yield_now().await;
-                }
-            })
-            .await
-            .unwrap_or_else(|_| panic!("{what}"));
-        };
-        let first_reads = polls.clone();
-        until(
-            "the worker's first step reads every shard",
-            Box::new(move || first_reads.load(Ordering::SeqCst) >= u64::from(SHARDS)),
-        )
-        .await;
+        let mut rig = HandoffRig::start(faulty.clone(), &polls).await;
 
-        let writes = vec![NewJob::new(key_on_shard_zero(), "single", &1u32).write()];
-        let id = writes[0].key().1.to_owned();
-        let handover = wake.handover(&writes);
-        store.transact(writes).await.expect("enqueue");
+        let (id, handover) = rig.enqueue_handed().await;
         faulty.set_outage(Some(Fault::Unavailable));
-        wake.hand_over(handover);
-        let failed = faulty.clone();
-        until(
-            "the handed batch's ending fails",
-            Box::new(move || failed.injected() > 0),
-        )
-        .await;
+        rig.wake.hand_over(handover);
+        until("the handed batch's ending fails", || faulty.injected() > 0).await;
         faulty.set_outage(None);
-        let ended = tokio::time::timeout(within, done.recv())
-            .await
-            .expect("the job is found in the queue and run again")
-            .expect("a report");
-        assert_eq!(ended.id, id);
-        shutdown.cancel();
-        task.await.expect("worker");
+        assert_eq!(
+            rig.next_done("the job is found in the queue and run again")
+                .await,
+            id
+        );
+        rig.stop().await;
     }
 }
