@@ -90,10 +90,10 @@ impl Ticks {
     }
 }
 
-/// RFC 3339 in UTC with all seven fractional digits, so the text round-trips exactly.
-/// RFC 3339 in UTC with all seven digits of the ticks: `2026-11-21T10:00:00.0000000Z`. Written
-/// digit by digit into a fixed buffer: every post and stored entry formats one, and the
-/// formatting machinery's padded integers cost several times more.
+/// RFC 3339 in UTC with all seven digits of the ticks, so the text round-trips exactly:
+/// `2026-11-21T10:00:00.0000000Z`. Written digit by digit into a fixed buffer: every post
+/// and stored entry formats one, and the formatting machinery's padded integers cost several
+/// times more.
 impl fmt::Display for Ticks {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         let datetime = self.to_datetime();

@@ -227,14 +227,14 @@ impl Wake {
                 }
                 Some((_, limit)) => Some(*limit),
             };
-            let Some(limit) = limit else {
+            let Some(limit) = limit.map(|limit| limit.max(1)) else {
                 handed.ids.remove(&one.available.key.id);
                 stale = true;
                 continue;
             };
-            chosen.get_or_insert_with(|| (kind.clone(), limit.max(1)));
+            chosen.get_or_insert_with(|| (kind.clone(), limit));
             taken.push(one);
-            if taken.len() >= limit.max(1) {
+            if taken.len() >= limit {
                 break;
             }
         }
