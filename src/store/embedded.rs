@@ -22,7 +22,7 @@
 //! table, and there are 21 tables). The sealing runs on a thread of its own (`Sealer`), so
 //! that commits go on meanwhile.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +30,7 @@ use std::sync::{Arc, mpsc};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use fjall::compaction::Leveled;
 use fjall::config::BlockSizePolicy;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable as _, Snapshot};
 use tokio::sync::oneshot;
@@ -59,6 +60,14 @@ pub const FJALL_WORKER_THREADS: usize = 1;
 const MEMTABLE_ENTRY_OVERHEAD: u64 = 64;
 /// Data block size of the timelines table (see [`keyspace_options`]).
 const TIMELINE_BLOCK_BYTES: u32 = 32 * 1024;
+/// Flushed tables the timelines' level 0 collects before they are compacted into level 1
+/// (fjall's default is 4). Every compaction of level 0 rewrites the level 1 tables it
+/// overlaps, and a timelines table overlaps nearly all of them (each flush holds entries of
+/// every timeline written), so at 4 a big fan-out had level 1 rewritten every fourth flush:
+/// at 8, 357-359k deliveries/s at 10,000 followers against 308-336k, with less CPU
+/// (docs/benchmarks.md). Page reads after the writes were no slower; fjall slows writes
+/// only from 20 tables in level 0.
+const TIMELINE_L0_THRESHOLD: u8 = 8;
 
 /// What the embedded store may keep in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -505,16 +514,20 @@ fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
     }
 }
 
-/// How a table's keyspace is laid out on disk, when it is created (fjall keeps it after).
-/// Timelines are read a page at a time (250 entries of under 200 bytes, about 45 KiB in
-/// a row) and almost never by key: blocks of 32 KiB (fjall's default is 4 KiB) make a page
-/// two or three block loads from disk or the OS page cache instead of a dozen or more.
+/// How a table's keyspace is laid out on disk, when it is created (fjall keeps it after,
+/// compaction strategy included). Timelines are read a page at a time (250 entries of under
+/// 200 bytes, about 45 KiB in a row) and almost never by key: blocks of 32 KiB (fjall's
+/// default is 4 KiB) make a page two or three block loads from disk or the OS page cache
+/// instead of a dozen or more. They take most of the writes, too: see
+/// [`TIMELINE_L0_THRESHOLD`].
 pub fn keyspace_options(table: Table) -> KeyspaceCreateOptions {
     let options = KeyspaceCreateOptions::default();
     match table {
-        Table::Timelines => {
-            options.data_block_size_policy(BlockSizePolicy::all(TIMELINE_BLOCK_BYTES))
-        }
+        Table::Timelines => options
+            .data_block_size_policy(BlockSizePolicy::all(TIMELINE_BLOCK_BYTES))
+            .compaction_strategy(Arc::new(
+                Leveled::default().with_l0_threshold(TIMELINE_L0_THRESHOLD),
+            )),
         _ => options,
     }
 }
@@ -673,23 +686,16 @@ fn commit_group(
     write_buffer: &mut WriteBuffer,
     group: Vec<WriteRequest>,
 ) {
-    // Values written earlier in this group, so later conditions see them.
+    // Values written earlier in this group to keys that its conditions look at, so that
+    // later conditions see them.
     let mut overlay = Overlay::default();
+    let watched = Watched::of(&group);
     let mut batch = db.batch();
     let mut accepted = Vec::with_capacity(group.len());
     // Refused by a condition: answered after the commit, so that whoever was refused can read
     // the write that refused it (a retry answered with the first attempt's outcome).
     let mut refused = Vec::new();
-    // Only writes that a later condition in this group may look at need the overlay.
-    let last_conditional = group.iter().rposition(|request| {
-        request.atomic
-            && request
-                .writes
-                .iter()
-                .any(|write| *write.condition() != Condition::None)
-    });
-    for (index, request) in group.into_iter().enumerate() {
-        let needs_overlay = last_conditional.is_some_and(|last| index < last);
+    for request in group {
         let checked = if request.atomic {
             check_conditions(keyspaces, &overlay, &request.writes)
         } else {
@@ -701,7 +707,8 @@ fn commit_group(
         }
         if let Err(err) = stage(
             keyspaces,
-            needs_overlay.then_some(&mut overlay),
+            &watched,
+            &mut overlay,
             &mut batch,
             write_buffer,
             request.writes,
@@ -759,9 +766,49 @@ fn check_conditions(keyspaces: &Keyspaces, overlay: &Overlay, writes: &[Write]) 
     Ok(())
 }
 
+/// The keys a group's conditions look at: only writes to them need the overlay. A page of
+/// a big fan-out is a thousand timeline entries and its job's checkpoint; with every write of
+/// a group copied into the overlay, a page ahead of another's checkpoint was a thousand key
+/// copies and hash inserts that no condition would read.
+struct Watched(Vec<(Table, HashSet<Vec<u8>, foldhash::fast::RandomState>)>);
+
+impl Watched {
+    fn of(group: &[WriteRequest]) -> Watched {
+        let mut watched = Watched(Vec::new());
+        let conditional = group
+            .iter()
+            .filter(|request| request.atomic)
+            .flat_map(|request| &request.writes)
+            .filter(|write| *write.condition() != Condition::None);
+        for write in conditional {
+            let (partition, row) = write.key();
+            let key = encode_key(partition, row);
+            match watched
+                .0
+                .iter_mut()
+                .find(|(table, _)| *table == write.table())
+            {
+                Some((_, keys)) => {
+                    keys.insert(key);
+                }
+                None => watched.0.push((write.table(), HashSet::from_iter([key]))),
+            }
+        }
+        watched
+    }
+
+    /// Most writes are to tables no condition looks at: no hashing for them.
+    fn holds(&self, table: Table, key: &[u8]) -> bool {
+        self.0
+            .iter()
+            .any(|(watched, keys)| *watched == table && keys.contains(key))
+    }
+}
+
 fn stage(
     keyspaces: &Keyspaces,
-    mut overlay_opt: Option<&mut Overlay>,
+    watched: &Watched,
+    overlay: &mut Overlay,
     batch: &mut fjall::OwnedWriteBatch,
     write_buffer: &mut WriteBuffer,
     writes: Vec<Write>,
@@ -782,12 +829,11 @@ fn stage(
             Some(value) => batch.insert(keyspace, key, value.to_vec()),
             None => batch.remove(keyspace, key),
         };
-        match overlay_opt.as_deref_mut() {
-            Some(overlay) => {
-                write_to_batch(batch, key.clone());
-                overlay.insert((table, key), value);
-            }
-            None => write_to_batch(batch, key),
+        if watched.holds(table, &key) {
+            write_to_batch(batch, key.clone());
+            overlay.insert((table, key), value);
+        } else {
+            write_to_batch(batch, key);
         }
     }
     Ok(())
@@ -803,6 +849,96 @@ mod tests {
             .await
             .expect("open store");
         (dir, store)
+    }
+
+    /// Conditions judge what earlier requests of the same group wrote, whatever the request
+    /// that wrote it (a batch or a transaction), and only the keys they look at are kept for
+    /// them: a timeline entry written ahead of a checkpoint is not.
+    #[tokio::test]
+    async fn conditions_in_a_group_see_the_earlier_writes_to_their_keys() {
+        let (_dir, store) = open_temp().await;
+        let request = |writes: Vec<Write>, atomic: bool| {
+            let (reply, answer) = oneshot::channel();
+            (
+                WriteRequest {
+                    writes,
+                    atomic,
+                    reply,
+                },
+                answer,
+            )
+        };
+        let item = |row: &str, value: &str| Item::new("p", row, value.to_owned());
+        let (requests, mut answers): (Vec<_>, Vec<_>) = [
+            request(
+                vec![
+                    Write::put(Table::Timelines, item("entry", "e")),
+                    Write::put(Table::Jobs, item("job", "v1")),
+                ],
+                false,
+            ),
+            request(
+                vec![Write::Put {
+                    table: Table::Jobs,
+                    item: item("job", "v2"),
+                    condition: Condition::Equals("v1".into()),
+                }],
+                true,
+            ),
+            request(
+                vec![Write::put_if_absent(
+                    Table::Idempotency,
+                    item("id", "first"),
+                )],
+                true,
+            ),
+            request(
+                vec![Write::put_if_absent(
+                    Table::Idempotency,
+                    item("id", "second"),
+                )],
+                true,
+            ),
+        ]
+        .into_iter()
+        .unzip();
+        let watched = Watched::of(&requests);
+        assert!(watched.holds(Table::Jobs, &encode_key("p", "job")));
+        assert!(!watched.holds(Table::Timelines, &encode_key("p", "entry")));
+        let inner = &store.inner;
+        commit_group(
+            &inner.db,
+            &inner.keyspaces,
+            &mut WriteBuffer::new(u64::MAX),
+            requests,
+        );
+        let answers: Vec<_> = answers
+            .iter_mut()
+            .map(|answer| answer.try_recv().expect("answered"))
+            .collect();
+        assert!(answers[..3].iter().all(Result::is_ok), "{answers:?}");
+        assert!(
+            matches!(answers[3], Err(StoreError::ConditionFailed)),
+            "{answers:?}"
+        );
+        let read = |table, row| store.get(table, "p", row);
+        assert_eq!(
+            read(Table::Jobs, "job").await.expect("read").as_deref(),
+            Some(&b"v2"[..])
+        );
+        assert_eq!(
+            read(Table::Idempotency, "id")
+                .await
+                .expect("read")
+                .as_deref(),
+            Some(&b"first"[..])
+        );
+        assert!(
+            read(Table::Timelines, "entry")
+                .await
+                .expect("read")
+                .is_some()
+        );
     }
 
     /// The conformance suite, one test per case, each on a store of its own.
