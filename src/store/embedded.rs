@@ -396,12 +396,16 @@ fn encode_key(partition: &str, row: &str) -> Vec<u8> {
 }
 
 fn partition_prefix(partition: &str) -> Vec<u8> {
+    let mut prefix = Vec::with_capacity(2 + partition.len() + 64);
+    append_partition(&mut prefix, partition);
+    prefix
+}
+
+fn append_partition(key: &mut Vec<u8>, partition: &str) {
     // validate::key bounds the partition at 2048 bytes, well inside u16.
     let length = u16::try_from(partition.len()).unwrap_or(u16::MAX);
-    let mut prefix = Vec::with_capacity(2 + partition.len() + 64);
-    prefix.extend_from_slice(&length.to_be_bytes());
-    prefix.extend_from_slice(partition.as_bytes());
-    prefix
+    key.extend_from_slice(&length.to_be_bytes());
+    key.extend_from_slice(partition.as_bytes());
 }
 
 /// The smallest key greater than every key that starts with `prefix`, if there is one.
@@ -817,23 +821,27 @@ fn stage(
     for write in &writes {
         keyspaces.of(write.table())?;
     }
-    for write in writes {
+    // One buffer for every key: fjall copies the key and the value into its own storage,
+    // so neither needs an allocation of its own here.
+    let mut key = Vec::new();
+    for write in &writes {
         let table = write.table();
         let keyspace = keyspaces.of(table)?;
-        let (key, value) = match write {
-            Write::Put { item, .. } => (encode_key(&item.partition, &item.row), Some(item.value)),
-            Write::Delete { partition, row, .. } => (encode_key(&partition, &row), None),
+        let (partition, row) = write.key();
+        key.clear();
+        append_partition(&mut key, partition);
+        key.extend_from_slice(row.as_bytes());
+        let value = match write {
+            Write::Put { item, .. } => Some(&item.value),
+            Write::Delete { .. } => None,
         };
-        write_buffer.record(table, &key, value.as_ref().map_or(0, Bytes::len));
-        let write_to_batch = |batch: &mut fjall::OwnedWriteBatch, key: Vec<u8>| match &value {
-            Some(value) => batch.insert(keyspace, key, value.to_vec()),
-            None => batch.remove(keyspace, key),
-        };
+        write_buffer.record(table, &key, value.map_or(0, Bytes::len));
+        match value {
+            Some(value) => batch.insert(keyspace, key.as_slice(), value.as_ref()),
+            None => batch.remove(keyspace, key.as_slice()),
+        }
         if watched.holds(table, &key) {
-            write_to_batch(batch, key.clone());
-            overlay.insert((table, key), value);
-        } else {
-            write_to_batch(batch, key);
+            overlay.insert((table, key.clone()), value.cloned());
         }
     }
     Ok(())
