@@ -101,6 +101,22 @@ struct Inner {
     keyspaces: Keyspaces,
     /// Requests for the writer thread; dropping the last store handle stops that thread.
     writer: mpsc::Sender<WriteRequest>,
+    writer_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    /// Waits for the writer thread to answer the requests it has and let go of the database,
+    /// so that the database is closed when the last handle is gone: it can be opened again at
+    /// once, and its directory removed without fjall cleaning up tables in it afterwards.
+    fn drop(&mut self) {
+        let (closed, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.writer, closed));
+        if let Some(thread) = self.writer_thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the embedded store's writer thread panicked");
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -143,7 +159,7 @@ impl EmbeddedStore {
         let write_buffer = WriteBuffer::new(settings.write_buffer_bytes);
         let sealer = Sealer::start()?;
         let writer_db = db.clone();
-        std::thread::Builder::new()
+        let writer_thread = std::thread::Builder::new()
             .name("fanline-writer".into())
             .spawn(move || {
                 run_writer(
@@ -162,6 +178,7 @@ impl EmbeddedStore {
                 db,
                 keyspaces,
                 writer: sender,
+                writer_thread: Some(writer_thread),
             }),
         })
     }
@@ -628,6 +645,21 @@ struct Sealer {
     /// Set while a seal is under way: the writer asks for no other meanwhile, as fjall's
     /// count of the bytes in memtables drops only once a seal is done.
     busy: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Sealer {
+    /// Ends the sealer's loop and waits for a seal under way, which holds a table of the
+    /// database (see [`Inner`]'s drop).
+    fn drop(&mut self) {
+        let (closed, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.requests, closed));
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the embedded store's sealer thread panicked");
+        }
+    }
 }
 
 impl Sealer {
@@ -635,8 +667,8 @@ impl Sealer {
         let (requests, receiver) = mpsc::channel::<(Table, Keyspace)>();
         let busy = Arc::new(AtomicBool::new(false));
         let done = busy.clone();
-        // Ends when the writer thread does (its sender dropped).
-        std::thread::Builder::new()
+        // Ends when the writer thread does (its `Sealer` dropped).
+        let thread = std::thread::Builder::new()
             .name("fanline-sealer".into())
             .spawn(move || {
                 for (table, keyspace) in receiver {
@@ -647,7 +679,11 @@ impl Sealer {
                 }
             })
             .map_err(|err| StoreError::Other(format!("failed to start the sealer thread: {err}")))?;
-        Ok(Sealer { requests, busy })
+        Ok(Sealer {
+            requests,
+            busy,
+            thread: Some(thread),
+        })
     }
 }
 
@@ -1083,15 +1119,8 @@ mod tests {
                 .await
                 .expect("put");
         }
-        // The writer thread lets go of the database once the handle is gone.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let reopened = loop {
-            match EmbeddedStore::open_async(dir.path()).await {
-                Ok(store) => break store,
-                Err(err) if std::time::Instant::now() > deadline => panic!("reopen: {err}"),
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-            }
-        };
+        // The database is closed once the last handle is gone: it opens again at once.
+        let reopened = EmbeddedStore::open_async(dir.path()).await.expect("reopen");
         let value = reopened.get(Table::Events, "p", "r").await.expect("get");
         assert_eq!(value.as_deref(), Some(&b"v"[..]));
     }
