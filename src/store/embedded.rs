@@ -30,7 +30,6 @@ use std::sync::{Arc, mpsc};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fjall::compaction::Leveled;
 use fjall::config::BlockSizePolicy;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable as _, Snapshot};
 use tokio::sync::oneshot;
@@ -60,14 +59,6 @@ pub const FJALL_WORKER_THREADS: usize = 1;
 const MEMTABLE_ENTRY_OVERHEAD: u64 = 64;
 /// Data block size of the timelines table (see [`keyspace_options`]).
 const TIMELINE_BLOCK_BYTES: u32 = 32 * 1024;
-/// Flushed tables the timelines' level 0 collects before they are compacted into level 1
-/// (fjall's default is 4). Every compaction of level 0 rewrites the level 1 tables it
-/// overlaps, and a timelines table overlaps nearly all of them (each flush holds entries of
-/// every timeline written), so at 4 a big fan-out had level 1 rewritten every fourth flush:
-/// at 8, 357-359k deliveries/s at 10,000 followers against 308-336k, with less CPU
-/// (docs/benchmarks.md). Page reads after the writes were no slower; fjall slows writes
-/// only from 20 tables in level 0.
-const TIMELINE_L0_THRESHOLD: u8 = 8;
 
 /// What the embedded store may keep in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -535,20 +526,16 @@ fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
     }
 }
 
-/// How a table's keyspace is laid out on disk, when it is created (fjall keeps it after,
-/// compaction strategy included). Timelines are read a page at a time (250 entries of under
-/// 200 bytes, about 45 KiB in a row) and almost never by key: blocks of 32 KiB (fjall's
-/// default is 4 KiB) make a page two or three block loads from disk or the OS page cache
-/// instead of a dozen or more. They take most of the writes, too: see
-/// [`TIMELINE_L0_THRESHOLD`].
+/// How a table's keyspace is laid out on disk, when it is created (fjall keeps it after).
+/// Timelines are read a page at a time (250 entries of under 200 bytes, about 45 KiB in
+/// a row) and almost never by key: blocks of 32 KiB (fjall's default is 4 KiB) make a page
+/// two or three block loads from disk or the OS page cache instead of a dozen or more.
 pub fn keyspace_options(table: Table) -> KeyspaceCreateOptions {
     let options = KeyspaceCreateOptions::default();
     match table {
-        Table::Timelines => options
-            .data_block_size_policy(BlockSizePolicy::all(TIMELINE_BLOCK_BYTES))
-            .compaction_strategy(Arc::new(
-                Leveled::default().with_l0_threshold(TIMELINE_L0_THRESHOLD),
-            )),
+        Table::Timelines => {
+            options.data_block_size_policy(BlockSizePolicy::all(TIMELINE_BLOCK_BYTES))
+        }
         _ => options,
     }
 }
