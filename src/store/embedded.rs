@@ -100,13 +100,22 @@ impl Drop for Inner {
     /// so that the database is closed when the last handle is gone: it can be opened again at
     /// once, and its directory removed without fjall cleaning up tables in it afterwards.
     fn drop(&mut self) {
-        let (closed, _) = mpsc::channel();
-        drop(std::mem::replace(&mut self.writer, closed));
-        if let Some(thread) = self.writer_thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the embedded store's writer thread panicked");
-        }
+        stop_thread(&mut self.writer, &mut self.writer_thread, "writer");
+    }
+}
+
+/// Closes the channel a thread takes its work from, and waits for the thread to end.
+fn stop_thread<T>(
+    requests: &mut mpsc::Sender<T>,
+    thread: &mut Option<std::thread::JoinHandle<()>>,
+    name: &str,
+) {
+    let (closed, _) = mpsc::channel();
+    drop(std::mem::replace(requests, closed));
+    if let Some(thread) = thread.take()
+        && thread.join().is_err()
+    {
+        tracing::error!("the embedded store's {name} thread panicked");
     }
 }
 
@@ -639,13 +648,7 @@ impl Drop for Sealer {
     /// Ends the sealer's loop and waits for a seal under way, which holds a table of the
     /// database (see [`Inner`]'s drop).
     fn drop(&mut self) {
-        let (closed, _) = mpsc::channel();
-        drop(std::mem::replace(&mut self.requests, closed));
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the embedded store's sealer thread panicked");
-        }
+        stop_thread(&mut self.requests, &mut self.thread, "sealer");
     }
 }
 
