@@ -98,7 +98,10 @@ struct Inner {
 impl Drop for Inner {
     /// Waits for the writer thread to answer the requests it has and let go of the database,
     /// so that the database is closed when the last handle is gone: it can be opened again at
-    /// once, and its directory removed without fjall cleaning up tables in it afterwards.
+    /// once, and its directory removed without fjall cleaning up tables in it afterwards. The
+    /// dropping thread blocks meanwhile (a group commit, then fjall's close, which waits for
+    /// a compaction under way): the last handle goes at shutdown, or at the end of a test or
+    /// a bench's run, not while requests are served.
     fn drop(&mut self) {
         stop_thread(&mut self.writer, &mut self.writer_thread, "writer");
     }
@@ -973,6 +976,44 @@ mod tests {
                 .expect("read")
                 .is_some()
         );
+    }
+
+    /// Stopping a thread waits for it to take everything sent before, and a thread that
+    /// panicked is logged, not a panic of the caller's.
+    #[test]
+    fn stopping_a_thread_waits_for_what_it_was_sent_and_survives_its_panic() {
+        const SENT: u64 = 20_000;
+        let (mut requests, receiver) = mpsc::channel::<u64>();
+        let (go, start) = mpsc::channel::<()>();
+        let taken = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = taken.clone();
+        let mut thread = Some(std::thread::spawn(move || {
+            // Starts taking only once the caller is stopping it.
+            start.recv().expect("go");
+            for value in receiver {
+                // Some work per message, so that taking them all outlasts a return that
+                // did not wait.
+                std::hint::black_box((0..64u64).fold(value, |hash, round| {
+                    hash.rotate_left(5) ^ round.wrapping_mul(0x9e37_79b9)
+                }));
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+        for value in 0..SENT {
+            requests.send(value).expect("send");
+        }
+        go.send(()).expect("go");
+        stop_thread(&mut requests, &mut thread, "test");
+        assert_eq!(taken.load(Ordering::Relaxed), SENT);
+        assert!(thread.is_none());
+
+        let (mut requests, receiver) = mpsc::channel::<()>();
+        let mut thread = Some(std::thread::spawn(move || {
+            receiver.recv().expect_err("closed");
+            panic!("a thread that panics as it stops");
+        }));
+        stop_thread(&mut requests, &mut thread, "panicking");
+        assert!(thread.is_none());
     }
 
     /// The conformance suite, one test per case, each on a store of its own.
