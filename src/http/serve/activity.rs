@@ -4,6 +4,13 @@
 //! hyper's own header timeout starts as soon as a connection waits for a head, so it would
 //! also close idle keep-alive connections; these two timers are kept apart instead: the idle
 //! one runs until the first byte of a head, the header one from there.
+//!
+//! Everything that changes the activity happens while the connection's task polls hyper (its
+//! socket's reads, the requests it starts, the response bodies it finishes or drops), so the
+//! task judges it afresh after each such poll and nothing needs to wake it. A `Notify` that
+//! did was a wake-up of the task from within its own poll two or three times a request: each
+//! sent the task to the back of the run queue, whence another executor thread was woken to
+//! take it (two thread wake-ups a request where one is needed).
 
 use std::io;
 use std::pin::Pin;
@@ -16,7 +23,6 @@ use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 
 use super::ConnectionLimits;
 
@@ -32,8 +38,6 @@ pub(super) struct Activity {
     idle_since: AtomicU64,
     /// When the first byte of the next request head arrived, or [`NONE`].
     head_since: AtomicU64,
-    /// Wakes the watchdog when the deadline may have moved.
-    changed: Notify,
 }
 
 /// What the watchdog should do now.
@@ -54,7 +58,6 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(NONE),
-            changed: Notify::new(),
         })
     }
 
@@ -68,13 +71,13 @@ impl Activity {
 
     /// Bytes arrived: if no request is in progress, they begin the next head.
     fn read_some(&self) {
-        if self.in_flight.load(Ordering::Acquire) == 0
-            && self
-                .head_since
-                .compare_exchange(NONE, self.now(), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            self.changed.notify_one();
+        if self.in_flight.load(Ordering::Acquire) == 0 {
+            let _ = self.head_since.compare_exchange(
+                NONE,
+                self.now(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
     }
 
@@ -82,13 +85,7 @@ impl Activity {
     pub(super) fn request_started(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(NONE, Ordering::Release);
-        self.changed.notify_one();
         InFlight(self.clone())
-    }
-
-    /// Resolves when the activity has changed since the last call (or already had).
-    pub(super) async fn changed(&self) {
-        self.changed.notified().await;
     }
 
     /// What the watchdog should do at `now`.
@@ -122,7 +119,6 @@ impl Drop for InFlight {
         let activity = &self.0;
         activity.idle_since.store(activity.now(), Ordering::Release);
         activity.in_flight.fetch_sub(1, Ordering::AcqRel);
-        activity.changed.notify_one();
     }
 }
 

@@ -6,9 +6,12 @@
 
 mod activity;
 
+use std::future::Future as _;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -16,6 +19,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
@@ -121,6 +125,16 @@ struct Stop {
     force: CancellationToken,
 }
 
+/// How a connection's serving ended.
+enum Ended {
+    /// The client closed it, or it failed, or a graceful stop finished it.
+    Served(hyper::Result<()>),
+    /// Idle, or a request head arriving too slowly, past its deadline.
+    TimedOut(&'static str),
+    /// The server's shutdown deadline passed.
+    Forced,
+}
+
 /// Serves one connection until it ends, its watchdog closes it, or the server stops.
 async fn connection(
     stream: TcpStream,
@@ -153,37 +167,55 @@ async fn connection(
         .max_header_size(MAX_READ_BUFFER_BYTES)
         .serve_connection(io, service);
     tokio::pin!(conn);
+    let graceful = stop.graceful.cancelled();
+    let force = stop.force.cancelled();
+    tokio::pin!(graceful, force);
     let mut stopping = false;
-    loop {
-        let wait_until = match activity.verdict(&limits, std::time::Instant::now()) {
-            Verdict::Close(reason) => {
-                metrics.timed_out.inc();
-                debug!(reason, "connection closed by its watchdog");
-                break;
+    // The watchdog's timer, armed at the last deadline the verdict gave (see `activity`).
+    let mut timer: Option<(Instant, Pin<Box<Sleep>>)> = None;
+    let ended = std::future::poll_fn(|cx| {
+        loop {
+            if force.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ended::Forced);
             }
-            Verdict::WaitUntil(deadline) => Some(deadline),
-            Verdict::Busy => None,
-        };
-        let deadline = async {
-            match wait_until {
-                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            served = conn.as_mut() => {
-                if let Err(err) = served {
-                    debug!(error = %err, "connection ended with an error");
-                }
-                break;
-            }
-            () = deadline => {}
-            () = activity.changed() => {}
-            () = stop.graceful.cancelled(), if !stopping => {
+            if !stopping && graceful.as_mut().poll(cx).is_ready() {
                 stopping = true;
                 conn.as_mut().graceful_shutdown();
             }
-            () = stop.force.cancelled() => break,
+            if let Poll::Ready(served) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Ended::Served(served));
+            }
+            let deadline = match activity.verdict(&limits, Instant::now()) {
+                Verdict::Close(reason) => return Poll::Ready(Ended::TimedOut(reason)),
+                Verdict::Busy => return Poll::Pending,
+                Verdict::WaitUntil(deadline) => deadline,
+            };
+            let sleep = match &mut timer {
+                Some((armed, sleep)) => {
+                    if *armed != deadline {
+                        sleep.as_mut().reset(deadline.into());
+                        *armed = deadline;
+                    }
+                    sleep
+                }
+                None => {
+                    let sleep = Box::pin(tokio::time::sleep_until(deadline.into()));
+                    &mut timer.insert((deadline, sleep)).1
+                }
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The deadline has come: judged again, the connection is closed.
+        }
+    })
+    .await;
+    match ended {
+        Ended::Served(Err(err)) => debug!(error = %err, "connection ended with an error"),
+        Ended::Served(Ok(())) | Ended::Forced => {}
+        Ended::TimedOut(reason) => {
+            metrics.timed_out.inc();
+            debug!(reason, "connection closed by its watchdog");
         }
     }
     metrics.open.dec();
