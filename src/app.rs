@@ -131,7 +131,11 @@ async fn app_state(
         wake.clone(),
     )
     .with_backlog(backlog.clone())
-    .with_notices(notices.clone());
+    .with_notices(notices.clone())
+    .with_event_cache(
+        config.event_cache_mb.saturating_mul(1 << 20),
+        config.store != StoreKind::Embedded,
+    );
     let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
         .with_notices(notices.clone())
         .with_default_retention(config.series_retention);

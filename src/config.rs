@@ -201,6 +201,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     pub cache_mb: u64,
 
+    /// Megabytes of recently read events kept in memory for timeline pages, on the embedded
+    /// store (on DynamoDB every page reads its events from the tables: other processes may
+    /// have edited them); 0 turns it off.
+    #[arg(long, env = "FANLINE_EVENT_CACHE_MB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    pub event_cache_mb: u64,
+
     /// Megabytes the embedded store's tables may hold in memory, in all, before the biggest
     /// table's writes are flushed to disk.
     #[arg(long, env = "FANLINE_WRITE_BUFFER_MB", default_value_t = 32,

@@ -196,6 +196,10 @@ impl From<DomainError> for ApiError {
             }
             DomainError::PayloadTooLarge { .. } => ApiError::PayloadTooLarge(err.to_string()),
             DomainError::Conflict(message) => ApiError::Conflict(message),
+            DomainError::VersionConflict(message) => ApiError::ConditionFailed {
+                code: "version_conflict",
+                message,
+            },
             DomainError::NotFound(message) => ApiError::NotFound(message),
             DomainError::Store(store) => store.into(),
             DomainError::Corrupt(detail) => ApiError::Internal(detail),

@@ -1,4 +1,5 @@
-//! `POST /v1/subjects/{subject}/events` and `GET /v1/subjects/{subject}/events`.
+//! `POST /v1/subjects/{subject}/events`, `GET /v1/subjects/{subject}/events` and
+//! `PATCH /v1/subjects/{subject}/events/{event_id}`.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,13 +14,16 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::error::ErrorBody;
 use super::extract::{Json, Path, Query};
+use super::fanout::{EventPath, FanoutStatusResponse};
 use super::page::{PageParams, PageResponse, entry_page};
 use super::schema::Name;
 use super::{AppState, subject};
-use crate::timeline::{Event, NewEvent, Posted, TimelineEntry};
+use crate::timeline::{Event, EventEdit, NewEvent, Posted, TimelineEntry};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::default().routes(routes!(post_event, list_events))
+    OpenApiRouter::default()
+        .routes(routes!(post_event, list_events))
+        .routes(routes!(edit_event, delete_event))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -58,6 +62,13 @@ pub struct EventResponse {
     /// RFC 3339, UTC.
     #[schema(format = DateTime)]
     at: String,
+    /// When the payload was last edited, RFC 3339, UTC; absent if it never was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    edited_at: Option<String>,
+    /// 1 as posted; each edit adds one.
+    #[schema(minimum = 1)]
+    version: u64,
     /// The event's key in every timeline: newest sorts first.
     row_key: String,
 }
@@ -70,9 +81,55 @@ impl From<Event> for EventResponse {
             kind: event.kind,
             payload: event.payload,
             at: event.at.to_string(),
+            edited_at: event.edited_at.map(|at| at.to_string()),
+            version: event.version,
             row_key: event.row_key,
         }
     }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct EditEventRequest {
+    /// The new payload: any JSON, kept as sent (the same limits as a post's).
+    #[schema(value_type = serde_json::Value)]
+    payload: Box<RawValue>,
+    /// The version being edited: a stale one is a 409 `version_conflict`. Absent: the last
+    /// write wins.
+    #[schema(minimum = 1)]
+    version: Option<u64>,
+}
+
+/// Replaces the payload of one of the subject's events. Kind, author, time and row key stay;
+/// every page, author log and catch-up read shows the new version once this answers, and
+/// live streams are sent `event: updated`. The same request sent again after it succeeded
+/// (same `version`, same payload) answers the same event.
+#[utoipa::path(
+    patch,
+    path = "/v1/subjects/{subject}/events/{event_id}",
+    tag = "events",
+    params(EventPath),
+    request_body = EditEventRequest,
+    responses(
+        (status = OK, description = "The event as edited", body = EventResponse),
+        (status = NOT_FOUND, description = "No such event, or it was deleted", body = ErrorBody),
+        (status = CONFLICT, description = "`version_conflict`: the event is at another version", body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "The payload is over the limit", body = ErrorBody),
+    )
+)]
+async fn edit_event(
+    State(state): State<AppState>,
+    Path(event): Path<EventPath>,
+    Json(request): Json<EditEventRequest>,
+) -> Result<Response, ApiError> {
+    let author = subject(&event.subject)?;
+    let event_id = event.event_id;
+    let edit = EventEdit {
+        payload: request.payload,
+        version: request.version,
+    };
+    let event = state.timelines.edit_event(&author, &event_id, edit).await?;
+    Ok(axum::Json(EventResponse::from(event)).into_response())
 }
 
 /// Posts an event as `subject`; a worker fans it out to the subject's followers.
@@ -131,6 +188,31 @@ async fn list_events(
     Ok(write_page(&page.items, page.next_cursor.as_deref()))
 }
 
+/// Deletes an event everywhere. It is gone from its author's log and from every timeline
+/// page at once; a removal job deletes its copies, and the body is that job's status.
+/// Deleting it again answers the same.
+#[utoipa::path(
+    delete,
+    path = "/v1/subjects/{subject}/events/{event_id}",
+    tag = "events",
+    params(EventPath),
+    responses(
+        (status = ACCEPTED, description = "Deleted; the removal's status", body = FanoutStatusResponse),
+        (status = NOT_FOUND, description = "No such event", body = ErrorBody),
+    )
+)]
+async fn delete_event(
+    State(state): State<AppState>,
+    Path(event): Path<EventPath>,
+) -> Result<(StatusCode, axum::Json<FanoutStatusResponse>), ApiError> {
+    let author = subject(&event.subject)?;
+    let status = state
+        .timelines
+        .delete_event(&author, &event.event_id)
+        .await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(status.into())))
+}
+
 /// A page of an author log of `items`, written by concatenation.
 fn write_page(items: &[TimelineEntry], next_cursor: Option<&str>) -> Response {
     entry_page(items, SUBJECT_KEY, next_cursor, None)
@@ -162,6 +244,8 @@ mod tests {
                     payload: RawValue::from_string(payload.into()).expect("payload"),
                     at,
                     row_key: event_row_key(at, event_id),
+                    version: 1,
+                    edited_at: None,
                 }
             })
             .collect();

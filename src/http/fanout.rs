@@ -19,7 +19,6 @@ use crate::timeline::fanout::status::{FanoutDeadLetter, FanoutState, FanoutStatu
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default()
-        .routes(routes!(delete_event))
         .routes(routes!(get_fanout_status))
         .routes(routes!(requeue_fanout))
         .routes(routes!(list_dead_letters))
@@ -28,17 +27,17 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// The event a route names. Both are checked by the domain, with their own error codes.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
-struct EventPath {
+pub(super) struct EventPath {
     /// The author.
     #[param(value_type = Name)]
-    subject: String,
+    pub(super) subject: String,
     /// The event's `event_id`.
     #[param(value_type = uuid::Uuid)]
-    event_id: String,
+    pub(super) event_id: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-struct FanoutStatusResponse {
+pub(super) struct FanoutStatusResponse {
     /// `delivery` of a posted event, or `removal` of a deleted one's copies.
     operation: Operation,
     state: FanoutState,
@@ -182,29 +181,4 @@ async fn list_dead_letters(
         page,
         DeadLetterResponse::from,
     )))
-}
-
-/// Deletes an event everywhere. It is gone from its author's log and from every timeline
-/// page at once; a removal job deletes its copies, and the body is that job's status.
-/// Deleting it again answers the same.
-#[utoipa::path(
-    delete,
-    path = "/v1/subjects/{subject}/events/{event_id}",
-    tag = "events",
-    params(EventPath),
-    responses(
-        (status = ACCEPTED, description = "Deleted; the removal's status", body = FanoutStatusResponse),
-        (status = NOT_FOUND, description = "No such event", body = ErrorBody),
-    )
-)]
-async fn delete_event(
-    State(state): State<AppState>,
-    Path(event): Path<EventPath>,
-) -> Result<(StatusCode, axum::Json<FanoutStatusResponse>), ApiError> {
-    let author = subject(&event.subject)?;
-    let status = state
-        .timelines
-        .delete_event(&author, &event.event_id)
-        .await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(status.into())))
 }

@@ -36,6 +36,13 @@ pub(crate) struct TimelineItemResponse {
     /// RFC 3339, UTC.
     #[schema(format = DateTime)]
     at: String,
+    /// When the payload was last edited, RFC 3339, UTC; absent if it never was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    edited_at: Option<String>,
+    /// 1 as posted; each edit adds one.
+    #[schema(minimum = 1)]
+    version: u64,
     row_key: String,
 }
 
@@ -149,6 +156,8 @@ mod tests {
             payload: RawValue::from_string(payload.into()).expect("payload"),
             at,
             row_key: event_row_key(at, event_id),
+            version: 1,
+            edited_at: None,
         }
     }
 
@@ -163,12 +172,13 @@ mod tests {
             ),
             event("b\u{e9}b/\\", "like", "[1, 2]", 639_000_000_000_000_000),
         ];
+        // The second one edited twice: its page item says so.
+        let mut events = events;
+        events[1].version = 3;
+        events[1].edited_at = Some(Ticks::new(639_000_000_000_000_123).expect("ticks"));
         let entries: Vec<TimelineEntry> = events
             .iter()
-            .map(|event| {
-                TimelineEntry::from_timeline_row(event.row_key.clone(), event.timeline_entry_body())
-                    .expect("an entry")
-            })
+            .map(|event| TimelineEntry::of_event(event))
             .collect();
         for (next_cursor, truncated) in [(None, true), (Some("abc-_\"\\\u{1}"), false)] {
             let response = write_page(&entries, next_cursor, truncated);
@@ -188,6 +198,8 @@ mod tests {
                         kind: event.kind.clone(),
                         payload: event.payload.clone(),
                         at: event.at.to_string(),
+                        edited_at: event.edited_at.map(|at| at.to_string()),
+                        version: event.version,
                         row_key: event.row_key.clone(),
                     })
                     .collect(),

@@ -150,6 +150,8 @@ fn readings_event(series: &SeriesName, points: &[Point], received: Ticks) -> Dom
             .map_err(|err| DomainError::Corrupt(err.to_string()))?,
         at: received,
         row_key: event_row_key(received, event_id),
+        version: 1,
+        edited_at: None,
     })
 }
 

@@ -328,7 +328,15 @@ impl Timelines {
             ..Window::default()
         };
         let expected = limit + seen.len() + 1;
-        let mut rows = Merged::open(store, &self.merged_hints, owner, &window, expected).await?;
+        let mut rows = Merged::open(
+            store,
+            &self.merged_hints,
+            &self.events,
+            owner,
+            &window,
+            expected,
+        )
+        .await?;
         let mut items = Vec::with_capacity(limit);
         let mut returned = Vec::with_capacity(limit);
         while items.len() < limit {
@@ -400,9 +408,9 @@ mod tests {
 
     /// What a cursor remembers of a returned entry of time `at` and id `event_id`.
     fn returned(at: Ticks, event_id: Uuid) -> (u64, [u8; 6]) {
-        let body = bytes::Bytes::from_static(br#"{"author":"a","kind":"k","payload":1,"at":""}"#);
-        let entry =
-            TimelineEntry::from_timeline_row(event_row_key(at, event_id), body).expect("an entry");
+        let body = bytes::Bytes::from_static(br#"{"subject":"a","kind":"k","payload":1,"at":""}"#);
+        let entry = TimelineEntry::from_event_row("a", event_row_key(at, event_id), body)
+            .expect("an entry");
         seen_key(&entry)
     }
 
@@ -519,18 +527,35 @@ mod tests {
             payload: serde_json::value::RawValue::from_string("{}".into()).expect("payload"),
             at,
             row_key: String::new(),
+            version: 1,
+            edited_at: None,
         };
         let row_key = event_row_key(at, event.event_id);
-        let body = if first_format {
-            bytes::Bytes::from(format!(r#"{{"a":"{author}","k":"{kind}","p":{{}}}}"#))
+        let event = crate::timeline::Event {
+            row_key: row_key.clone(),
+            ..event
+        };
+        // The author's log holds the event; the timeline, a reference (or, written before
+        // references, a copy of the first format).
+        let (logged, entry) = if first_format {
+            (
+                bytes::Bytes::from(format!(r#"{{"k":"{kind}","p":{{}}}}"#)),
+                bytes::Bytes::from(format!(r#"{{"a":"{author}","k":"{kind}","p":{{}}}}"#)),
+            )
         } else {
-            event.timeline_entry_body()
+            (event.encode(), event.timeline_entry_body())
         };
         store
-            .batch_write(vec![crate::store::Write::put(
-                crate::store::Table::Timelines,
-                crate::store::Item::new("reader", &row_key, body),
-            )])
+            .batch_write(vec![
+                crate::store::Write::put(
+                    crate::store::Table::Events,
+                    crate::store::Item::new(author, &row_key, logged),
+                ),
+                crate::store::Write::put(
+                    crate::store::Table::Timelines,
+                    crate::store::Item::new("reader", &row_key, entry),
+                ),
+            ])
             .await
             .expect("deliver");
         row_key

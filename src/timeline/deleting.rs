@@ -1,9 +1,9 @@
 //! Deleting an event everywhere.
 //!
-//! One transaction deletes the event from its author's log, marks its row key as being
-//! removed (timeline reads drop marked rows at once), enqueues a removal job that deletes
-//! every copy by key, and records the deletion in the event-id index, so a second delete is
-//! answered the same way instead of with a 404.
+//! One transaction deletes the event from its author's log (every timeline reads its
+//! references there, so the event is gone from every page at once), enqueues a removal job
+//! that deletes the references by key and tells live streams, and records the deletion in
+//! the event-id index, so a second delete is answered the same way instead of with a 404.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,6 @@ use uuid::Uuid;
 use super::fanout::removal_job;
 use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
 use super::live::{self, LiveMessage};
-use super::removal;
 use super::{DomainError, DomainResult, SubjectId, Timelines};
 use crate::keys::Ticks;
 use crate::notices::Notice;
@@ -58,7 +57,7 @@ impl Timelines {
         let index: EventIndex = serde_json::from_slice(&seen)
             .map_err(|_| DomainError::Corrupt(format!("event index of {event_id}")))?;
         if !index.deleted {
-            let mut writes = vec![
+            let writes = vec![
                 Write::delete(Table::Events, author.as_str(), &index.row_key),
                 Write::Put {
                     table: Table::EventIds,
@@ -75,9 +74,9 @@ impl Timelines {
                 },
                 removal_job(author.as_str(), &index.row_key, event_id, Ticks::now()),
             ];
-            writes.extend(removal::mark(&index.row_key));
             match store.transact(writes).await {
                 Ok(()) => {
+                    self.events.changed(&index.row_key);
                     self.wake_workers.enqueued();
                     // Timelines that merge the author drop it now; pushed copies are told
                     // as the removal job deletes them.

@@ -2,10 +2,11 @@
 //! to and the messages it sends.
 //!
 //! - `timeline/{owner}`: [`Notice::Changed`] when entries are written to the owner's timeline;
-//!   a [`LiveMessage`] when one of its entries is removed, an author is unfollowed or its read
-//!   marker moves.
+//!   a [`LiveMessage`] when one of its entries is removed or edited, an author is unfollowed or
+//!   its read marker moves.
 //! - `author/{author}`: [`Notice::Changed`] when an author whose events are merged at read time
-//!   posts; a [`LiveMessage::Removed`] when it deletes one. Streams of timelines that merge the
+//!   posts; a [`LiveMessage::Removed`] when it deletes one, a [`LiveMessage::Updated`] when it
+//!   edits one. Streams of timelines that merge the
 //!   author watch this topic too.
 
 use bytes::Bytes;
@@ -31,6 +32,9 @@ pub fn author_topic(author: &str) -> String {
 pub enum LiveMessage {
     /// The entry of this event is gone from the timeline (the event was deleted).
     Removed { event_id: Uuid },
+    /// The event of `row_key` in `author`'s log was edited: streams that sent its entry send
+    /// it again as it is now.
+    Updated { author: String, row_key: String },
     /// The owner unfollowed `author`: its entries are gone from the timeline.
     Unfollowed { author: String },
     /// The owner's read marker moved; `marker` is its JSON as `GET .../marker` answers it.
@@ -68,6 +72,10 @@ mod tests {
             },
             LiveMessage::Unfollowed {
                 author: "ann".into(),
+            },
+            LiveMessage::Updated {
+                author: "ann".into(),
+                row_key: "0000000000000000001_x".into(),
             },
             LiveMessage::Marker {
                 marker: serde_json::json!({"last_read": "x", "version": 2}),

@@ -219,7 +219,15 @@ impl Timelines {
             end: last_read.map(str::to_owned),
             ..Window::default()
         };
-        let mut rows = Merged::open(store, &self.merged_hints, owner, &window, cap.max(1)).await?;
+        let mut rows = Merged::open(
+            store,
+            &self.merged_hints,
+            &self.events,
+            owner,
+            &window,
+            cap.max(1),
+        )
+        .await?;
         let mut unread = 0;
         while unread < cap && rows.next(store).await?.is_some() {
             unread += 1;
@@ -293,14 +301,23 @@ mod tests {
             payload: serde_json::value::RawValue::from_string("{}".into()).expect("payload"),
             at: at(seconds),
             row_key: String::new(),
+            version: 1,
+            edited_at: None,
         };
         let row_key = event_row_key(at(seconds), event.event_id);
+        let event = crate::timeline::Event {
+            row_key: row_key.clone(),
+            ..event
+        };
         fixture
             .store
-            .batch_write(vec![Write::put(
-                Table::Timelines,
-                Item::new("reader", &row_key, event.timeline_entry_body()),
-            )])
+            .batch_write(vec![
+                Write::put(Table::Events, Item::new("writer", &row_key, event.encode())),
+                Write::put(
+                    Table::Timelines,
+                    Item::new("reader", &row_key, event.timeline_entry_body()),
+                ),
+            ])
             .await
             .expect("deliver");
         row_key

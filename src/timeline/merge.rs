@@ -4,18 +4,19 @@
 //! the authors it merges at read time (merged authors). Every source is already sorted by
 //! event row key, and an event has one row key everywhere, so a k-way merge by row key gives
 //! exactly the order of a fully pushed timeline; equal row keys are one event (pushed before
-//! its author crossed the threshold, and merged after) and are yielded once. Rows of deleted
-//! events still being removed are dropped on the way, by walking the removal markers in the
-//! same order.
+//! its author crossed the threshold, and merged after) and are yielded once.
 //!
 //! Sources are read a batch at a time, the first batches of all sources at once, so a page
-//! costs one round of queries in the common case.
+//! costs one round of queries in the common case. A timeline's rows are references: the
+//! events they name are read a batch at a time too, in one round per batch (see
+//! [`super::hydrate`]), and a reference whose event is gone is passed over.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::hydrate::EventCache;
 use super::merged_authors::{self, MergedSource};
-use super::removal;
+use super::model::EntryRef;
 use super::{DomainError, DomainResult, SubjectId, TimelineEntry};
 use crate::store::{Direction, Item, Query, Store, StoreResult, Table};
 
@@ -174,10 +175,23 @@ fn min_end(a: Option<String>, b: Option<String>) -> Option<String> {
 /// The rows of one timeline, with its merged authors, in one order.
 pub struct Merged {
     sources: Vec<Source>,
-    removals: Source,
     direction: Direction,
     /// The row yielded last (empty before the first), to yield an event seen twice once.
     last_row: String,
+    /// Where the events of the timeline's references are read.
+    events: Arc<EventCache>,
+    /// Entries read and not yet yielded, in order.
+    ready: VecDeque<TimelineEntry>,
+    /// Rows taken from the sources at once, so their references are read in one round.
+    batch: usize,
+    /// Every source is exhausted.
+    done: bool,
+}
+
+/// A row of a merge: an event of a merged author's log, or a timeline's reference.
+enum Row {
+    Entry(TimelineEntry),
+    Ref(EntryRef),
 }
 
 impl Merged {
@@ -185,7 +199,7 @@ impl Merged {
     /// `window`, reading `expected` rows in the first batches (shared out between the
     /// sources).
     ///
-    /// The list of merged authors, the timeline, the removal markers and the logs of the
+    /// The list of merged authors, the timeline and the logs of the
     /// authors `hints` predicts are all read in one round. The list read is the truth: a
     /// predicted author no longer merged is dropped, and one not predicted (or with another
     /// starting event) is read in a second round. So a steady timeline costs one round,
@@ -193,6 +207,7 @@ impl Merged {
     pub async fn open(
         store: &dyn Store,
         hints: &MergedHints,
+        events: &Arc<EventCache>,
         owner: &SubjectId,
         window: &Window,
         expected: usize,
@@ -206,12 +221,6 @@ impl Merged {
             window.query(Table::Timelines, owner.as_str()),
             expected,
         );
-        let mut removal_query = removal::query(1);
-        removal_query.start = window.start.clone();
-        removal_query.end = window.end.clone();
-        removal_query.start_after = window.after.clone();
-        removal_query.direction = window.direction;
-        let mut removals = Source::new(Origin::Timeline, removal_query, 64);
         let mut guessed: Vec<(&MergedSource, Source)> = predicted
             .iter()
             .filter_map(|merged| Some((merged, author_source(window, merged, predicted_share)?)))
@@ -219,13 +228,11 @@ impl Merged {
         let mut queries = vec![
             merged_authors::merged_sources_query(owner.as_str()),
             timeline.next_query(),
-            removals.next_query(),
         ];
         queries.extend(guessed.iter().map(|(_, source)| source.next_query()));
         let mut answers = store.query_many(queries).await?.into_iter();
         let merged = merged_authors::merged_sources(answers.next().unwrap_or_default());
         timeline.accept(answers.next().unwrap_or_default());
-        removals.accept(answers.next().unwrap_or_default());
         for (_, source) in &mut guessed {
             source.accept(answers.next().unwrap_or_default());
         }
@@ -246,9 +253,12 @@ impl Merged {
         sources.extend(authors);
         Ok(Merged {
             sources,
-            removals,
             direction: window.direction,
             last_row: String::new(),
+            events: events.clone(),
+            ready: VecDeque::new(),
+            batch: expected.max(1),
+            done: false,
         })
     }
 
@@ -271,8 +281,61 @@ impl Merged {
         }
     }
 
-    /// The next row, as an entry; `None` when every source is exhausted.
+    /// The next entry; `None` when every source is exhausted.
     pub async fn next(&mut self, store: &dyn Store) -> DomainResult<Option<TimelineEntry>> {
+        loop {
+            if let Some(entry) = self.ready.pop_front() {
+                return Ok(Some(entry));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let mut rows = Vec::with_capacity(self.batch);
+            while rows.len() < self.batch {
+                match self.next_row(store).await? {
+                    Some(row) => rows.push(row),
+                    None => {
+                        self.done = true;
+                        break;
+                    }
+                }
+            }
+            self.hydrate(store, rows).await?;
+        }
+    }
+
+    /// Reads the events that the references among `rows` name, in one round, and queues the
+    /// entries in order; a reference whose event is gone (deleted) is passed over.
+    async fn hydrate(&mut self, store: &dyn Store, rows: Vec<Row>) -> DomainResult<()> {
+        let refs: Vec<EntryRef> = rows
+            .iter()
+            .filter_map(|row| match row {
+                Row::Ref(reference) => Some(reference.clone()),
+                Row::Entry(_) => None,
+            })
+            .collect();
+        let mut bodies = self.events.read(store, &refs).await?.into_iter();
+        for row in rows {
+            match row {
+                Row::Entry(entry) => self.ready.push_back(entry),
+                Row::Ref(reference) => {
+                    if let Some(body) = bodies.next().flatten() {
+                        let entry = TimelineEntry::from_event_row(
+                            &reference.author,
+                            reference.row_key,
+                            body,
+                        )
+                        .map_err(DomainError::Corrupt)?;
+                        self.ready.push_back(entry);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The next row in merge order; `None` when every source is exhausted.
+    async fn next_row(&mut self, store: &dyn Store) -> DomainResult<Option<Row>> {
         loop {
             // Sources that ran dry are read again together: merged authors whose events are
             // dense in the page tend to run dry at about the same row.
@@ -302,32 +365,16 @@ impl Merged {
                 continue;
             }
             self.last_row.clone_from(&item.row);
-            if self.is_removed(store, &item.row).await? {
-                continue;
-            }
-            let entry = match &self.sources[best].origin {
-                Origin::Timeline => TimelineEntry::from_timeline_row(item.row, item.value),
+            let row = match &self.sources[best].origin {
+                Origin::Timeline => {
+                    EntryRef::from_timeline_row(item.row, &item.value).map(Row::Ref)
+                }
                 Origin::Events(author) => {
                     TimelineEntry::from_event_row(author.as_str(), item.row, item.value)
+                        .map(Row::Entry)
                 }
             };
-            return entry.map(Some).map_err(DomainError::Corrupt);
-        }
-    }
-
-    /// Whether `row` is marked as being removed; walks the markers up to it.
-    async fn is_removed(&mut self, store: &dyn Store, row: &str) -> StoreResult<bool> {
-        loop {
-            if self.removals.is_dry() {
-                fill(store, std::iter::once(&mut self.removals)).await?;
-            }
-            match self.removals.head() {
-                Some(marked) if self.before(marked, row) => {
-                    self.removals.buffer.pop_front();
-                }
-                Some(marked) => return Ok(marked == row),
-                None => return Ok(false),
-            }
+            return row.map(Some).map_err(DomainError::Corrupt);
         }
     }
 }
@@ -353,6 +400,8 @@ mod tests {
             payload: RawValue::from_string("{}".into()).expect("payload"),
             at,
             row_key: event_row_key(at, event_id),
+            version: 1,
+            edited_at: None,
         };
         store
             .batch_write(vec![Write::put(
@@ -366,7 +415,8 @@ mod tests {
 
     async fn read_all(store: &dyn Store, hints: &MergedHints, owner: &SubjectId) -> Vec<String> {
         let window = Window::default();
-        let mut merged = Merged::open(store, hints, owner, &window, 10)
+        let events = Arc::new(EventCache::new(0, true));
+        let mut merged = Merged::open(store, hints, &events, owner, &window, 10)
             .await
             .expect("open");
         let mut rows = Vec::new();
@@ -472,25 +522,54 @@ mod tests {
                 .expect("push");
             row
         };
+        // A copy of the first format (at 3 s), from before timelines held references: read
+        // as a reference to the event in old-friend's log, also of the first format.
         let pushed_first = put_first_format(
             &store,
             Table::Timelines,
             "reader",
             3,
-            br#"{"a":"old-friend","k":"old","p":[1]}"#,
+            br#"{"a":"old-friend","k":"stale","p":[0]}"#,
         )
         .await;
-        // Merged: the star's current event (at 2 s), one of the first format (at 4 s), and a
-        // deleted one still being removed (at 5 s).
+        store
+            .batch_write(vec![Write::put(
+                Table::Events,
+                Item::new(
+                    "old-friend",
+                    &pushed_first,
+                    bytes::Bytes::from_static(br#"{"k":"old","p":[1]}"#),
+                ),
+            )])
+            .await
+            .expect("old-friend's event");
+        // A reference to an event deleted since (at 6 s): nothing in any log.
+        let deleted = post(&store, "friend", 6).await;
+        store
+            .batch_write(vec![
+                Write::put(
+                    Table::Timelines,
+                    Item::new(
+                        "reader",
+                        &deleted,
+                        bytes::Bytes::from_static(br#"{"author":"friend"}"#),
+                    ),
+                ),
+                Write::delete(Table::Events, "friend", &deleted),
+            ])
+            .await
+            .expect("delete");
+        // Merged: the star's current event (at 2 s) and one of the first format (at 4 s).
         let merged = post(&store, "star", 2).await;
         let merged_first =
             put_first_format(&store, Table::Events, "star", 4, br#"{"k":"like","p":2}"#).await;
-        let removed = post(&store, "star", 5).await;
-        let mut writes = vec![merged_authors::merge_into("reader", "star", None)];
-        writes.extend(removal::mark(&removed));
-        store.batch_write(writes).await.expect("merge");
+        store
+            .batch_write(vec![merged_authors::merge_into("reader", "star", None)])
+            .await
+            .expect("merge");
 
-        let mut rows = Merged::open(&store, &hints, &owner, &Window::default(), 10)
+        let events = Arc::new(EventCache::new(1 << 20, false));
+        let mut rows = Merged::open(&store, &hints, &events, &owner, &Window::default(), 10)
             .await
             .expect("open");
         let mut items = Vec::new();
@@ -517,7 +596,7 @@ mod tests {
                 (merged.as_str(), "star", "post"),
                 (pushed.as_str(), "friend", "post"),
             ],
-            "newest first, the removed event left out"
+            "newest first, the deleted event left out, each as its author's log holds it"
         );
         assert_eq!(items[0]["payload"], serde_json::json!(2));
         assert_eq!(items[1]["payload"], serde_json::json!([1]));
@@ -526,7 +605,8 @@ mod tests {
             let (at, event_id) = crate::keys::parse_event_row_key(row_key).expect("row key");
             assert_eq!(item["event_id"], event_id.to_string());
             assert_eq!(item["at"], at.to_string());
-            assert_eq!(item.as_object().expect("object").len(), 6);
+            assert_eq!(item["version"], 1);
+            assert_eq!(item.as_object().expect("object").len(), 7);
         }
     }
 }

@@ -2,8 +2,10 @@
 
 mod catch_up;
 mod deleting;
+pub(crate) mod editing;
 pub mod fanout;
 mod following;
+mod hydrate;
 pub(crate) mod live;
 mod marker;
 mod merge;
@@ -26,6 +28,7 @@ use crate::jobs::{self, Backlog, Handlers, JobError};
 use crate::notices::Notices;
 use crate::store::{Condition, Item, Store, StoreError, Table};
 
+pub use editing::EventEdit;
 pub use marker::{MAX_MARKER_VERSION, Marker, MarkerWrite};
 pub use model::{
     Edge, Event, Page, SubjectId, TimelineEntry, check_no_dot_segments, check_printable,
@@ -62,6 +65,9 @@ pub enum DomainError {
     PayloadTooLarge { size: usize, limit: usize },
     #[error("{0}")]
     Conflict(String),
+    /// A write that named a version of its target that is no longer current.
+    #[error("{0}")]
+    VersionConflict(String),
     #[error("{0}")]
     NotFound(String),
     #[error(transparent)]
@@ -97,7 +103,9 @@ impl From<DomainError> for JobError {
     fn from(err: DomainError) -> Self {
         match err {
             DomainError::Store(store) => JobError::Store(store),
-            DomainError::Conflict(message) => JobError::Conflict(message),
+            DomainError::Conflict(message) | DomainError::VersionConflict(message) => {
+                JobError::Conflict(message)
+            }
             // Transient: retried like contention.
             full @ DomainError::BacklogFull { .. } => JobError::Conflict(full.to_string()),
             other => JobError::Corrupt(other.to_string()),
@@ -125,6 +133,8 @@ pub struct Timelines {
     wake_workers: Wake,
     /// Predicts which authors a timeline merges, so a read asks for them at once.
     merged_hints: merge::MergedHints,
+    /// Where pages read the events their references name.
+    events: Arc<hydrate::EventCache>,
     /// The job queue's size as last counted: posts wait while it is at its bound.
     backlog: Arc<Backlog>,
     /// Tells live streams what changed (see `live`).
@@ -144,6 +154,7 @@ impl Timelines {
             settings,
             wake_workers,
             merged_hints: merge::MergedHints::new(MERGED_HINT_OWNERS),
+            events: Arc::new(hydrate::EventCache::new(0, true)),
             backlog: Backlog::new(0),
             notices: Notices::local(),
         }
@@ -152,6 +163,13 @@ impl Timelines {
     /// Tells `notices` of every change to a timeline, for live streams.
     pub fn with_notices(mut self, notices: Notices) -> Self {
         self.notices = notices;
+        self
+    }
+
+    /// Keeps up to `capacity_bytes` of recently read events in memory, unless other processes
+    /// write the store too (`shared`): they could not tell this one of their edits.
+    pub fn with_event_cache(mut self, capacity_bytes: u64, shared: bool) -> Self {
+        self.events = Arc::new(hydrate::EventCache::new(capacity_bytes, shared));
         self
     }
 

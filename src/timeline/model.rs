@@ -76,18 +76,31 @@ pub struct Event {
     pub payload: Box<RawValue>,
     pub at: Ticks,
     pub row_key: String,
+    /// 1 as posted; each edit adds one.
+    pub version: u64,
+    /// When the payload was last edited; `None` if it never was.
+    pub edited_at: Option<Ticks>,
 }
 
-/// One event as a page item of a timeline or an author log: its row key and its stored body,
-/// checked once and kept as stored, so a page is written by concatenation (see
-/// [`TimelineEntry::write_json`]). Its time and id are those of the row key.
+/// One event as a page item of a timeline or an author log: its row key and its `events`
+/// body, checked once and kept as stored, so a page is written by concatenation (see
+/// [`TimelineEntry::write_json`]). Its time and id are those of the row key. A timeline
+/// holds references only ([`EntryRef`]); its entries are read from the authors' logs.
 #[derive(Clone, Debug)]
 pub struct TimelineEntry {
     pub row_key: String,
-    /// A body in the current format (an [`EntryBody`] or an [`EventBody`]).
+    /// A body in the current format (an [`EventBody`], or a converted first-format body).
     body: Bytes,
     /// Where the author's name starts in `body`: the quote just after its field's key.
     name_at: usize,
+}
+
+/// A `timelines` row: a reference to an event in its author's log, which holds the one
+/// stored version of it. Deleting or editing the event there is what every timeline shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryRef {
+    pub author: String,
+    pub row_key: String,
 }
 
 /// A follow edge seen from one side: the other subject and when the edge was made.
@@ -107,17 +120,32 @@ pub struct Page<T> {
 }
 
 /// Body of an `events` item: the item of the author log (`GET /v1/subjects/{s}/events`)
-/// without `event_id` and `row_key`, fields in the order of that item.
+/// without `event_id` and `row_key`, fields in the order of that item. `edited_at` and
+/// `version` are stored once the event is edited; a body without them is version 1, and is
+/// byte for byte the body of the format before edits.
 #[derive(Serialize)]
 struct EventBody<'a> {
     subject: &'a str,
     kind: &'a str,
     payload: &'a RawValue,
     at: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    edited_at: Option<&'a str>,
+    #[serde(skip_serializing_if = "is_first_version")]
+    version: u64,
 }
 
-/// Body of a `timelines` item: the item of a timeline page without `event_id` and
-/// `row_key`, fields in the order of that item.
+fn is_first_version(version: &u64) -> bool {
+    *version <= 1
+}
+
+/// Body of a `timelines` item: whose log holds the event (the row key names it there).
+#[derive(Serialize)]
+struct RefBody<'a> {
+    author: &'a str,
+}
+
+/// A converted first-format body: the current format's fields under the author's key.
 #[derive(Serialize)]
 struct EntryBody<'a> {
     author: &'a str,
@@ -126,21 +154,35 @@ struct EntryBody<'a> {
     at: &'a str,
 }
 
+/// What a page item of a version-1 event, whose body does not say its version, ends with.
+const FIRST_VERSION: &[u8] = br#","version":1"#;
+
 /// How a body in the current format starts, up to the quote that opens the author's name.
 const EVENT_BODY_START: &[u8] = br#"{"subject":""#;
 const ENTRY_BODY_START: &[u8] = br#"{"author":""#;
 
-/// Any stored body, read for its fields: the current formats, and the first ones, which
-/// `timelines` and `events` may still hold: `{"a":author,"k":kind,"p":payload}` and
-/// `{"k":kind,"p":payload}` (the author is the partition; the time is the row key's).
+/// An `events` body, read for its fields: the current format, and the first one, which
+/// `events` may still hold: `{"k":kind,"p":payload}` (the author is the partition; the time
+/// is the row key's).
 #[derive(Deserialize)]
 struct StoredFields<'a> {
-    #[serde(alias = "a", alias = "subject", default)]
-    author: Option<String>,
     #[serde(alias = "k", borrow)]
     kind: std::borrow::Cow<'a, str>,
     #[serde(alias = "p", borrow)]
     payload: &'a RawValue,
+    #[serde(default)]
+    version: Option<u64>,
+    #[serde(default, borrow)]
+    edited_at: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The one field of a `timelines` row this service reads: the author (first formats: `a`).
+/// Rows written before timelines held references are whole copies; their other fields are
+/// ignored, and the event is read from its author's log like any other.
+#[derive(Deserialize)]
+struct StoredRef<'a> {
+    #[serde(alias = "a", borrow)]
+    author: std::borrow::Cow<'a, str>,
 }
 
 /// Body of a follow-edge item.
@@ -161,11 +203,14 @@ fn corrupt(what: &str, row_key: &str) -> String {
 impl Event {
     /// The body of this event's `events` item.
     pub fn encode(&self) -> Bytes {
+        let edited_at = self.edited_at.map(|at| at.to_string());
         to_bytes(&EventBody {
             subject: self.author.as_str(),
             kind: &self.kind,
             payload: &self.payload,
             at: &self.at.to_string(),
+            edited_at: edited_at.as_deref(),
+            version: self.version,
         })
     }
 
@@ -175,6 +220,10 @@ impl Event {
             parse_event_row_key(row_key).ok_or_else(|| corrupt("event", row_key))?;
         let stored: StoredFields<'_> =
             serde_json::from_slice(body).map_err(|_| corrupt("event", row_key))?;
+        let edited_at = match stored.edited_at {
+            Some(text) => Some(Ticks::parse_rfc3339(&text).map_err(|_| corrupt("event", row_key))?),
+            None => None,
+        };
         Ok(Event {
             event_id,
             author: author.clone(),
@@ -182,13 +231,18 @@ impl Event {
             payload: stored.payload.to_owned(),
             at,
             row_key: row_key.to_owned(),
+            version: stored.version.unwrap_or(1).max(1),
+            edited_at,
         })
     }
 
     /// The body of this event's entry in every timeline it reaches (same for all of them): a
-    /// JSON object, `{"author":..,"kind":..,"payload":..,"at":..}`.
+    /// reference, `{"author":..}`, under the event's row key. Small whatever the payload, and
+    /// never stale: reads take the event from its author's log.
     pub fn timeline_entry_body(&self) -> Bytes {
-        entry_body(self.author.as_str(), &self.kind, &self.payload, self.at)
+        to_bytes(&RefBody {
+            author: self.author.as_str(),
+        })
     }
 }
 
@@ -201,36 +255,61 @@ fn entry_body(author: &str, kind: &str, payload: &RawValue, at: Ticks) -> Bytes 
     })
 }
 
-/// Whether `body` is in the current format that starts with `start`. Bodies are written by
-/// this service only, so the ends are checked, not every byte between.
+/// Whether `body` is in the current format that starts with `start`: it ends with its `at`
+/// or `edited_at` (`"}`) or its `version` (a digit and `}`). Bodies are written by this
+/// service only, so the ends are checked, not every byte between.
 fn is_current(body: &[u8], start: &[u8]) -> bool {
-    body.len() > start.len() + 1 && body.starts_with(start) && body.ends_with(b"\"}")
+    body.len() > start.len() + 1
+        && body.starts_with(start)
+        && body.ends_with(b"}")
+        && (body[body.len() - 2] == b'"' || body[body.len() - 2].is_ascii_digit())
 }
 
-impl TimelineEntry {
-    /// A `timelines` item, in the current format or the first (converted once, here).
-    pub fn from_timeline_row(row_key: String, body: Bytes) -> Result<TimelineEntry, String> {
+impl EntryRef {
+    /// A `timelines` row: a reference, or a copy written before timelines held references.
+    pub fn from_timeline_row(row_key: String, body: &[u8]) -> Result<EntryRef, String> {
         if !is_event_row_key(&row_key) {
             return Err(corrupt("timeline entry", &row_key));
         }
-        if is_current(&body, ENTRY_BODY_START) {
-            return Ok(TimelineEntry {
-                row_key,
-                body,
-                name_at: ENTRY_BODY_START.len() - 1,
-            });
-        }
-        let stored: StoredFields<'_> =
-            serde_json::from_slice(&body).map_err(|_| corrupt("timeline entry", &row_key))?;
-        let author = stored
-            .author
-            .ok_or_else(|| corrupt("timeline entry", &row_key))?;
-        Ok(TimelineEntry::converted(
+        let stored: StoredRef<'_> =
+            serde_json::from_slice(body).map_err(|_| corrupt("timeline entry", &row_key))?;
+        Ok(EntryRef {
+            author: stored.author.into_owned(),
             row_key,
-            &author,
-            &stored.kind,
-            stored.payload,
-        ))
+        })
+    }
+}
+
+impl TimelineEntry {
+    /// `event` as a page item.
+    pub fn of_event(event: &Event) -> TimelineEntry {
+        TimelineEntry {
+            row_key: event.row_key.clone(),
+            body: event.encode(),
+            name_at: EVENT_BODY_START.len() - 1,
+        }
+    }
+
+    /// The event's version, from the body (1 if it does not say).
+    pub fn version(&self) -> u64 {
+        if !self.states_version() {
+            return 1;
+        }
+        let end = self.body.len() - 1;
+        let digits = self.body[..end]
+            .iter()
+            .rev()
+            .take_while(|byte| byte.is_ascii_digit())
+            .count();
+        std::str::from_utf8(&self.body[end - digits..end])
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(1)
+    }
+
+    /// Whether the body ends with the event's version (it does once the event is edited).
+    fn states_version(&self) -> bool {
+        self.body.len() >= 2 && self.body[self.body.len() - 2].is_ascii_digit()
     }
 
     /// An `events` item of `author`'s log, in the current format or the first (converted
@@ -291,6 +370,9 @@ impl TimelineEntry {
         out.extend_from_slice(author_key.as_bytes());
         out.extend_from_slice(br#"":"#);
         out.extend_from_slice(&self.body[self.name_at..self.body.len() - 1]);
+        if !self.states_version() {
+            out.extend_from_slice(FIRST_VERSION);
+        }
         out.extend_from_slice(br#","row_key":""#);
         out.extend_from_slice(self.row_key.as_bytes());
         out.extend_from_slice(br#""}"#);
@@ -304,6 +386,11 @@ impl TimelineEntry {
             + (self.row_key.len() - 20)
             + self.row_key.len()
             + (self.body.len() - self.name_at - 1)
+            + if self.states_version() {
+                0
+            } else {
+                FIRST_VERSION.len()
+            }
     }
 }
 
@@ -352,6 +439,9 @@ mod tests {
         kind: &'a str,
         payload: &'a RawValue,
         at: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        edited_at: Option<String>,
+        version: u64,
         row_key: &'a str,
     }
 
@@ -363,6 +453,9 @@ mod tests {
         kind: &'a str,
         payload: &'a RawValue,
         at: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        edited_at: Option<String>,
+        version: u64,
         row_key: &'a str,
     }
 
@@ -373,6 +466,8 @@ mod tests {
             kind: &event.kind,
             payload: &event.payload,
             at: event.at.to_string(),
+            edited_at: event.edited_at.map(|at| at.to_string()),
+            version: event.version,
             row_key: &event.row_key,
         })
         .expect("renders")
@@ -385,6 +480,8 @@ mod tests {
             kind: &event.kind,
             payload: &event.payload,
             at: event.at.to_string(),
+            edited_at: event.edited_at.map(|at| at.to_string()),
+            version: event.version,
             row_key: &event.row_key,
         })
         .expect("renders")
@@ -410,6 +507,8 @@ mod tests {
             payload: RawValue::from_string(payload.to_owned()).expect("JSON payload"),
             at,
             row_key: crate::keys::event_row_key(at, event_id),
+            version: 1,
+            edited_at: None,
         }
     }
 
@@ -432,57 +531,61 @@ mod tests {
         payload in proptest::sample::select(PAYLOADS),
         ticks in 0..=crate::keys::MAX_TICKS,
         id in proptest::prelude::any::<u128>(),
+        edits in 0..3u64,
     ) {
-        let event = event_of(
+        let mut event = event_of(
             &author,
             &kind,
             payload,
             Ticks::new(ticks).expect("ticks"),
             Uuid::from_u128(id),
         );
-        let pushed =
-            TimelineEntry::from_timeline_row(event.row_key.clone(), event.timeline_entry_body())
-                .expect("a timeline entry");
-        proptest::prop_assert_eq!(written(&pushed, "author"), rendered_item(&event));
+        if edits > 0 {
+            event.version = 1 + edits;
+            event.edited_at = Some(Ticks::new(ticks / 2 + edits).expect("ticks"));
+        }
         let logged = TimelineEntry::from_event_row(&author, event.row_key.clone(), event.encode())
             .expect("an event");
         proptest::prop_assert_eq!(written(&logged, "subject"), rendered_event(&event));
-        // Merged at read time, an author's event is the item it would be if pushed.
+        // In a timeline, an author's event is the same item under `author`.
         proptest::prop_assert_eq!(written(&logged, "author"), rendered_item(&event));
-        proptest::prop_assert_eq!((logged.event_id(), logged.at()), (event.event_id, event.at));
-        // The stored bodies are JSON objects (fan-out embeds the entry body in its jobs).
-        let body: serde_json::Value =
-            serde_json::from_slice(&event.timeline_entry_body()).expect("JSON");
-        proptest::prop_assert!(body.is_object());
+        proptest::prop_assert_eq!(
+            (logged.event_id(), logged.at(), logged.version()),
+            (event.event_id, event.at, event.version)
+        );
+        proptest::prop_assert_eq!(
+            written(&TimelineEntry::of_event(&event), "author"),
+            rendered_item(&event)
+        );
+        // A timeline holds a reference that names the author (fan-out jobs embed it).
+        let reference = EntryRef::from_timeline_row(event.row_key.clone(), &event.timeline_entry_body())
+            .expect("a reference");
+        proptest::prop_assert_eq!(reference.author, author.clone());
         let decoded = Event::decode(&event.author, &event.row_key, &event.encode())
             .expect("decodes");
         proptest::prop_assert_eq!(decoded.kind, event.kind);
         proptest::prop_assert_eq!(decoded.payload.get(), event.payload.get());
+        proptest::prop_assert_eq!((decoded.version, decoded.edited_at), (event.version, event.edited_at));
     }
 
         }
 
     #[test]
-    fn timeline_entries_of_the_first_format_read_back_as_items() {
+    fn timeline_rows_of_every_format_are_references_to_their_authors_events() {
         let at = Ticks::new(639_000_000_123_456_789).expect("ticks");
         let event_id = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001);
         let row_key = crate::keys::event_row_key(at, event_id);
-        let first_format = br#"{"a":"al\"ice","k":"post","p":{ "x" : [1, 2] }}"#;
-        let entry =
-            TimelineEntry::from_timeline_row(row_key.clone(), Bytes::from_static(first_format))
-                .expect("reads");
-        assert_eq!(
-            written(&entry, "author"),
-            format!(
-                r#"{{"event_id":"{event_id}","author":"al\"ice","kind":"post","payload":{{ "x" : [1, 2] }},"at":"{at}","row_key":"{row_key}"}}"#
-            )
-        );
-        assert_eq!((entry.event_id(), entry.at()), (event_id, at));
+        for body in [
+            &br#"{"a":"al\"ice","k":"post","p":{ "x" : [1, 2] }}"#[..],
+            br#"{"author":"al\"ice","kind":"post","payload":1,"at":"2026-01-01T00:00:00Z"}"#,
+            br#"{"author":"al\"ice"}"#,
+        ] {
+            let reference = EntryRef::from_timeline_row(row_key.clone(), body).expect("reads");
+            assert_eq!(reference.author, "al\"ice");
+            assert_eq!(reference.row_key, row_key);
+        }
         // Missing the author, it is not a timeline entry.
-        assert!(
-            TimelineEntry::from_timeline_row(row_key, Bytes::from_static(br#"{"k":"post","p":1}"#))
-                .is_err()
-        );
+        assert!(EntryRef::from_timeline_row(row_key, br#"{"k":"post","p":1}"#).is_err());
     }
 
     #[test]
@@ -496,7 +599,7 @@ mod tests {
                 .expect("reads");
         let expected = |author_key: &str| {
             format!(
-                r#"{{"event_id":"{event_id}","{author_key}":"bob","kind":"like","payload":"\u00e9","at":"{at}","row_key":"{row_key}"}}"#
+                r#"{{"event_id":"{event_id}","{author_key}":"bob","kind":"like","payload":"\u00e9","at":"{at}","version":1,"row_key":"{row_key}"}}"#
             )
         };
         assert_eq!(written(&entry, "subject"), expected("subject"));
@@ -512,9 +615,7 @@ mod tests {
     #[test]
     fn unreadable_rows_are_refused() {
         let event = event_of("a", "k", "1", Ticks::now(), Uuid::now_v7());
-        assert!(
-            TimelineEntry::from_timeline_row("bogus".into(), event.timeline_entry_body()).is_err()
-        );
+        assert!(EntryRef::from_timeline_row("bogus".into(), &event.timeline_entry_body()).is_err());
         assert!(TimelineEntry::from_event_row("a", "bogus".into(), event.encode()).is_err());
         for body in [
             &b"{}"[..],
@@ -524,7 +625,7 @@ mod tests {
             br#"{"subject":"#,
         ] {
             let body = Bytes::copy_from_slice(body);
-            assert!(TimelineEntry::from_timeline_row(event.row_key.clone(), body.clone()).is_err());
+            assert!(EntryRef::from_timeline_row(event.row_key.clone(), &body).is_err());
             assert!(TimelineEntry::from_event_row("a", event.row_key.clone(), body).is_err());
         }
     }
@@ -541,13 +642,16 @@ mod tests {
             payload: RawValue::from_string(r#"{"text":"hi \"there\""}"#.into()).expect("json"),
             at,
             row_key: crate::keys::event_row_key(at, event_id),
+            version: 1,
+            edited_at: None,
         };
         let stored = Event::decode(&author, &event.row_key, &event.encode()).expect("decode");
         assert_eq!(stored.payload.get(), event.payload.get());
         assert_eq!((stored.event_id, stored.at), (event_id, at));
-        let entry =
-            TimelineEntry::from_timeline_row(event.row_key.clone(), event.timeline_entry_body())
-                .expect("decode entry");
-        assert_eq!((entry.event_id(), entry.at()), (event_id, at));
+        let entry = TimelineEntry::of_event(&event);
+        assert_eq!(
+            (entry.event_id(), entry.at(), entry.version()),
+            (event_id, at, 1)
+        );
     }
 }

@@ -53,20 +53,7 @@ impl Timelines {
             check_printable("id", client_id, MAX_CLIENT_ID_BYTES)
                 .map_err(|message| DomainError::invalid("invalid_id", message))?;
         }
-        let size = new.payload.get().len();
-        if size > self.settings.max_payload_bytes {
-            return Err(DomainError::PayloadTooLarge {
-                size,
-                limit: self.settings.max_payload_bytes,
-            });
-        }
-        let depth = json_depth(new.payload.get());
-        if depth > MAX_PAYLOAD_DEPTH {
-            return Err(DomainError::invalid(
-                "payload_too_deep",
-                format!("payload nests {depth} levels; at most {MAX_PAYLOAD_DEPTH} are allowed"),
-            ));
-        }
+        self.check_payload(&new.payload)?;
         if self.backlog.is_full() {
             // Checked before anything is written: a retry with the same id once the backlog
             // has drained still makes exactly one event.
@@ -90,6 +77,8 @@ impl Timelines {
             payload: new.payload.clone(),
             at,
             row_key: row_key.clone(),
+            version: 1,
+            edited_at: None,
         };
         // The event's rows are keyed by the UUIDv7 drawn just now, which no earlier write can
         // hold: checking that they are absent would read each of them (on the embedded store,
@@ -126,6 +115,25 @@ impl Timelines {
             },
             Err(err) => Err(err.into()),
         }
+    }
+
+    /// Refuses a payload over the size limit (413) or nested too deep (400).
+    pub(super) fn check_payload(&self, payload: &RawValue) -> DomainResult<()> {
+        let size = payload.get().len();
+        if size > self.settings.max_payload_bytes {
+            return Err(DomainError::PayloadTooLarge {
+                size,
+                limit: self.settings.max_payload_bytes,
+            });
+        }
+        let depth = json_depth(payload.get());
+        if depth > MAX_PAYLOAD_DEPTH {
+            return Err(DomainError::invalid(
+                "payload_too_deep",
+                format!("payload nests {depth} levels; at most {MAX_PAYLOAD_DEPTH} are allowed"),
+            ));
+        }
+        Ok(())
     }
 
     /// Answers a retried post with the event the first attempt created. A refused write is

@@ -41,7 +41,15 @@ impl Timelines {
             after,
             ..Window::default()
         };
-        let mut rows = Merged::open(store, &self.merged_hints, owner, &window, want + 1).await?;
+        let mut rows = Merged::open(
+            store,
+            &self.merged_hints,
+            &self.events,
+            owner,
+            &window,
+            want + 1,
+        )
+        .await?;
         let mut items = Vec::with_capacity(want);
         while items.len() < want {
             match rows.next(store).await? {

@@ -39,6 +39,8 @@ pub enum StreamEvent {
     },
     /// The entry of this event is gone.
     Removed { event_id: Uuid },
+    /// An entry the stream may have sent was edited: here it is as it is now.
+    Updated { entry: TimelineEntry },
     /// The owner unfollowed `author`: its entries are gone.
     Unfollowed { author: String },
     /// The owner's read marker moved.
@@ -102,6 +104,29 @@ impl Timelines {
     }
 }
 
+impl Timelines {
+    /// The event of `row_key` in `author`'s log as a page item, as it is now; `None` if gone.
+    pub(super) async fn read_entry(
+        &self,
+        author: &str,
+        row_key: String,
+    ) -> DomainResult<Option<TimelineEntry>> {
+        let reference = super::model::EntryRef {
+            author: author.to_owned(),
+            row_key,
+        };
+        let body = self
+            .events
+            .read(self.store.as_ref(), std::slice::from_ref(&reference))
+            .await?
+            .pop()
+            .flatten();
+        body.map(|body| TimelineEntry::from_event_row(author, reference.row_key, body))
+            .transpose()
+            .map_err(super::DomainError::Corrupt)
+    }
+}
+
 impl TimelineStream {
     /// What is new since the last read: messages told, then entries, oldest first, at most a
     /// page of them (read again at once if a whole page came back). Empty if nothing is new.
@@ -114,16 +139,27 @@ impl TimelineStream {
                 events: vec![StreamEvent::Lagged { cursor }],
             });
         }
-        let mut events: Vec<StreamEvent> = pending
-            .messages
-            .iter()
-            .filter_map(|(_, body)| LiveMessage::decode(body))
-            .map(|message| match message {
+        let mut events = Vec::with_capacity(pending.messages.len());
+        for (_, body) in &pending.messages {
+            let Some(message) = LiveMessage::decode(body) else {
+                continue;
+            };
+            events.push(match message {
                 LiveMessage::Removed { event_id } => StreamEvent::Removed { event_id },
+                LiveMessage::Updated { author, row_key } => {
+                    match timelines.read_entry(&author, row_key.clone()).await? {
+                        Some(entry) => StreamEvent::Updated { entry },
+                        // Deleted since: its removal is told too, or is now.
+                        None => match crate::keys::parse_event_row_key(&row_key) {
+                            Some((_, event_id)) => StreamEvent::Removed { event_id },
+                            None => continue,
+                        },
+                    }
+                }
                 LiveMessage::Unfollowed { author } => StreamEvent::Unfollowed { author },
                 LiveMessage::Marker { marker } => StreamEvent::Marker { marker },
-            })
-            .collect();
+            });
+        }
         let now = Instant::now();
         let scan = if now >= self.next_window_scan {
             self.next_window_scan =

@@ -12,6 +12,8 @@ mod browser;
 mod conformance;
 mod connections;
 mod console;
+mod convergence;
+mod edits;
 mod envelope;
 mod errors;
 mod fanout;

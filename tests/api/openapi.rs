@@ -20,7 +20,7 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 38] = [
+const OPERATIONS: [&str; 39] = [
     "POST /api/v2/write",
     "GET /healthz",
     "GET /metrics",
@@ -49,6 +49,7 @@ const OPERATIONS: [&str; 38] = [
     "GET /v1/subjects/{subject}/events",
     "POST /v1/subjects/{subject}/events",
     "DELETE /v1/subjects/{subject}/events/{event_id}",
+    "PATCH /v1/subjects/{subject}/events/{event_id}",
     "GET /v1/subjects/{subject}/events/{event_id}/fanout",
     "GET /v1/subjects/{subject}/followers",
     "GET /v1/subjects/{subject}/following",

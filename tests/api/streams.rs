@@ -28,6 +28,7 @@ on_both_backends!(
     a_quiet_stream_sends_heartbeats,
     a_moved_read_marker_is_sent_to_every_stream_of_its_subject,
     a_store_failure_is_sent_as_error_and_a_reconnect_resumes_with_no_gap,
+    an_edited_event_is_sent_as_updated_with_its_new_version,
 );
 
 /// How long any single expected event may take.
@@ -249,6 +250,30 @@ async fn a_deleted_event_is_sent_as_removed(backend: Backend) {
     let removed = stream.expect("removed", 1).await;
     let data: Value = serde_json::from_str(&removed[0].data).expect("JSON");
     assert_eq!(data, json!({"event_id": doomed}));
+    // And the stream goes on.
+    post(&app, "writer", "after").await;
+    assert_eq!(stream.entries(1).await.0, ["after"]);
+}
+
+async fn an_edited_event_is_sent_as_updated_with_its_new_version(backend: Backend) {
+    let (app, mut stream) = reader_of_writer(backend, |_| {}).await;
+    let edited = post(&app, "writer", "draft").await;
+    assert_eq!(stream.entries(1).await.0, ["draft"]);
+    let path = format!("/v1/subjects/writer/events/{edited}");
+    let reply = app
+        .send(
+            app.client
+                .patch(app.url(&path))
+                .json(&json!({"payload": {"text": "final"}, "version": 1})),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let updated = stream.expect("updated", 1).await;
+    let item: Value = serde_json::from_str(&updated[0].data).expect("JSON");
+    assert_eq!(item["event_id"], edited.as_str());
+    assert_eq!(item["version"], 2);
+    assert_eq!(item["payload"], json!({"text": "final"}));
+    assert_eq!(item["edited_at"], reply.body["edited_at"]);
     // And the stream goes on.
     post(&app, "writer", "after").await;
     assert_eq!(stream.entries(1).await.0, ["after"]);

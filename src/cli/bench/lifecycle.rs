@@ -40,6 +40,8 @@ async fn seed_events(
             payload: RawValue::from_string(format!(r#"{{"text":"seeded post {i}"}}"#))?,
             at,
             row_key: event_row_key(at, event_id),
+            version: 1,
+            edited_at: None,
         };
         writes.push(Write::put(
             Table::Events,

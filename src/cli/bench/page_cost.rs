@@ -58,6 +58,8 @@ async fn fill(store: &dyn Store) {
             .expect("payload"),
             at,
             row_key: event_row_key(at, event_id),
+            version: 1,
+            edited_at: None,
         };
         writes.push(StoreWrite::put(
             Table::Events,

@@ -356,6 +356,11 @@ async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
                     entry.write_json("author", &mut data);
                     (sse::event("entry", Some(&cursor), &data), Some(cursor))
                 }
+                StreamEvent::Updated { entry } => {
+                    let mut data = Vec::with_capacity(entry.json_len("author"));
+                    entry.write_json("author", &mut data);
+                    (sse::event("updated", None, &data), None)
+                }
                 StreamEvent::Removed { event_id } => {
                     let data = serde_json::json!({ "event_id": event_id }).to_string();
                     (sse::event("removed", None, data.as_bytes()), None)

@@ -1,5 +1,6 @@
-//! Fan-out: the job handler that copies each event onto its author's followers' timelines,
-//! and removes a deleted event's copies.
+//! Fan-out: the job handler that puts a reference to each event onto its author's followers'
+//! timelines, removes a deleted event's references, and tells the followers' live streams
+//! of an edit.
 //!
 //! A job pages through the author's followers, batch-writes one timeline entry per follower
 //! (plus the author's own), and checkpoints its follower cursor after every page. Entries are
@@ -54,6 +55,9 @@ const SMALL_BATCH: usize = 100;
 /// Ends the id of a removal job, and of its status record.
 const REMOVAL_SUFFIX: &str = ".r";
 
+/// Ends the id of the job telling streams of an edit, with the version it made.
+const EDIT_SUFFIX: &str = ".e";
+
 /// Highest merge threshold: a fresh event's first read holds up to this many followers.
 pub const MAX_MERGE_THRESHOLD: usize = 100_000;
 
@@ -101,6 +105,10 @@ enum Action {
     Deliver,
     /// Deletes the (deleted) event's entry from every follower's timeline (and the author's).
     Remove,
+    /// Tells the live streams of every follower's timeline (and the author's) that the event
+    /// was edited. Pages read the edit at once from the author's log; this is for streams
+    /// that already sent the entry.
+    Edit,
     /// The author has crossed the merge threshold: marks every follower's timeline to merge
     /// the author's events from `since_row` (this event) on at read time.
     Merge { since_row: String },
@@ -203,6 +211,12 @@ pub(super) fn removal_key(event_id: Uuid) -> JobKey {
     JobKey::new(event_id, REMOVAL_SUFFIX)
 }
 
+/// The root job telling streams of the edit that made `version`; its status record shares
+/// its id.
+pub(super) fn edit_key(event_id: Uuid, version: u64) -> JobKey {
+    JobKey::new(event_id, &format!("{EDIT_SUFFIX}{version}"))
+}
+
 fn new_job(
     key: JobKey,
     action: Action,
@@ -249,6 +263,19 @@ pub(super) fn removal_job(author: &str, row_key: &str, event_id: Uuid, deleted: 
         row_key,
         None,
         deleted,
+    )
+}
+
+/// The write that enqueues telling every follower's streams of an edit; part of the editing
+/// transaction, so every stream that sent the entry hears of an answered edit.
+pub(super) fn edit_job(event: &Event, edited: Ticks) -> Write {
+    new_job(
+        edit_key(event.event_id, event.version),
+        Action::Edit,
+        event.author.as_str(),
+        &event.row_key,
+        None,
+        edited,
     )
 }
 
@@ -415,6 +442,8 @@ impl FanoutHandler {
         let entry_opt = match state.action {
             // The event is already gone from the log; its row key is all the job needs.
             Action::Remove => None,
+            // Streams read the edited event themselves, at whatever version it is by then.
+            Action::Edit => None,
             _ => match self.store.get(Table::Events, &author, &row_key).await? {
                 Some(body) => {
                     let event = Event::decode(&Self::author_id(&author)?, &row_key, &body)
@@ -624,6 +653,23 @@ impl FanoutHandler {
                         self.notices
                             .publish(&live::timeline_topic(owner), removed.clone());
                     }
+                }
+                owners.len()
+            }
+            (Action::Edit, _) => {
+                if with_author {
+                    owners.push(&author);
+                }
+                let updated = Notice::Message(
+                    LiveMessage::Updated {
+                        author: author.clone(),
+                        row_key: row_key.clone(),
+                    }
+                    .encode(),
+                );
+                for owner in &owners {
+                    self.notices
+                        .publish(&live::timeline_topic(owner), updated.clone());
                 }
                 owners.len()
             }

@@ -4,8 +4,8 @@
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{MERGED_LABEL, REMOVAL_SUFFIX, delivery_key, removal_key};
-use crate::jobs::{self, DeadLetterView, JobKey, WorkState, WorkStatus};
+use super::{EDIT_SUFFIX, MERGED_LABEL, REMOVAL_SUFFIX, delivery_key, edit_key, removal_key};
+use crate::jobs::{self, DeadLetterView, WorkState, WorkStatus};
 use crate::keys::Ticks;
 use crate::store::Store;
 use crate::timeline::reading::check_limit;
@@ -32,6 +32,9 @@ pub enum Operation {
     Delivery,
     /// Removing a deleted event's copies.
     Removal,
+    /// Telling the live streams of every follower that the event was edited (pages show the
+    /// edit as soon as it is answered).
+    Edit,
 }
 
 /// The fan-out status of one event, as `GET .../fanout` reports it.
@@ -76,24 +79,29 @@ impl FanoutStatus {
     }
 }
 
-/// Reads the status of an event's fan-out, or of the removal of its copies once it is
-/// deleted; `None` if there is no trace of either (never posted, or done and past its
+/// Reads the status of the latest of an event's operations: the removal of its copies once
+/// it is deleted, else its latest edit (the event's version tells which), else its
+/// delivery; `None` if there is no trace of any (never posted, or done and past its
 /// retention).
 pub async fn lookup(
     store: &dyn Store,
     author: &str,
     event_id: Uuid,
 ) -> DomainResult<Option<FanoutStatus>> {
-    let operations: [(Operation, JobKey); 2] = [
-        (Operation::Removal, removal_key(event_id)),
-        (Operation::Delivery, delivery_key(event_id)),
-    ];
-    for (operation, root) in operations {
-        if let Some(work) = jobs::work_status(store, author, &root).await? {
-            return Ok(Some(FanoutStatus::from_work(operation, work)));
+    let removal = jobs::work_status(store, author, &removal_key(event_id)).await?;
+    if let Some(work) = removal {
+        return Ok(Some(FanoutStatus::from_work(Operation::Removal, work)));
+    }
+    let version = crate::timeline::editing::current_version(store, author, event_id).await?;
+    if let Some(version) = version.filter(|version| *version > 1) {
+        let edit = jobs::work_status(store, author, &edit_key(event_id, version)).await?;
+        if let Some(work) = edit {
+            return Ok(Some(FanoutStatus::from_work(Operation::Edit, work)));
         }
     }
-    Ok(None)
+    let delivery: Option<WorkStatus> =
+        jobs::work_status(store, author, &delivery_key(event_id)).await?;
+    Ok(delivery.map(|work| FanoutStatus::from_work(Operation::Delivery, work)))
 }
 
 impl Timelines {
@@ -150,14 +158,18 @@ pub struct FanoutDeadLetter {
 
 impl FanoutDeadLetter {
     fn from_view(view: DeadLetterView) -> DomainResult<Self> {
-        // Job ids are `{event id}`, then `.r` for a removal, then `.pNNNNN` for a part.
+        // Job ids are `{event id}`, then `.r` for a removal or `.e{version}` for an edit, then
+        // `.pNNNNN` for a part.
         let event_id = view
             .id
             .get(..36)
             .and_then(|id| Uuid::try_parse(id).ok())
             .ok_or_else(|| DomainError::Corrupt(format!("dead letter id {:?}", view.id)))?;
-        let operation = if view.id[36..].starts_with(REMOVAL_SUFFIX) {
+        let suffix = &view.id[36..];
+        let operation = if suffix.starts_with(REMOVAL_SUFFIX) {
             Operation::Removal
+        } else if suffix.starts_with(EDIT_SUFFIX) {
+            Operation::Edit
         } else {
             Operation::Delivery
         };

@@ -1,0 +1,157 @@
+//! Editing an event's payload.
+//!
+//! An event has one stored version: its row in its author's log, which every timeline
+//! references. An edit rewrites that row, compare-and-swap on the body it read, so it is one
+//! single-partition write and every page shows it from the moment it is answered. In the
+//! same transaction it enqueues a job that tells the live streams of every follower (pages
+//! need no telling). An edit never recreates a deleted event: the swap needs the row there.
+
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use super::deleting::EventIndex;
+use super::fanout::edit_job;
+use super::fanout::status::parse_event_id;
+use super::live::{self, LiveMessage};
+use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
+use crate::keys::Ticks;
+use crate::notices::Notice;
+use crate::store::{Condition, Item, Store, StoreError, Table, Write};
+
+/// Swaps lost to concurrent edits before an edit without a version gives up (409).
+const MAX_SWAPS: usize = 8;
+
+/// An edit as a client asks for it.
+#[derive(Debug)]
+pub struct EventEdit {
+    pub payload: Box<RawValue>,
+    /// The version the client edits; `None`: whatever version is current (last write wins).
+    pub version: Option<u64>,
+}
+
+impl Timelines {
+    /// Replaces the payload of one of `author`'s events; returns the event as edited. Kind,
+    /// author, time and row key stay. A stale `version` is a conflict; the same edit sent
+    /// again after it succeeded (same version, same payload) returns the event it made.
+    pub async fn edit_event(
+        &self,
+        author: &SubjectId,
+        event_id: &str,
+        edit: EventEdit,
+    ) -> DomainResult<Event> {
+        let event_id = parse_event_id(event_id)?;
+        self.check_payload(&edit.payload)?;
+        for _ in 0..MAX_SWAPS {
+            let (current, stored) = self.live_event(author, event_id).await?;
+            match edit.version {
+                // A retry of the edit that made the current version.
+                Some(version)
+                    if version + 1 == current.version
+                        && current.payload.get() == edit.payload.get() =>
+                {
+                    return Ok(current);
+                }
+                Some(version) if version != current.version => {
+                    return Err(DomainError::VersionConflict(format!(
+                        "event {event_id} is at version {}, not {version}",
+                        current.version
+                    )));
+                }
+                // Nothing to change: a retry of an edit without a version makes no new one.
+                None if current.payload.get() == edit.payload.get() => return Ok(current),
+                _ => {}
+            }
+            let now = Ticks::now();
+            let edited = Event {
+                payload: edit.payload.clone(),
+                version: current.version + 1,
+                edited_at: Some(now),
+                ..current
+            };
+            let writes = vec![
+                Write::Put {
+                    table: Table::Events,
+                    item: Item::new(author.as_str(), &edited.row_key, edited.encode()),
+                    condition: Condition::Equals(stored),
+                },
+                edit_job(&edited, now),
+            ];
+            match self.store.transact(writes).await {
+                Ok(()) => {
+                    self.events.changed(&edited.row_key);
+                    self.wake_workers.enqueued();
+                    // Streams of timelines that merge the author hear of it now.
+                    self.notices.publish(
+                        &live::author_topic(author.as_str()),
+                        Notice::Message(
+                            LiveMessage::Updated {
+                                author: author.as_str().to_owned(),
+                                row_key: edited.row_key.clone(),
+                            }
+                            .encode(),
+                        ),
+                    );
+                    return Ok(edited);
+                }
+                // Edited or deleted meanwhile: read it again.
+                Err(StoreError::ConditionFailed) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Err(DomainError::Conflict(format!(
+            "event {event_id} is being edited by others; retry"
+        )))
+    }
+
+    /// One of `author`'s events and its stored body; not found if it never existed or was
+    /// deleted.
+    async fn live_event(
+        &self,
+        author: &SubjectId,
+        event_id: Uuid,
+    ) -> DomainResult<(Event, bytes::Bytes)> {
+        let not_found = || DomainError::NotFound(format!("{author} has no event {event_id}"));
+        let row_key = row_key_of(self.store.as_ref(), author.as_str(), event_id)
+            .await?
+            .ok_or_else(not_found)?;
+        let stored = self
+            .store
+            .get(Table::Events, author.as_str(), &row_key)
+            .await?
+            .ok_or_else(not_found)?;
+        let event = Event::decode(author, &row_key, &stored).map_err(DomainError::Corrupt)?;
+        Ok((event, stored))
+    }
+}
+
+/// The row key of one of `author`'s events, if it exists and was not deleted.
+async fn row_key_of(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+) -> DomainResult<Option<String>> {
+    let id_row = event_id.as_hyphenated().to_string();
+    let Some(body) = store.get(Table::EventIds, author, &id_row).await? else {
+        return Ok(None);
+    };
+    let index: EventIndex = serde_json::from_slice(&body)
+        .map_err(|_| DomainError::Corrupt(format!("event index of {event_id}")))?;
+    Ok((!index.deleted).then_some(index.row_key))
+}
+
+/// The current version of one of `author`'s events; `None` if it is gone.
+pub(crate) async fn current_version(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+) -> DomainResult<Option<u64>> {
+    let Some(row_key) = row_key_of(store, author, event_id).await? else {
+        return Ok(None);
+    };
+    let Some(stored) = store.get(Table::Events, author, &row_key).await? else {
+        return Ok(None);
+    };
+    let author = SubjectId::parse(author).map_err(DomainError::Corrupt)?;
+    let event = Event::decode(&author, &row_key, &stored).map_err(DomainError::Corrupt)?;
+    Ok(Some(event.version))
+}
