@@ -1,8 +1,8 @@
 // The home timeline (live, with paging and the read marker, posting, follow and unfollow)
 // and a subject's page (its events with their fan-out status, followers and following).
-import { api, query, seg } from "./api.js";
+import { ApiError, api, query, seg } from "./api.js";
 import { openStream } from "./sse.js";
-import { attempt, el, field, payloadText, showError, when } from "./ui.js";
+import { attempt, editedMark, el, field, payloadText, showError, when } from "./ui.js";
 
 const PAGE = 20;
 
@@ -66,38 +66,218 @@ export function timelineView(root, { who, params, setFragment }) {
     older,
   );
 
+  /** Whether the signed-in token may edit `item` (its author's own token, or the admin's). */
+  function editable(item) {
+    return who.kind === "admin" || (who.kind === "subject" && item.author === who.name);
+  }
+
+  /**
+   * One shown entry: its item as last seen, its `li`, and its inline editor when open. The
+   * node stays put as the item changes (an edit here or an `updated` event), so it keeps its
+   * place in the list, and an open editor stays open.
+   */
   function entryNode(item) {
-    return el(
+    const meta = el("div", { class: "meta" });
+    const shown = el("pre", { class: "payload" });
+    const editButton = editable(item)
+      ? el("button", { type: "button", class: "secondary edit", onclick: () => openEditor(entry) }, "Edit")
+      : null;
+    const node = el(
       "li",
       { dataset: { rowKey: item.row_key, eventId: item.event_id, author: item.author } },
-      el(
-        "div",
-        { class: "meta" },
-        el("a", { href: `#view=subject&subject=${encodeURIComponent(item.author)}` }, item.author),
-        ` · ${item.kind} · `,
-        el("time", { datetime: item.at }, when(item.at)),
-      ),
-      el("pre", { class: "payload" }, payloadText(item.payload)),
+      meta,
+      shown,
+      editButton ? el("div", { class: "actions" }, editButton) : null,
     );
+    const entry = { item, node, editButton, editor: null, paint };
+    function paint() {
+      const current = entry.item;
+      meta.replaceChildren(
+        el("a", { href: `#view=subject&subject=${encodeURIComponent(current.author)}` }, current.author),
+        ` · ${current.kind} · `,
+        el("time", { datetime: current.at }, when(current.at)),
+      );
+      const mark = editedMark(current);
+      if (mark) meta.append(" · ", mark);
+      shown.textContent = payloadText(current.payload);
+      node.dataset.version = String(current.version ?? 1);
+    }
+    paint();
+    return entry;
+  }
+
+  function entryOf(eventId) {
+    for (const entry of entries.values()) {
+      if (entry.item.event_id === eventId) return entry;
+    }
+    return null;
+  }
+
+  /** Shows `item` in place of the entry of its event, unless what is shown is newer. */
+  function update(item) {
+    const entry = entryOf(item.event_id);
+    if (!entry || (item.version ?? 1) < (entry.item.version ?? 1)) return entry;
+    entry.item = { ...entry.item, ...item };
+    entry.paint();
+    const editor = entry.editor;
+    if (editor && !editor.saving && (item.version ?? 1) > editor.version) {
+      editor.say(`Edited elsewhere since you opened this editor: it is now at version ${item.version} (shown above).`);
+    }
+    return entry;
   }
 
   /** Places an entry by its row key (ascending row keys are newest first), once. */
   function add(item) {
-    if (entries.has(item.row_key)) return;
-    const node = entryNode(item);
-    entries.set(item.row_key, node);
+    if (entries.has(item.row_key)) {
+      update(item);
+      return;
+    }
+    const entry = entryNode(item);
+    entries.set(item.row_key, entry);
     const after = [...list.querySelectorAll("li[data-row-key]")].find((li) => li.dataset.rowKey > item.row_key);
-    list.insertBefore(node, after || null);
+    list.insertBefore(entry.node, after || null);
   }
 
   function drop(predicate) {
-    for (const [key, node] of entries) {
-      if (predicate(node)) {
-        node.remove();
+    for (const [key, entry] of entries) {
+      if (predicate(entry.node)) {
+        entry.node.remove();
         entries.delete(key);
       }
     }
     paintMarker();
+  }
+
+  /**
+   * Reads the timeline's pages again, newest first, as deep as the list shows, updating the
+   * entries shown, until it meets `eventId`: true once found, false if not, undefined on an
+   * error (shown).
+   */
+  async function reread(eventId) {
+    let cursor = null;
+    let seen = 0;
+    for (;;) {
+      const page = await attempt(() => api("GET", `${base}/timeline${query({ limit: PAGE, cursor })}`));
+      if (!page) return undefined;
+      page.items.forEach(update);
+      if (page.items.some((item) => item.event_id === eventId)) return true;
+      seen += page.items.length;
+      cursor = page.next_cursor;
+      if (!cursor || seen >= entries.size) return false;
+    }
+  }
+
+  /** Opens the inline editor of `entry`: its payload as pretty JSON, saved at its version. */
+  function openEditor(entry) {
+    if (entry.editor) {
+      entry.editor.text.focus();
+      return;
+    }
+    const text = el("textarea", { name: "payload", class: "edit-payload", required: true, spellcheck: "false" });
+    text.value = JSON.stringify(entry.item.payload, null, 2);
+    text.rows = Math.min(12, Math.max(3, text.value.split("\n").length));
+    const save = el("button", { type: "submit", class: "save" }, "Save");
+    const cancel = el("button", { type: "button", class: "secondary cancel", onclick: () => closeEditor(entry) }, "Cancel");
+    const note = el("span", { class: "note" });
+    const reload = el(
+      "button",
+      { type: "button", class: "secondary reload", hidden: true, onclick: () => reloadCurrent() },
+      "Reload current version",
+    );
+    const notice = el("div", { class: "editor-notice", role: "alert", hidden: true }, note, " ", reload);
+    const form = el(
+      "form",
+      {
+        class: "editor",
+        "aria-label": `Edit ${entry.item.author}'s ${entry.item.kind} of ${when(entry.item.at)}`,
+        onsubmit: (event) => {
+          event.preventDefault();
+          submit();
+        },
+      },
+      field("Payload (JSON)", text),
+      save,
+      cancel,
+      notice,
+    );
+    const editor = {
+      form,
+      text,
+      version: entry.item.version ?? 1,
+      saving: false,
+      say(message, offerReload = false) {
+        note.textContent = message;
+        reload.hidden = !offerReload;
+        notice.classList.toggle("conflict", offerReload);
+        notice.hidden = false;
+      },
+    };
+    entry.editor = editor;
+    entry.node.classList.add("editing");
+    if (entry.editButton) entry.editButton.hidden = true;
+    entry.node.append(form);
+    text.focus();
+
+    async function submit() {
+      let payload;
+      try {
+        payload = JSON.parse(text.value);
+      } catch (error) {
+        showError({ message: `not JSON: ${error.message}` });
+        return;
+      }
+      const { author, event_id: eventId } = entry.item;
+      editor.saving = true;
+      save.disabled = true;
+      try {
+        const answer = await api("PATCH", `/v1/subjects/${seg(author)}/events/${seg(eventId)}`, {
+          payload,
+          version: editor.version,
+        });
+        showError(null);
+        update({ event_id: eventId, payload: answer.payload, version: answer.version, edited_at: answer.edited_at });
+        closeEditor(entry);
+      } catch (error) {
+        if (error instanceof ApiError && error.code === "version_conflict") {
+          showError(null);
+          editor.say(error.message, true);
+        } else {
+          showError(error);
+        }
+      } finally {
+        editor.saving = false;
+        save.disabled = false;
+      }
+    }
+
+    async function reloadCurrent() {
+      reload.disabled = true;
+      const found = await reread(entry.item.event_id);
+      reload.disabled = false;
+      if (found === undefined) return;
+      if (!entries.has(entry.item.row_key)) return;
+      if (!found) {
+        editor.say("This entry is no longer on the first pages of the timeline: it may have been deleted.", true);
+        return;
+      }
+      editor.version = entry.item.version ?? 1;
+      editor.say(
+        `Reloaded version ${editor.version} (shown above). Your text is kept: Save replaces that version with it.`,
+      );
+      text.focus();
+    }
+  }
+
+  function closeEditor(entry) {
+    if (!entry.editor) return;
+    const hadFocus = entry.editor.form.contains(document.activeElement);
+    entry.editor.form.remove();
+    entry.editor = null;
+    entry.node.classList.remove("editing");
+    if (entry.editButton) {
+      entry.editButton.hidden = false;
+      if (hadFocus) entry.editButton.focus();
+    }
   }
 
   function paintMarker() {
@@ -184,6 +364,9 @@ export function timelineView(root, { who, params, setFragment }) {
       add(value);
       if (unread) marker.unread += 1;
       paintMarker();
+    } else if (type === "updated") {
+      // The entry's event was edited: show it as it is now, where it is.
+      update(value);
     } else if (type === "removed") {
       drop((node) => node.dataset.eventId === value.event_id);
       loadMarker();
@@ -268,7 +451,7 @@ export function subjectView(root, { who, params, setFragment }) {
       },
     }, "Fan-out status");
     return el("li", { dataset: { eventId: item.event_id } },
-      el("div", { class: "meta" }, `${item.kind} · `, el("time", { datetime: item.at }, when(item.at))),
+      el("div", { class: "meta" }, `${item.kind} · `, el("time", { datetime: item.at }, when(item.at)), editedMark(item) ? [" · ", editedMark(item)] : null),
       el("pre", { class: "payload" }, payloadText(item.payload)),
       own ? el("div", {}, check, status) : null,
     );

@@ -58,3 +58,13 @@ export function payloadText(payload) {
   }
   return JSON.stringify(payload, null, 2);
 }
+
+/**
+ * The small "edited" mark of an item past its first version (null before): the edit's time
+ * is its tooltip and its `datetime`.
+ */
+export function editedMark(item) {
+  if (!item || !(item.version > 1)) return null;
+  if (!item.edited_at) return el("span", { class: "edited" }, "edited");
+  return el("time", { class: "edited", datetime: item.edited_at, title: `edited ${when(item.edited_at)}` }, "edited");
+}

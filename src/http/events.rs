@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::error::ErrorBody;
-use super::extract::{Json, Path, Query};
+use super::extract::{Json, Object, Path, Query};
 use super::fanout::{EventPath, FanoutStatusResponse};
 use super::page::{PageParams, PageResponse, entry_page};
 use super::schema::Name;
@@ -96,7 +96,8 @@ struct EditEventRequest {
     payload: Box<RawValue>,
     /// The version being edited: a stale one is a 409 `version_conflict`. Absent: the last
     /// write wins.
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    #[serde(default, deserialize_with = "super::schema::optional_whole_number")]
     version: Option<u64>,
 }
 
@@ -120,7 +121,7 @@ struct EditEventRequest {
 async fn edit_event(
     State(state): State<AppState>,
     Path(event): Path<EventPath>,
-    Json(request): Json<EditEventRequest>,
+    Json(Object(request)): Json<Object<EditEventRequest>>,
 ) -> Result<Response, ApiError> {
     let author = subject(&event.subject)?;
     let event_id = event.event_id;
@@ -149,7 +150,7 @@ async fn edit_event(
 async fn post_event(
     State(state): State<AppState>,
     Path(author): Path<String>,
-    Json(request): Json<PostEventRequest>,
+    Json(Object(request)): Json<Object<PostEventRequest>>,
 ) -> Result<Response, ApiError> {
     let author = subject(&author)?;
     let new = NewEvent {

@@ -65,29 +65,8 @@ struct SetMarkerRequest {
     /// If the stored marker has another version, nothing is written: a 409
     /// `marker_conflict`.
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
-    #[serde(deserialize_with = "whole_number")]
+    #[serde(deserialize_with = "super::schema::whole_number")]
     version: u64,
-}
-
-/// A whole number of at least 0, written as an integer or as a number with no fraction
-/// (`2.0`): JSON Schema's `integer` admits both, and so does the server. Past
-/// [`MAX_MARKER_VERSION`], only integers are read (the domain refuses them, with its code).
-fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-    let number = serde_json::Number::deserialize(deserializer)?;
-    if let Some(whole) = number.as_u64() {
-        return Ok(whole);
-    }
-    match number.as_f64() {
-        // A whole number from 0 to 2^53 - 1 converts exactly.
-        Some(float)
-            if float.fract() == 0.0 && (0.0..=MAX_MARKER_VERSION as f64).contains(&float) =>
-        {
-            Ok(float as u64)
-        }
-        _ => Err(serde::de::Error::custom(format!(
-            "version must be a whole number from 0 to {MAX_MARKER_VERSION}, not {number}"
-        ))),
-    }
 }
 
 impl SetMarkerRequest {

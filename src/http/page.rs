@@ -1,7 +1,7 @@
 //! The one envelope of every listing, and the paging parameters most listings share.
 //!
 //! Every listing answers `{"items":[...],"next_cursor":string|null}`, plus the fields of its
-//! own that it needs ([`Truncated`] for timelines, [`Names`] for aligned reads), flattened
+//! own that it needs (`truncated` for timelines, [`Names`] for aligned reads), flattened
 //! into the same object. All of them are [`PageResponse`], so the envelope cannot drift
 //! between routes; the import client and the bench read answers with the same type.
 
@@ -46,14 +46,6 @@ pub struct PageResponse<T, X = NoExtra> {
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 pub struct NoExtra {}
 
-/// A timeline page's own field.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Truncated {
-    /// The page stops at the timeline cap (`FANLINE_MAX_TIMELINE_LEN`), not at the end of
-    /// the timeline: `next_cursor` is null although older entries once existed.
-    pub truncated: bool,
-}
-
 /// An aligned read's own field.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Names {
@@ -97,6 +89,39 @@ pub(crate) fn entry_page(
     page.finish(next_cursor, truncated)
 }
 
+/// A catch-up answer: a timeline page of `items` (never truncated), then the entries held
+/// by earlier reads that were edited since (`edited`, as they are now) and the ids of those
+/// deleted since (`removed`).
+pub(crate) fn catch_up_page(
+    items: &[TimelineEntry],
+    author_key: &str,
+    next_cursor: &str,
+    edited: &[TimelineEntry],
+    removed: &[uuid::Uuid],
+) -> Response {
+    let item_bytes: usize = items
+        .iter()
+        .chain(edited)
+        .map(|item| item.json_len(author_key) + 1)
+        .sum();
+    let mut page = PageWriter::with_capacity(item_bytes + removed.len() * 40);
+    for item in items {
+        item.write_json(author_key, page.next_item());
+    }
+    page.finish_with(Some(next_cursor), Some(false), |body| {
+        body.extend_from_slice(br#","edited":["#);
+        for (index, item) in edited.iter().enumerate() {
+            if index > 0 {
+                body.push(b',');
+            }
+            item.write_json(author_key, body);
+        }
+        body.extend_from_slice(br#"],"removed":"#);
+        // Hyphenated UUIDs: this cannot fail.
+        let _ = serde_json::to_writer(&mut *body, removed);
+    })
+}
+
 /// A listing answer written by concatenation, for items already held as JSON (timeline and
 /// author-log entries): the same bytes serde writes of a [`PageResponse`], without a parse
 /// or a per-item allocation.
@@ -124,7 +149,17 @@ impl PageWriter {
 
     /// Closes the page with `next_cursor` and, for a timeline, `truncated`; answers it as
     /// `application/json`.
-    fn finish(mut self, next_cursor: Option<&str>, truncated: Option<bool>) -> Response {
+    fn finish(self, next_cursor: Option<&str>, truncated: Option<bool>) -> Response {
+        self.finish_with(next_cursor, truncated, |_| {})
+    }
+
+    /// [`PageWriter::finish`], with more fields written by `more` before the closing brace.
+    fn finish_with(
+        mut self,
+        next_cursor: Option<&str>,
+        truncated: Option<bool>,
+        more: impl FnOnce(&mut Vec<u8>),
+    ) -> Response {
         self.body.extend_from_slice(br#"],"next_cursor":"#);
         // A string (escaped as serde escapes it) or null: this cannot fail.
         let _ = serde_json::to_writer(&mut self.body, &next_cursor);
@@ -133,6 +168,7 @@ impl PageWriter {
             let value = if truncated { "true" } else { "false" };
             self.body.extend_from_slice(value.as_bytes());
         }
+        more(&mut self.body);
         self.body.push(b'}');
         // The content type `axum::Json` answers with.
         let json = HeaderValue::from_static("application/json");
@@ -158,15 +194,6 @@ mod tests {
         };
         let plain = serde_json::to_value(PageResponse::new(vec![1], None)).expect("json");
         assert_eq!(keys(plain), ["items", "next_cursor"]);
-        let timeline = PageResponse {
-            items: vec![1],
-            next_cursor: Some("c".into()),
-            extra: Truncated { truncated: true },
-        };
-        assert_eq!(
-            keys(serde_json::to_value(timeline).expect("json")),
-            ["items", "next_cursor", "truncated"]
-        );
         let read: PageResponse<u8, Names> =
             serde_json::from_str(r#"{"items":[],"next_cursor":null,"names":["a"]}"#)
                 .expect("a page reads back");

@@ -129,3 +129,39 @@ mod tests {
         }
     }
 }
+
+/// A whole number of at least 0, written as an integer or as a number with no fraction
+/// (`2.0`): JSON Schema's `integer` admits both, and so does the server. Past
+/// [`crate::timeline::MAX_MARKER_VERSION`], only integers are read (the domain refuses them, with its code).
+pub(super) fn whole_number<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<u64, D::Error> {
+    let number = <serde_json::Number as serde::Deserialize>::deserialize(deserializer)?;
+    whole(&number).map_err(serde::de::Error::custom)
+}
+
+/// [`whole_number`], for a field that may be absent or null.
+pub(super) fn optional_whole_number<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u64>, D::Error> {
+    let number = <Option<serde_json::Number> as serde::Deserialize>::deserialize(deserializer)?;
+    number
+        .map(|number| whole(&number).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+fn whole(number: &serde_json::Number) -> Result<u64, String> {
+    if let Some(whole) = number.as_u64() {
+        return Ok(whole);
+    }
+    let max = crate::timeline::MAX_MARKER_VERSION;
+    match number.as_f64() {
+        // A whole number from 0 to 2^53 - 1 converts exactly.
+        Some(float) if float.fract() == 0.0 && (0.0..=max as f64).contains(&float) => {
+            Ok(float as u64)
+        }
+        _ => Err(format!(
+            "version must be a whole number from 0 to {max}, not {number}"
+        )),
+    }
+}

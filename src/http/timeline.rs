@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
-use super::page::{PageResponse, Truncated, entry_page};
+use super::page::{PageResponse, catch_up_page, entry_page};
 use super::schema::{After, Cursor, Name};
 use super::{AppState, subject};
 use crate::timeline::{MAX_PAGE_SIZE, TimelineEntry};
@@ -44,6 +44,22 @@ pub(crate) struct TimelineItemResponse {
     #[schema(minimum = 1)]
     version: u64,
     row_key: String,
+}
+
+/// A timeline page's own fields.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TimelineFields {
+    /// The page stops at the timeline cap (`FANLINE_MAX_TIMELINE_LEN`), not at the end of
+    /// the timeline: `next_cursor` is null although older entries once existed. Always
+    /// false on a catch-up answer.
+    truncated: bool,
+    /// Catch-up answers only: entries that earlier reads of this cursor's walk returned and
+    /// that were edited since, as they are now (replace them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    edited: Option<Vec<TimelineItemResponse>>,
+    /// Catch-up answers only: the `event_id`s of entries deleted since (drop them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    removed: Option<Vec<Uuid>>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -79,14 +95,14 @@ struct TimelineParams {
 /// page always has a `next_cursor`, to read on from next time.
 ///
 /// The page is written by concatenating the stored entries (see [`write_page`]); its schema
-/// is `PageResponse<TimelineItemResponse, Truncated>`.
+/// is `PageResponse<TimelineItemResponse, TimelineFields>`.
 #[utoipa::path(
     get,
     path = "/v1/subjects/{subject}/timeline",
     tag = "timeline",
     params(("subject" = Name, Path, description = "The reader"), TimelineParams),
     responses(
-        (status = OK, description = "A page of the timeline", body = PageResponse<TimelineItemResponse, Truncated>),
+        (status = OK, description = "A page of the timeline; a catch-up answer (`after`) also has `edited` and `removed`", body = PageResponse<TimelineItemResponse, TimelineFields>),
         (status = BAD_REQUEST, description = "A malformed subject, limit, cursor or `after`; a cursor or `after` this timeline did not issue; or `cursor` and `after` together (`invalid_parameters`)", body = ErrorBody),
     )
 )]
@@ -104,10 +120,12 @@ async fn read_timeline(
         }),
         (Some(after), None) => {
             let caught_up = state.timelines.catch_up(&owner, limit, &after).await?;
-            Ok(write_page(
+            Ok(catch_up_page(
                 &caught_up.items,
-                Some(&caught_up.next_cursor),
-                false,
+                AUTHOR_KEY,
+                &caught_up.next_cursor,
+                &caught_up.edited,
+                &caught_up.removed,
             ))
         }
         (None, cursor) => {
@@ -189,24 +207,29 @@ mod tests {
             let written = to_bytes(response.into_body(), usize::MAX)
                 .await
                 .expect("body");
-            let rendered = serde_json::to_vec(&PageResponse::<TimelineItemResponse, Truncated> {
-                items: events
-                    .iter()
-                    .map(|event| TimelineItemResponse {
-                        event_id: event.event_id,
-                        author: event.author.to_string(),
-                        kind: event.kind.clone(),
-                        payload: event.payload.clone(),
-                        at: event.at.to_string(),
-                        edited_at: event.edited_at.map(|at| at.to_string()),
-                        version: event.version,
-                        row_key: event.row_key.clone(),
-                    })
-                    .collect(),
-                next_cursor: next_cursor.map(str::to_owned),
-                extra: Truncated { truncated },
-            })
-            .expect("renders");
+            let rendered =
+                serde_json::to_vec(&PageResponse::<TimelineItemResponse, TimelineFields> {
+                    items: events
+                        .iter()
+                        .map(|event| TimelineItemResponse {
+                            event_id: event.event_id,
+                            author: event.author.to_string(),
+                            kind: event.kind.clone(),
+                            payload: event.payload.clone(),
+                            at: event.at.to_string(),
+                            edited_at: event.edited_at.map(|at| at.to_string()),
+                            version: event.version,
+                            row_key: event.row_key.clone(),
+                        })
+                        .collect(),
+                    next_cursor: next_cursor.map(str::to_owned),
+                    extra: TimelineFields {
+                        truncated,
+                        edited: None,
+                        removed: None,
+                    },
+                })
+                .expect("renders");
             assert_eq!(
                 String::from_utf8_lossy(&written),
                 String::from_utf8_lossy(&rendered)

@@ -149,10 +149,13 @@ pub enum Table {
     /// `log/{process}` -> sequence number: the notices one process published, for the live
     /// streams of the others (see `notices`); `processes` -> process id: who publishes.
     Notices,
+    /// Owner subject id -> `{ticks}_{event id}`: the edits and deletes of events the owner's
+    /// timeline references, oldest first, for catch-up readers that hold them.
+    TimelineChanges,
 }
 
 impl Table {
-    pub(crate) const ALL: [Table; 21] = [
+    pub(crate) const ALL: [Table; 22] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -174,6 +177,7 @@ impl Table {
         Table::Tokens,
         Table::Markers,
         Table::Notices,
+        Table::TimelineChanges,
     ];
 
     /// The logical table name, as in DESIGN.md; backends prepend their prefix.
@@ -200,6 +204,7 @@ impl Table {
             Table::Tokens => "tokens",
             Table::Markers => "readMarkers",
             Table::Notices => "notices",
+            Table::TimelineChanges => "timelineChanges",
         }
     }
 }

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::changes::{self, ChangeFloor, MAX_CHANGES};
 use super::merge::{Merged, Window};
+use super::model::EntryRef;
 use super::reading::check_limit;
 use super::{DomainError, DomainResult, SubjectId, TimelineEntry, Timelines};
 use crate::cursor::InvalidCursor;
@@ -36,11 +38,19 @@ pub const MAX_SEEN: usize = 240;
 const VERSION: u8 = 1;
 /// A cursor whose floor is an entry (a time and an event id).
 const VERSION_AT_ENTRY: u8 = 2;
+/// [`VERSION`], with how far the timeline's changes were read.
+const VERSION_WITH_CHANGES: u8 = 3;
+/// [`VERSION_AT_ENTRY`], with how far the timeline's changes were read.
+const VERSION_AT_ENTRY_WITH_CHANGES: u8 = 4;
 
 /// Entries newer than a cursor, oldest first, and the cursor to read on from.
 #[derive(Debug)]
 pub struct CatchUp {
     pub items: Vec<TimelineEntry>,
+    /// Entries edited since the cursor's changes floor, as they are now.
+    pub edited: Vec<TimelineEntry>,
+    /// Events deleted since the cursor's changes floor.
+    pub removed: Vec<Uuid>,
     /// Always present: where the next catch-up read starts, even if nothing was new.
     pub next_cursor: String,
 }
@@ -52,6 +62,10 @@ pub(super) struct CaughtUpEach {
     pub items: Vec<(TimelineEntry, String)>,
     /// The authors the timeline merged at read time.
     pub merged_authors: Vec<String>,
+    /// Entries edited since the position's changes floor, as they are now (when asked).
+    pub edited: Vec<TimelineEntry>,
+    /// Events deleted since the position's changes floor (when asked).
+    pub removed: Vec<Uuid>,
 }
 
 /// How much of the window above the floor a read scans.
@@ -83,6 +97,8 @@ pub(super) struct Position {
     /// Entries returned above the floor: their `at` and the last 6 bytes of their event id
     /// (random bits of a UUIDv7).
     seen: Vec<(u64, [u8; 6])>,
+    /// How far the timeline's changes (edits and deletes of its events) were read.
+    changes: ChangeFloor,
 }
 
 /// What a cursor remembers of an entry it returned: its `at` and the last 6 bytes of its
@@ -95,12 +111,18 @@ fn seen_key(entry: &TimelineEntry) -> (u64, [u8; 6]) {
 }
 
 impl Position {
+    /// Just above `time`. A client holding what came before may hold any entry since
+    /// `time`, so the changes it is told of start there too.
     fn starting_at(time: Ticks) -> Position {
         Position {
             floor: time.get(),
             floor_id: None,
             newest: time.get(),
             seen: Vec::new(),
+            changes: ChangeFloor {
+                floor: time.get(),
+                seen: Vec::new(),
+            },
         }
     }
 
@@ -146,21 +168,30 @@ impl Position {
     }
 
     fn encode(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(35 + self.seen.len() * 10);
+        let mut bytes =
+            Vec::with_capacity(45 + self.seen.len() * 10 + self.changes.seen.len() * 14);
         bytes.push(if self.floor_id.is_some() {
-            VERSION_AT_ENTRY
+            VERSION_AT_ENTRY_WITH_CHANGES
         } else {
-            VERSION
+            VERSION_WITH_CHANGES
         });
         bytes.extend_from_slice(&self.floor.to_be_bytes());
         bytes.extend_from_slice(&self.newest.to_be_bytes());
         if let Some(event_id) = self.floor_id {
             bytes.extend_from_slice(event_id.as_bytes());
         }
-        for (at, id) in &self.seen {
+        // At most MAX_SEEN entries.
+        let count = u16::try_from(self.seen.len()).unwrap_or(u16::MAX);
+        bytes.extend_from_slice(&count.to_be_bytes());
+        for (at, id) in self.seen.iter().take(usize::from(count)) {
             // Every seen entry lies less than MAX_WINDOW above the floor.
             let height = u32::try_from(at.saturating_sub(self.floor)).unwrap_or(u32::MAX);
             bytes.extend_from_slice(&height.to_be_bytes());
+            bytes.extend_from_slice(id);
+        }
+        bytes.extend_from_slice(&self.changes.floor.to_be_bytes());
+        for (at, id) in &self.changes.seen {
+            bytes.extend_from_slice(&at.to_be_bytes());
             bytes.extend_from_slice(id);
         }
         bytes
@@ -168,12 +199,14 @@ impl Position {
 
     fn decode(bytes: &[u8]) -> Result<Position, InvalidCursor> {
         let (&version, rest) = bytes.split_first().ok_or(InvalidCursor)?;
-        let head = match version {
-            VERSION => 16,
-            VERSION_AT_ENTRY => 32,
+        let (head, with_changes) = match version {
+            VERSION => (16, false),
+            VERSION_AT_ENTRY => (32, false),
+            VERSION_WITH_CHANGES => (16, true),
+            VERSION_AT_ENTRY_WITH_CHANGES => (32, true),
             _ => return Err(InvalidCursor),
         };
-        if rest.len() < head || (rest.len() - head) % 10 != 0 {
+        if rest.len() < head {
             return Err(InvalidCursor);
         }
         let word = |slice: &[u8]| -> u64 {
@@ -186,11 +219,29 @@ impl Position {
         if floor > MAX_TICKS || newest > MAX_TICKS {
             return Err(InvalidCursor);
         }
-        let floor_id = (version == VERSION_AT_ENTRY)
+        let floor_id = (head == 32)
             .then(|| Uuid::from_slice(&rest[16..32]))
             .transpose()
             .map_err(|_| InvalidCursor)?;
-        let seen = rest[head..]
+        let mut tail = &rest[head..];
+        // Cursors from before changes were read hold seen entries to their end.
+        let count = if with_changes {
+            if tail.len() < 2 {
+                return Err(InvalidCursor);
+            }
+            let count = usize::from(u16::from_be_bytes([tail[0], tail[1]]));
+            tail = &tail[2..];
+            count
+        } else {
+            if tail.len() % 10 != 0 {
+                return Err(InvalidCursor);
+            }
+            tail.len() / 10
+        };
+        if tail.len() < count * 10 {
+            return Err(InvalidCursor);
+        }
+        let seen = tail[..count * 10]
             .chunks_exact(10)
             .map(|chunk| {
                 let mut height = [0u8; 4];
@@ -200,11 +251,38 @@ impl Position {
                 (floor + u64::from(u32::from_be_bytes(height)), id)
             })
             .collect();
+        tail = &tail[count * 10..];
+        let changes = if with_changes {
+            if tail.len() < 8 || (tail.len() - 8) % 14 != 0 {
+                return Err(InvalidCursor);
+            }
+            ChangeFloor {
+                floor: word(&tail[..8]),
+                seen: tail[8..]
+                    .chunks_exact(14)
+                    .map(|chunk| {
+                        let mut id = [0u8; 6];
+                        id.copy_from_slice(&chunk[8..]);
+                        (word(&chunk[..8]), id)
+                    })
+                    .collect(),
+            }
+        } else {
+            if !tail.is_empty() {
+                return Err(InvalidCursor);
+            }
+            // Changes since the floor: what the reader may hold was posted after it.
+            ChangeFloor {
+                floor,
+                seen: Vec::new(),
+            }
+        };
         Ok(Position {
             floor,
             floor_id,
             newest,
             seen,
+            changes,
         })
     }
 
@@ -260,25 +338,31 @@ impl Timelines {
         let scope = catch_up_scope(owner);
         let mut position = self.position_after(&scope, owner, after)?;
         let read = self
-            .read_after(owner, limit, &mut position, Scan::Window, false)
+            .read_after(owner, limit, &mut position, Scan::Window, false, true)
             .await?;
         Ok(CatchUp {
             items: read.items.into_iter().map(|(entry, _)| entry).collect(),
+            edited: read.edited,
+            removed: read.removed,
             next_cursor: self.cursors.encode_bytes(&scope, &position.encode()),
         })
     }
 
     /// A catch-up read for a live stream, from and moving the `position` it holds: each
     /// entry with the cursor that resumes right after it, and the authors the timeline
-    /// merges at read time (whose posts the stream watches).
+    /// merges at read time (whose posts the stream watches). With `with_changes`, also the
+    /// edits and deletes since the position's changes floor (a stream reads them when it
+    /// starts; after that it hears of them live, and its floor just moves up).
     pub(super) async fn catch_up_each(
         &self,
         owner: &SubjectId,
         limit: usize,
         position: &mut Position,
         scan: Scan,
+        with_changes: bool,
     ) -> DomainResult<CaughtUpEach> {
-        self.read_after(owner, limit, position, scan, true).await
+        self.read_after(owner, limit, position, scan, true, with_changes)
+            .await
     }
 
     /// The position a catch-up read of `owner` from `after` starts at; a 400 if `after` is
@@ -304,6 +388,7 @@ impl Timelines {
         position: &mut Position,
         scan: Scan,
         cursor_each: bool,
+        with_changes: bool,
     ) -> DomainResult<CaughtUpEach> {
         let scope = catch_up_scope(owner);
         let store = self.store.as_ref();
@@ -358,10 +443,87 @@ impl Timelines {
             }
         }
         position.advance(&returned, self.settings.catch_up_window);
+        let merged_authors = rows.merged_authors();
+        let (edited, removed) = if with_changes {
+            self.read_changes(owner, &mut position.changes, &items)
+                .await?
+        } else {
+            let now = Ticks::now().get();
+            position
+                .changes
+                .advance(&[], now, self.settings.catch_up_window, false);
+            (Vec::new(), Vec::new())
+        };
         Ok(CaughtUpEach {
             items,
-            merged_authors: rows.merged_authors(),
+            merged_authors,
+            edited,
+            removed,
         })
+    }
+
+    /// The edits and deletes of `owner`'s events since `floor` that were not reported
+    /// before, less those of entries in `items` (returned whole, as they are now): the
+    /// edited entries as they are now, and the ids of the deleted. Moves `floor` on.
+    async fn read_changes(
+        &self,
+        owner: &SubjectId,
+        floor: &mut ChangeFloor,
+        items: &[(TimelineEntry, String)],
+    ) -> DomainResult<(Vec<TimelineEntry>, Vec<Uuid>)> {
+        let store = self.store.as_ref();
+        // Read before the time is taken: rows written after it are found next time.
+        let now = Ticks::now().get();
+        let mut found = changes::since(store, owner.as_str(), floor.floor, MAX_CHANGES + 1).await?;
+        let cut = found.len() > MAX_CHANGES;
+        found.truncate(MAX_CHANGES);
+        let seen: HashSet<(u64, [u8; 6])> = floor.seen.iter().copied().collect();
+        let returned: HashSet<Uuid> = items.iter().map(|(entry, _)| entry.event_id()).collect();
+        let keys: Vec<(u64, [u8; 6])> = found
+            .iter()
+            .map(changes::Change::seen_key)
+            .filter(|key| !seen.contains(key))
+            .collect();
+        let mut reported = HashSet::new();
+        let mut removed = Vec::new();
+        let mut edited_refs = Vec::new();
+        // Newest first, so an event changed twice is reported for its last change.
+        for change in found.iter().rev() {
+            if seen.contains(&change.seen_key())
+                || returned.contains(&change.event_id)
+                || !reported.insert(change.event_id)
+            {
+                continue;
+            }
+            if change.removed {
+                removed.push(change.event_id);
+            } else {
+                edited_refs.push(EntryRef {
+                    author: change.author.clone(),
+                    row_key: change.row_key.clone(),
+                });
+            }
+        }
+        let bodies = self.events.read(store, &edited_refs).await?;
+        let mut edited = Vec::with_capacity(edited_refs.len());
+        for (reference, body) in edited_refs.into_iter().zip(bodies) {
+            match body {
+                Some(body) => edited.push(
+                    TimelineEntry::from_event_row(&reference.author, reference.row_key, body)
+                        .map_err(DomainError::Corrupt)?,
+                ),
+                // Deleted since its edit: its delete is what the reader must learn.
+                None => {
+                    if let Some((_, event_id)) = parse_event_row_key(&reference.row_key)
+                        && !removed.contains(&event_id)
+                    {
+                        removed.push(event_id);
+                    }
+                }
+            }
+        }
+        floor.advance(&keys, now, self.settings.catch_up_window, cut);
+        Ok((edited, removed))
     }
 
     /// The point of `owner`'s timeline that `after` (any form [`Timelines::catch_up`] takes)
@@ -420,12 +582,33 @@ mod tests {
             floor in 0..=MAX_TICKS / 2,
             floor_id in proptest::option::of(any::<u128>().prop_map(Uuid::from_u128)),
             heights in proptest::collection::vec((0..3_000_000_000u64, any::<[u8; 6]>()), 0..MAX_SEEN),
+            changes_floor in any::<u64>(),
+            changes_seen in proptest::collection::vec((any::<u64>(), any::<[u8; 6]>()), 0..changes::MAX_SEEN_CHANGES),
         ) {
             let seen: Vec<(u64, [u8; 6])> =
                 heights.into_iter().map(|(height, id)| (floor + height, id)).collect();
             let newest = seen.iter().map(|(at, _)| *at).max().unwrap_or(floor);
-            let position = Position { floor, floor_id, newest, seen };
+            let changes = ChangeFloor { floor: changes_floor, seen: changes_seen };
+            let position = Position { floor, floor_id, newest, seen, changes };
             prop_assert_eq!(Position::decode(&position.encode()), Ok(position));
+        }
+
+        #[test]
+        fn cursors_from_before_changes_still_decode_and_read_changes_from_their_floor(
+            floor in 0..=MAX_TICKS / 2,
+            heights in proptest::collection::vec((0..3_000_000_000u64, any::<[u8; 6]>()), 0..MAX_SEEN),
+        ) {
+            // The layout of version 1: floor, newest, then the seen entries to the end.
+            let mut bytes = vec![VERSION];
+            bytes.extend_from_slice(&floor.to_be_bytes());
+            bytes.extend_from_slice(&floor.to_be_bytes());
+            for (height, id) in &heights {
+                bytes.extend_from_slice(&u32::try_from(*height).expect("height").to_be_bytes());
+                bytes.extend_from_slice(id);
+            }
+            let position = Position::decode(&bytes).expect("decodes");
+            prop_assert_eq!(position.seen.len(), heights.len());
+            prop_assert_eq!(position.changes, ChangeFloor { floor, seen: Vec::new() });
         }
 
         #[test]
@@ -624,7 +807,7 @@ mod tests {
         let recent = Scan::Recent(Duration::from_secs(2));
         let first = deliver(store.as_ref(), 100, "ann", "first", false).await;
         let read = timelines
-            .catch_up_each(&owner, 250, &mut position, recent)
+            .catch_up_each(&owner, 250, &mut position, recent, false)
             .await
             .expect("read");
         assert_eq!(row_keys_of(&read), [first]);
@@ -634,12 +817,12 @@ mod tests {
         // Lands 10 s behind: only a window scan does.
         let far = deliver(store.as_ref(), 90, "cat", "far", false).await;
         let read = timelines
-            .catch_up_each(&owner, 250, &mut position, recent)
+            .catch_up_each(&owner, 250, &mut position, recent, false)
             .await
             .expect("read");
         assert_eq!(row_keys_of(&read), [near]);
         let read = timelines
-            .catch_up_each(&owner, 250, &mut position, Scan::Window)
+            .catch_up_each(&owner, 250, &mut position, Scan::Window, false)
             .await
             .expect("read");
         assert_eq!(row_keys_of(&read), [far]);
@@ -647,7 +830,7 @@ mod tests {
         let (_, cursor) = &read.items[0];
         for scan in [recent, Scan::Window] {
             let again = timelines
-                .catch_up_each(&owner, 250, &mut position, scan)
+                .catch_up_each(&owner, 250, &mut position, scan, false)
                 .await
                 .expect("read");
             assert!(again.items.is_empty(), "{scan:?} sent an entry twice");
@@ -657,9 +840,19 @@ mod tests {
             .await
             .expect("caught up");
         assert!(resumed.items.is_empty());
+        // The same position of entries; the changes floors differ by when each was read.
+        let entries_of = |cursor: &str| {
+            let bytes = timelines
+                .cursors
+                .decode_bytes(&catch_up_scope(&owner), cursor)
+                .expect("a cursor of this timeline");
+            let mut position = Position::decode(&bytes).expect("a position");
+            position.changes = ChangeFloor::default();
+            position
+        };
         assert_eq!(
-            timelines.catch_up_cursor(&owner, &position),
-            resumed.next_cursor
+            entries_of(&timelines.catch_up_cursor(&owner, &position)),
+            entries_of(&resumed.next_cursor)
         );
     }
 

@@ -40,6 +40,12 @@ impl Timelines {
         edit: EventEdit,
     ) -> DomainResult<Event> {
         let event_id = parse_event_id(event_id)?;
+        if edit.version == Some(0) {
+            return Err(DomainError::invalid(
+                "invalid_version",
+                "version starts at 1: send the version of the event as read",
+            ));
+        }
         self.check_payload(&edit.payload)?;
         for _ in 0..MAX_SWAPS {
             let (current, stored) = self.live_event(author, event_id).await?;

@@ -1,6 +1,7 @@
 //! The domain: posting, following and reading timelines, written against [`Store`] only.
 
 mod catch_up;
+mod changes;
 mod deleting;
 pub(crate) mod editing;
 pub mod fanout;

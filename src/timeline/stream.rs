@@ -67,7 +67,15 @@ pub struct TimelineStream {
     next_window_scan: Instant,
     /// Added to the deadline after the first window scan, to spread streams' scans.
     window_scan_offset: Duration,
+    /// The first read is done (it reads the changes since the start point).
+    started: bool,
+    /// The latest events told as removed: a delete is told on the author's topic and by its
+    /// removal job on the timeline's, and a client is told once.
+    told_removed: std::collections::VecDeque<Uuid>,
 }
+
+/// Removals a stream remembers, to tell each once.
+const TOLD_REMOVED: usize = 64;
 
 impl Timelines {
     /// Opens a live stream of `owner`'s timeline, starting after `after` (any point a
@@ -100,6 +108,8 @@ impl Timelines {
             // all scan their windows at the same moment ever after.
             next_window_scan: Instant::now(),
             window_scan_offset: WINDOW_SCAN_EVERY.mul_f64(rand::random::<f64>()),
+            started: false,
+            told_removed: std::collections::VecDeque::new(),
         })
     }
 }
@@ -171,17 +181,52 @@ impl TimelineStream {
         // Most wakes find nothing: the cursor of where this read started is encoded (signed)
         // only if something is to be sent.
         let before = self.position.clone();
+        // A stream that starts (or resumes) learns what became of the entries its client
+        // holds; after that it hears of edits and deletes live.
+        let with_changes = !std::mem::replace(&mut self.started, true);
         let read = timelines
-            .catch_up_each(&self.owner, MAX_PAGE_SIZE, &mut self.position, scan)
+            .catch_up_each(
+                &self.owner,
+                MAX_PAGE_SIZE,
+                &mut self.position,
+                scan,
+                with_changes,
+            )
             .await?;
         self.watch_merged(&read.merged_authors);
+        events.extend(
+            read.edited
+                .into_iter()
+                .map(|entry| StreamEvent::Updated { entry }),
+        );
+        events.extend(
+            read.removed
+                .into_iter()
+                .map(|event_id| StreamEvent::Removed { event_id }),
+        );
         events.extend(
             read.items
                 .into_iter()
                 .map(|(entry, cursor)| StreamEvent::Entry { entry, cursor }),
         );
+        events.retain(|event| match event {
+            StreamEvent::Removed { event_id } => self.first_removal(*event_id),
+            _ => true,
+        });
         let resume = (!events.is_empty()).then(|| timelines.catch_up_cursor(&self.owner, &before));
         Ok(StreamRead { events, resume })
+    }
+
+    /// Whether the removal of `event_id` was not told yet; remembers it.
+    fn first_removal(&mut self, event_id: Uuid) -> bool {
+        if self.told_removed.contains(&event_id) {
+            return false;
+        }
+        if self.told_removed.len() == TOLD_REMOVED {
+            self.told_removed.pop_front();
+        }
+        self.told_removed.push_back(event_id);
+        true
     }
 
     /// Waits until the timeline, or an author it merges, may have changed. Cancel-safe.

@@ -282,6 +282,283 @@ async fn a_post_appears_on_a_followers_open_timeline_without_a_reload() {
     browser.assert_clean(&app.address);
 }
 
+/// The event ids of the timeline's entries, in the order shown.
+async fn entry_ids(browser: &Browser) -> Value {
+    browser
+        .eval("[...document.querySelectorAll('#entries li[data-row-key]')].map(e => e.dataset.eventId)")
+        .await
+}
+
+/// The selector of the entry of `event_id` on the page.
+fn entry(event_id: &str) -> String {
+    format!("#entries li[data-event-id=\"{event_id}\"]")
+}
+
+/// Whether the entry of `event_id` shows `text` with the edited mark, as a script expression.
+fn shows_edited(event_id: &str, text: &str) -> String {
+    format!(
+        "document.querySelector({payload})?.textContent === {text} && !!document.querySelector({mark})",
+        payload = json!(format!("{} .payload", entry(event_id))),
+        mark = json!(format!("{} .meta .edited", entry(event_id))),
+        text = json!(text),
+    )
+}
+
+/// `event_id`'s item in `owner`'s timeline, through the API.
+async fn timeline_item(app: &TestApp, owner: &str, event_id: &str) -> Value {
+    app.timeline(owner)
+        .await
+        .into_iter()
+        .find(|item| item["event_id"] == event_id)
+        .unwrap_or_else(|| panic!("{event_id} is not on {owner}'s timeline"))
+}
+
+/// How many timeline pages (not the stream) the page has read.
+fn page_reads(browser: &Browser) -> usize {
+    browser
+        .requests()
+        .iter()
+        .filter(|url| url.contains("/timeline?"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_author_edits_an_entry_in_place_and_a_followers_open_timeline_shows_the_edit() {
+    // Two browsers: the author's and a follower's.
+    let _slots = BROWSERS.acquire_many(2).await.expect("semaphore open");
+    let app = spawn_app(Backend::Embedded).await;
+    assert_eq!(
+        app.follow("bob", "alice").await.status,
+        StatusCode::NO_CONTENT
+    );
+    let one = crate::helpers::post_at(&app, "alice", "one", 1).await;
+    let two = crate::helpers::post_at(&app, "alice", "two", 2).await;
+    let three = crate::helpers::post_at(&app, "alice", "three", 3).await;
+    let own = crate::helpers::post_at(&app, "bob", "bob's own", 4).await;
+    app.wait_for_timeline("bob", 4).await;
+    app.wait_for_timeline("alice", 3).await;
+    let alice_token = subject_token(&app, "alice").await;
+    let bob_token = subject_token(&app, "bob").await;
+
+    let bob = open(&app, &bob_token, "view=timeline", 1000).await;
+    bob.wait_for("document.getElementById('view').dataset.stream === 'live'")
+        .await;
+    bob.wait_for("document.querySelectorAll('#entries li[data-row-key]').length === 4")
+        .await;
+    bob.eval("window.__loadedAt = performance.timeOrigin; true")
+        .await;
+    let bob_order = entry_ids(&bob).await;
+    assert_eq!(bob_order, json!([own, three, two, one]));
+    // Bob may edit his own entry only.
+    let editable = bob
+        .eval("[...document.querySelectorAll('#entries li:has(button.edit)')].map(e => e.dataset.eventId)")
+        .await;
+    assert_eq!(editable, json!([own]));
+    let bob_reads = page_reads(&bob);
+
+    let alice = open(&app, &alice_token, "view=timeline", 1000).await;
+    alice
+        .wait_for("document.getElementById('view').dataset.stream === 'live'")
+        .await;
+    alice
+        .wait_for("document.querySelectorAll('#entries li[data-row-key] button.edit').length === 3")
+        .await;
+    assert_eq!(entry_ids(&alice).await, json!([three, two, one]));
+    assert_eq!(
+        alice
+            .eval("document.querySelectorAll('.edited').length")
+            .await,
+        json!(0),
+        "nothing is edited yet"
+    );
+
+    // (a) Alice edits "two": the editor holds its payload as pretty JSON.
+    alice.click(&format!("{} button.edit", entry(&two))).await;
+    let prefilled = alice
+        .wait_for(&format!(
+            "document.querySelector({})?.value",
+            json!(format!("{} .editor textarea", entry(&two)))
+        ))
+        .await;
+    assert_eq!(prefilled, json!("{\n  \"text\": \"two\"\n}"));
+    assert_unlabelled_controls_are_none(&alice).await;
+    alice
+        .fill(
+            &format!("{} .editor textarea", entry(&two)),
+            "{\"text\": \"two, edited\"}",
+        )
+        .await;
+    alice.click(&format!("{} .editor .save", entry(&two))).await;
+    alice
+        .wait_for(&format!(
+            "({}) && !document.querySelector({})",
+            shows_edited(&two, "two, edited"),
+            json!(format!("{} .editor", entry(&two)))
+        ))
+        .await;
+    assert_eq!(entry_ids(&alice).await, json!([three, two, one]));
+    let item = timeline_item(&app, "alice", &two).await;
+    assert_eq!(item["version"], json!(2), "{item}");
+    assert_eq!(item["payload"], json!({"text": "two, edited"}), "{item}");
+    let edited_at = item["edited_at"].as_str().expect("edited_at").to_owned();
+    let mark = alice
+        .eval(&format!(
+            "(() => {{ const m = document.querySelector({}); return {{datetime: m.getAttribute('datetime'), title: m.title, version: m.closest('li').dataset.version}}; }})()",
+            json!(format!("{} .meta .edited", entry(&two)))
+        ))
+        .await;
+    assert_eq!(mark["datetime"], json!(edited_at), "{mark}");
+    assert!(
+        mark["title"]
+            .as_str()
+            .is_some_and(|title| title.starts_with("edited ")),
+        "{mark}"
+    );
+    assert_eq!(mark["version"], json!("2"), "{mark}");
+    assert_eq!(timeline_item(&app, "bob", &two).await["version"], json!(2));
+
+    // (b) Bob's open timeline shows the edit, in place, from the stream: no reload, no
+    // page read.
+    bob.wait_for(&shows_edited(&two, "two, edited")).await;
+    assert_eq!(entry_ids(&bob).await, bob_order, "the entry kept its place");
+    assert_eq!(
+        bob.eval("window.__loadedAt === performance.timeOrigin")
+            .await,
+        json!(true),
+        "the page did not reload"
+    );
+    assert_eq!(
+        page_reads(&bob),
+        bob_reads,
+        "no timeline page was read again"
+    );
+    assert_eq!(
+        bob.eval("document.querySelectorAll('#entries .edited').length")
+            .await,
+        json!(1)
+    );
+
+    // Cancel closes the editor and sends nothing.
+    alice.click(&format!("{} button.edit", entry(&one))).await;
+    alice
+        .wait_for(&format!(
+            "document.querySelector({})",
+            json!(format!("{} .editor", entry(&one)))
+        ))
+        .await;
+    alice
+        .fill(&format!("{} .editor textarea", entry(&one)), "\"dropped\"")
+        .await;
+    alice
+        .click(&format!("{} .editor .cancel", entry(&one)))
+        .await;
+    alice
+        .wait_for(&format!(
+            "!document.querySelector({}) && !document.querySelector({}).hidden",
+            json!(format!("{} .editor", entry(&one))),
+            json!(format!("{} button.edit", entry(&one)))
+        ))
+        .await;
+    assert_eq!(
+        timeline_item(&app, "alice", &one).await["version"],
+        json!(1)
+    );
+
+    // (c) Alice opens "three" at version 1; meanwhile it is edited elsewhere. Her save is a
+    // conflict, shown as the API says it, with an offer to reload.
+    alice.click(&format!("{} button.edit", entry(&three))).await;
+    alice
+        .wait_for(&format!(
+            "document.querySelector({})",
+            json!(format!("{} .editor textarea", entry(&three)))
+        ))
+        .await;
+    let elsewhere = app
+        .send(
+            app.client
+                .patch(app.url(&format!("/v1/subjects/alice/events/{three}")))
+                .json(&json!({"payload": {"text": "three, from elsewhere"}, "version": 1})),
+        )
+        .await;
+    assert_eq!(elsewhere.status, StatusCode::OK, "{elsewhere:?}");
+    alice
+        .fill(
+            &format!("{} .editor textarea", entry(&three)),
+            "{\"text\": \"three, from alice\"}",
+        )
+        .await;
+    alice
+        .click(&format!("{} .editor .save", entry(&three)))
+        .await;
+    let notice = alice
+        .wait_for(&format!(
+            "(() => {{ const n = document.querySelector({}); return n && !n.hidden && n.classList.contains('conflict') && n.textContent; }})()",
+            json!(format!("{} .editor-notice", entry(&three)))
+        ))
+        .await;
+    assert!(
+        notice
+            .as_str()
+            .is_some_and(|text| text.starts_with("409 version_conflict: ")),
+        "{notice}"
+    );
+    assert_eq!(
+        alice
+            .eval(&format!(
+                "document.querySelector({}).hidden",
+                json!(format!("{} .editor .reload", entry(&three)))
+            ))
+            .await,
+        json!(false),
+        "a reload is offered"
+    );
+    assert_unlabelled_controls_are_none(&alice).await;
+    let item = timeline_item(&app, "alice", &three).await;
+    assert_eq!(
+        item["version"],
+        json!(2),
+        "the stale edit did not apply: {item}"
+    );
+    assert_eq!(item["payload"], json!({"text": "three, from elsewhere"}));
+    alice.screenshot("timeline-edit-conflict").await;
+    // Reloading shows the current version and keeps her text; saving again replaces it.
+    alice
+        .click(&format!("{} .editor .reload", entry(&three)))
+        .await;
+    alice
+        .wait_for(&format!(
+            "document.querySelector({}).textContent.startsWith('Reloaded version 2') && ({})",
+            json!(format!("{} .editor-notice", entry(&three))),
+            shows_edited(&three, "three, from elsewhere")
+        ))
+        .await;
+    assert_eq!(
+        alice
+            .eval(&format!(
+                "document.querySelector({}).value",
+                json!(format!("{} .editor textarea", entry(&three)))
+            ))
+            .await,
+        json!("{\"text\": \"three, from alice\"}")
+    );
+    alice
+        .click(&format!("{} .editor .save", entry(&three)))
+        .await;
+    alice
+        .wait_for(&shows_edited(&three, "three, from alice"))
+        .await;
+    let item = timeline_item(&app, "alice", &three).await;
+    assert_eq!(item["version"], json!(3), "{item}");
+    assert_eq!(item["payload"], json!({"text": "three, from alice"}));
+    bob.wait_for(&shows_edited(&three, "three, from alice"))
+        .await;
+    assert_eq!(entry_ids(&bob).await, bob_order);
+    assert_eq!(page_reads(&bob), bob_reads);
+    assert_eq!(entry_ids(&alice).await, json!([three, two, one]));
+    bob.assert_clean(&app.address);
+    alice.assert_clean(&app.address);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn older_entries_are_paged_in_below_the_first_page() {
     let _slot = browser_slot().await;

@@ -12,6 +12,7 @@ on_both_backends!(
     an_edit_of_a_deleted_event_is_a_404_and_a_deleted_event_never_comes_back,
     edits_are_refused_outside_the_authors_rights_and_over_the_payload_limit,
     the_fanout_status_follows_the_latest_operation_on_the_event,
+    a_catch_up_reader_learns_of_edits_and_deletes_to_entries_it_holds,
 );
 
 /// Followers a fan-out reaches in these tests.
@@ -290,4 +291,81 @@ async fn the_fanout_status_follows_the_latest_operation_on_the_event(backend: Ba
     assert_eq!(deleted.body["operation"], "removal", "{deleted:?}");
     app.wait_for_idle().await;
     assert_eq!(app.get(&status_path).await.body["operation"], "removal");
+}
+
+async fn a_catch_up_reader_learns_of_edits_and_deletes_to_entries_it_holds(backend: Backend) {
+    let app = spawn_app_with(TestStore::new(backend).await, |_| {}).await;
+    assert_eq!(
+        app.follow("reader", "alice").await.status,
+        StatusCode::NO_CONTENT
+    );
+    let kept = event_id(&post(&app, "alice", "kept", None).await);
+    let edited = event_id(&post(&app, "alice", "draft", None).await);
+    let deleted = event_id(&post(&app, "alice", "oops", None).await);
+    app.wait_for_idle().await;
+    let first = app
+        .page("reader", "timeline", "after=2000-01-01T00:00:00Z")
+        .await;
+    assert_eq!(
+        first.body["items"].as_array().expect("items").len(),
+        3,
+        "{first:?}"
+    );
+    assert_eq!(first.body["edited"], json!([]));
+    assert_eq!(first.body["removed"], json!([]));
+    let cursor = first.body["next_cursor"]
+        .as_str()
+        .expect("cursor")
+        .to_owned();
+
+    let reply = edit(
+        &app,
+        "alice",
+        &edited,
+        json!({"payload": {"text": "final"}}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let removed = app
+        .send(
+            app.client
+                .delete(app.url(&format!("/v1/subjects/alice/events/{deleted}"))),
+        )
+        .await;
+    assert_eq!(removed.status, StatusCode::ACCEPTED, "{removed:?}");
+    post(&app, "alice", "new", None).await;
+    app.wait_for_idle().await;
+
+    let query = format!("after={}", crate::helpers::segment(&cursor));
+    let next = app.page("reader", "timeline", &query).await;
+    assert_eq!(next.status, StatusCode::OK, "{next:?}");
+    let texts: Vec<&Value> = next.body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|item| &item["payload"]["text"])
+        .collect();
+    assert_eq!(texts, [&json!("new")], "only the new entry is new");
+    let changed = next.body["edited"].as_array().expect("edited");
+    assert_eq!(changed.len(), 1, "{next:?}");
+    assert_eq!(changed[0]["event_id"], edited.as_str());
+    assert_eq!(changed[0]["version"], 2);
+    assert_eq!(changed[0]["payload"], json!({"text": "final"}));
+    assert_eq!(next.body["removed"], json!([deleted]));
+    assert!(
+        !next.body.to_string().contains(&kept),
+        "nothing of the untouched entry"
+    );
+    // Told once: the next read from this answer's cursor has nothing more.
+    let cursor = next.body["next_cursor"].as_str().expect("cursor");
+    let again = app
+        .page(
+            "reader",
+            "timeline",
+            &format!("after={}", crate::helpers::segment(cursor)),
+        )
+        .await;
+    assert_eq!(again.body["items"], json!([]), "{again:?}");
+    assert_eq!(again.body["edited"], json!([]), "{again:?}");
+    assert_eq!(again.body["removed"], json!([]), "{again:?}");
 }

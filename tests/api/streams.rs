@@ -29,6 +29,7 @@ on_both_backends!(
     a_moved_read_marker_is_sent_to_every_stream_of_its_subject,
     a_store_failure_is_sent_as_error_and_a_reconnect_resumes_with_no_gap,
     an_edited_event_is_sent_as_updated_with_its_new_version,
+    a_resumed_stream_is_told_of_edits_and_deletes_made_while_it_was_away,
 );
 
 /// How long any single expected event may take.
@@ -277,6 +278,42 @@ async fn an_edited_event_is_sent_as_updated_with_its_new_version(backend: Backen
     // And the stream goes on.
     post(&app, "writer", "after").await;
     assert_eq!(stream.entries(1).await.0, ["after"]);
+}
+
+async fn a_resumed_stream_is_told_of_edits_and_deletes_made_while_it_was_away(backend: Backend) {
+    let (app, mut stream) = reader_of_writer(backend, |_| {}).await;
+    let edited = post(&app, "writer", "draft").await;
+    let deleted = post(&app, "writer", "oops").await;
+    let (_, last_id) = stream.entries(2).await;
+    drop(stream);
+    let reply = app
+        .send(
+            app.client
+                .patch(app.url(&format!("/v1/subjects/writer/events/{edited}")))
+                .json(&json!({"payload": {"text": "final"}})),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let removed = app
+        .send(
+            app.client
+                .delete(app.url(&format!("/v1/subjects/writer/events/{deleted}"))),
+        )
+        .await;
+    assert_eq!(removed.status, StatusCode::ACCEPTED, "{removed:?}");
+    app.wait_for_idle().await;
+    let mut resumed = Sse::open(&app, &stream_path("reader"), Some(&last_id))
+        .await
+        .expect("resumed");
+    let updated = resumed.expect("updated", 1).await;
+    let item: Value = serde_json::from_str(&updated[0].data).expect("JSON");
+    assert_eq!(item["event_id"], edited.as_str());
+    assert_eq!(item["version"], 2);
+    let gone = resumed.expect("removed", 1).await;
+    let data: Value = serde_json::from_str(&gone[0].data).expect("JSON");
+    assert_eq!(data, json!({"event_id": deleted}));
+    post(&app, "writer", "after").await;
+    assert_eq!(resumed.entries(1).await.0, ["after"]);
 }
 
 async fn a_store_failure_is_sent_as_error_and_a_reconnect_resumes_with_no_gap(backend: Backend) {

@@ -37,7 +37,7 @@ use tracing::info;
 use uuid::Uuid;
 
 use super::live::{self, LiveMessage};
-use super::{Event, SubjectId, merged_authors, reconcile, removal, trim};
+use super::{Event, SubjectId, changes, merged_authors, reconcile, removal, trim};
 use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::keys::{Ticks, parse_event_row_key};
 use crate::notices::{Notice, Notices};
@@ -400,6 +400,15 @@ fn closing_writes(state: &FanoutJob) -> Vec<Write> {
     }
 }
 
+/// The writes that record an edit or a delete (`removed`) of the event of `row_key` in the
+/// changes of each of `owners`, for their catch-up readers.
+fn change_writes(owners: &[&str], author: &str, row_key: &str, removed: bool) -> Vec<Write> {
+    owners
+        .iter()
+        .filter_map(|owner| changes::record(owner, author, row_key, removed))
+        .collect()
+}
+
 /// Saves the job's state and extends its lease, with `writes` in the same transaction.
 async fn save(job: &mut Claimed, state: &FanoutJob, writes: Vec<Write>) -> JobResult<()> {
     job.set_payload(state);
@@ -458,20 +467,8 @@ impl FanoutHandler {
         };
 
         let fresh = state.range.is_none() && state.cursor.is_none() && state.split.is_none();
-        if fresh
-            && state.action == Action::Remove
-            && merged_authors::author_flag(self.store.as_ref(), &author)
-                .await?
-                .is_some_and(|since| row_key <= since)
-        {
-            // Posted while its author was merged at read time: no follower has a copy.
-            self.store
-                .batch_write(vec![Write::delete(Table::Timelines, &author, &row_key)])
-                .await?;
-            self.metrics.deliveries.inc();
-            job.add_progress(1);
-            return Ok(Step::Merged);
-        }
+        // A removal walks every follower even when they merge the author at read time and
+        // hold no reference: each records the delete for its catch-up readers.
         if state.split.is_some() {
             return self.split(job, state, None).await;
         }
@@ -642,11 +639,13 @@ impl FanoutHandler {
                 if with_author {
                     owners.push(&author);
                 }
-                let deletes = owners
+                let mut writes: Vec<Write> = owners
                     .iter()
                     .map(|owner| Write::delete(Table::Timelines, *owner, &row_key))
                     .collect();
-                self.store.batch_write(deletes).await?;
+                writes.extend(change_writes(&owners, &author, &row_key, true));
+                self.store.batch_write(writes).await?;
+                self.expire_changes(&owners, &row_key).await?;
                 if let Some((_, event_id)) = parse_event_row_key(&row_key) {
                     let removed = Notice::Message(LiveMessage::Removed { event_id }.encode());
                     for owner in &owners {
@@ -660,6 +659,10 @@ impl FanoutHandler {
                 if with_author {
                     owners.push(&author);
                 }
+                self.store
+                    .batch_write(change_writes(&owners, &author, &row_key, false))
+                    .await?;
+                self.expire_changes(&owners, &row_key).await?;
                 let updated = Notice::Message(
                     LiveMessage::Updated {
                         author: author.clone(),
@@ -783,6 +786,18 @@ impl FanoutHandler {
         }];
         for gone in edges::unfollowed(store, &written).await?.concat() {
             reconcile::clean_up(store, gone, author).await?;
+        }
+        Ok(())
+    }
+
+    /// Drops the old changes of the few of `owners` whose turn it is (the trim's choice,
+    /// by the event and the owner), so change partitions stay within their retention.
+    async fn expire_changes(&self, owners: &[&str], row_key: &str) -> JobResult<()> {
+        let Some((_, event_id)) = parse_event_row_key(row_key) else {
+            return Ok(());
+        };
+        for owner in owners.iter().filter(|owner| trim::trims(event_id, owner)) {
+            changes::expire(self.store.as_ref(), owner).await?;
         }
         Ok(())
     }
