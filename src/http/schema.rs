@@ -114,22 +114,6 @@ pub enum Aggregation {
 )]
 pub struct SeriesNames(String);
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_aggregate_the_document_names_is_one_the_server_reads() {
-        let schema = serde_json::to_value(Aggregation::schema()).expect("json");
-        let names = schema["enum"].as_array().expect("an enum");
-        assert_eq!(names.len(), 7, "{schema}");
-        for name in names {
-            let name = name.as_str().expect("a name");
-            assert!(crate::series::Aggregate::parse(name).is_some(), "{name}");
-        }
-    }
-}
-
 /// A whole number of at least 0, written as an integer or as a number with no fraction
 /// (`2.0`): JSON Schema's `integer` admits both, and so does the server. Past
 /// [`crate::timeline::MAX_MARKER_VERSION`], only integers are read (the domain refuses them, with its code).
@@ -163,5 +147,21 @@ fn whole(number: &serde_json::Number) -> Result<u64, String> {
         _ => Err(format!(
             "version must be a whole number from 0 to {max}, not {number}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_aggregate_the_document_names_is_one_the_server_reads() {
+        let schema = serde_json::to_value(Aggregation::schema()).expect("json");
+        let names = schema["enum"].as_array().expect("an enum");
+        assert_eq!(names.len(), 7, "{schema}");
+        for name in names {
+            let name = name.as_str().expect("a name");
+            assert!(crate::series::Aggregate::parse(name).is_some(), "{name}");
+        }
     }
 }

@@ -194,10 +194,7 @@ mod tests {
         let mut events = events;
         events[1].version = 3;
         events[1].edited_at = Some(Ticks::new(639_000_000_000_000_123).expect("ticks"));
-        let entries: Vec<TimelineEntry> = events
-            .iter()
-            .map(|event| TimelineEntry::of_event(event))
-            .collect();
+        let entries: Vec<TimelineEntry> = events.iter().map(TimelineEntry::of_event).collect();
         for (next_cursor, truncated) in [(None, true), (Some("abc-_\"\\\u{1}"), false)] {
             let response = write_page(&entries, next_cursor, truncated);
             assert_eq!(

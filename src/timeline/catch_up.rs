@@ -23,7 +23,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::changes::{self, ChangeFloor, MAX_CHANGES};
-use super::merge::{Merged, Window};
+use super::merge::Window;
 use super::model::EntryRef;
 use super::reading::check_limit;
 use super::{DomainError, DomainResult, SubjectId, TimelineEntry, Timelines};
@@ -413,15 +413,7 @@ impl Timelines {
             ..Window::default()
         };
         let expected = limit + seen.len() + 1;
-        let mut rows = Merged::open(
-            store,
-            &self.merged_hints,
-            &self.events,
-            owner,
-            &window,
-            expected,
-        )
-        .await?;
+        let mut rows = self.merged(owner, &window, expected).await?;
         let mut items = Vec::with_capacity(limit);
         let mut returned = Vec::with_capacity(limit);
         while items.len() < limit {

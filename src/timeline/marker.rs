@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::live::{self, LiveMessage};
-use super::merge::{Merged, Window};
+use super::merge::Window;
 use super::{DomainError, DomainResult, SubjectId, Timelines};
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, StoreError, Table};
@@ -219,15 +219,7 @@ impl Timelines {
             end: last_read.map(str::to_owned),
             ..Window::default()
         };
-        let mut rows = Merged::open(
-            store,
-            &self.merged_hints,
-            &self.events,
-            owner,
-            &window,
-            cap.max(1),
-        )
-        .await?;
+        let mut rows = self.merged(owner, &window, cap.max(1)).await?;
         let mut unread = 0;
         while unread < cap && rows.next(store).await?.is_some() {
             unread += 1;

@@ -41,15 +41,7 @@ impl Timelines {
             after,
             ..Window::default()
         };
-        let mut rows = Merged::open(
-            store,
-            &self.merged_hints,
-            &self.events,
-            owner,
-            &window,
-            want + 1,
-        )
-        .await?;
+        let mut rows = self.merged(owner, &window, want + 1).await?;
         let mut items = Vec::with_capacity(want);
         while items.len() < want {
             match rows.next(store).await? {
@@ -239,6 +231,26 @@ impl PageCursor {
 }
 
 impl Timelines {
+    /// The rows of `owner`'s timeline and the authors it merges, within `window`, reading
+    /// `expected` rows first (see [`Merged::open`]).
+    pub(super) async fn merged(
+        &self,
+        owner: &SubjectId,
+        window: &Window,
+        expected: usize,
+    ) -> DomainResult<Merged> {
+        let store = self.store.as_ref();
+        Ok(Merged::open(
+            store,
+            &self.merged_hints,
+            &self.events,
+            owner,
+            window,
+            expected,
+        )
+        .await?)
+    }
+
     /// The newest row key seen by the page walk that `cursor` (a `next_cursor` of `owner`'s
     /// timeline) continues; `None` if `cursor` is not one, or predates the newest row key.
     pub(super) fn newest_row_of_walk(&self, owner: &SubjectId, cursor: &str) -> Option<String> {

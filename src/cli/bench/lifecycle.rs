@@ -1,5 +1,5 @@
 //! The timeline-lifecycle figures of `fanline bench`: unfollow cleanup of a full timeline,
-//! the delete-everywhere rate, and timeline reads with 0, 1 and 5 authors merged at read
+//! the delete-everywhere rate, edits at every follower, and timeline reads with 0, 1 and 5 authors merged at read
 //! time, measured in the same run so they can be compared.
 
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use crate::keys::{Ticks, event_row_key};
 use crate::store::{Item, Store, Table, Write};
 use crate::timeline::merged_authors;
 use crate::timeline::reconcile::{self, EdgeSettings};
-use crate::timeline::{Event, MAX_PAGE_SIZE, SubjectId};
+use crate::timeline::{Event, EventEdit, MAX_PAGE_SIZE, SubjectId, TimelineEntry};
 
 /// Entries of the timelines the cleanup and read figures use (the default cap).
 const FULL_TIMELINE: usize = 800;
@@ -118,6 +118,58 @@ pub async fn delete_everywhere(rig: &Rig, count: usize) -> anyhow::Result<()> {
         doomed.len(),
         elapsed.as_secs_f64(),
         removed as f64 / elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Edits of `count` events at `rig.followers` followers each: how long an edit takes to
+/// answer, that a follower's next page shows it (checked, not timed: it reads the one
+/// stored version), and how long the job telling every follower's streams and change log
+/// takes to end.
+pub async fn edit_everywhere(rig: &Rig, count: usize) -> anyhow::Result<()> {
+    let events = rig
+        .timelines
+        .events(&rig.author, count.clamp(1, 250), None)
+        .await?;
+    let reader = SubjectId::parse(rig.followers.last().map_or("bench-author", String::as_str))
+        .map_err(anyhow::Error::msg)?;
+    let mut workers = rig.start_workers(2);
+    let mut answers = Vec::with_capacity(events.items.len());
+    let mut told = Vec::with_capacity(events.items.len());
+    for event in &events.items {
+        let text = format!(r#"{{"text":"edited {}"}}"#, event.event_id);
+        let edit = EventEdit {
+            payload: RawValue::from_string(text.clone())?,
+            version: Some(event.version),
+        };
+        let started = Instant::now();
+        let edited = rig
+            .timelines
+            .edit_event(&rig.author, &event.event_id.to_string(), edit)
+            .await?;
+        answers.push(started.elapsed());
+        let page = rig.timelines.timeline(&reader, MAX_PAGE_SIZE, None).await?;
+        let shown = page
+            .items
+            .iter()
+            .find(|entry| entry.event_id() == event.event_id)
+            .map(TimelineEntry::version);
+        anyhow::ensure!(
+            shown == Some(edited.version),
+            "{reader}'s page shows version {shown:?} of {}, not {}",
+            event.event_id,
+            edited.version
+        );
+        workers.wait_for(1).await?;
+        told.push(started.elapsed());
+    }
+    workers.stop().await;
+    println!(
+        "edit at {} followers: answered p50 {:.2} ms (the page shows it at once), every follower's streams and change log told p50 {:.1} ms ({} edits)",
+        rig.followers.len(),
+        millis(percentile(&mut answers, 50.0)),
+        millis(percentile(&mut told, 50.0)),
+        answers.len()
     );
     Ok(())
 }

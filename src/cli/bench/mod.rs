@@ -92,6 +92,13 @@ pub struct BenchArgs {
     /// 250-item reads of one timeline with 0, 1 and 5 merged authors, each.
     #[arg(long, default_value_t = 500)]
     pub merged_reads: usize,
+    /// Events edited, one at a time (each at every follower), for the edit figures.
+    #[arg(long, default_value_t = 5)]
+    pub edits: usize,
+    /// Bytes of each posted event's payload (a text padded to this size; at least the
+    /// text's own ~34 bytes).
+    #[arg(long, default_value_t = 0)]
+    pub payload_bytes: usize,
 }
 
 #[derive(Clone, Debug, Subcommand)]
@@ -231,12 +238,19 @@ impl Rig {
             .map(|i| format!("bench-follower-{i:07}"))
             .collect();
         add_followers(store.as_ref(), &author, &followers).await?;
-        let timelines = Arc::new(Timelines::new(
-            store,
-            CursorCodec::new(b"bench"),
-            Config::defaults().timeline_settings(),
-            wake.clone(),
-        ));
+        // Pages read through the event cache, as a server's do on the embedded store.
+        let timelines = Arc::new(
+            Timelines::new(
+                store,
+                CursorCodec::new(b"bench"),
+                Config::defaults().timeline_settings(),
+                wake.clone(),
+            )
+            .with_event_cache(
+                Config::defaults().event_cache_mb.saturating_mul(1 << 20),
+                args.store != StoreKind::Embedded,
+            ),
+        );
         // In-process workers are woken by posts; polling is only the fallback, so it keeps
         // its default and idle workers do not inflate the request counts.
         let settings = FanoutSettings {
@@ -397,7 +411,7 @@ async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Re
         let rig = Rig::new(args, parent, Wake::without_handoff()).await?;
         for i in 0..args.posts {
             rig.timelines
-                .post_event(&rig.author, bench_event(i)?)
+                .post_event(&rig.author, bench_event(i, args.payload_bytes)?)
                 .await?;
         }
         let before = rig.bench_store.stats.snapshot();
@@ -439,7 +453,7 @@ async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Re
     let mut lags = Vec::with_capacity(args.lag_samples);
     for i in 0..args.lag_samples {
         rig.timelines
-            .post_event(&rig.author, bench_event(i)?)
+            .post_event(&rig.author, bench_event(i, args.payload_bytes)?)
             .await?;
         lags.extend(workers.wait_for(1).await?);
     }
@@ -461,6 +475,7 @@ async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Re
     // Reads: first pages of followers' timelines, two readers at a time.
     if args.reads > 0 && !rig.followers.is_empty() && args.posts > 0 {
         let timelines = rig.timelines.clone();
+        let before = rig.bench_store.stats.snapshot();
         let started = Instant::now();
         let mut readers = Vec::new();
         for reader in 0..2 {
@@ -492,6 +507,13 @@ async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Re
             millis(percentile(&mut latencies, 50.0)),
             millis(percentile(&mut latencies, 99.0))
         );
+        if args.store == StoreKind::Dynamodb {
+            let after = rig.bench_store.stats.snapshot();
+            println!(
+                "  dynamodb requests per page: {:.2}",
+                (after.requests - before.requests) as f64 / latencies.len() as f64
+            );
+        }
     }
 
     if let Some((embedded, _)) = &rig.bench_store.embedded {
@@ -501,7 +523,12 @@ async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Re
             println!(
                 "disk: {bytes} bytes for {entries} timeline entries = {:.1} bytes/entry (payload ~{} bytes)",
                 bytes as f64 / entries as f64,
-                bench_event(0)?.payload.get().len()
+                bench_event(0, args.payload_bytes)?.payload.get().len()
+            );
+            let events = embedded.flushed_disk_space(Table::Events).await?;
+            println!(
+                "disk: {events} bytes for the author's {} events",
+                args.posts
             );
         }
     }
@@ -510,6 +537,9 @@ async fn timeline_runs(args: &BenchArgs, parent: &std::path::Path) -> anyhow::Re
     }
     if args.cleanups > 0 {
         lifecycle::unfollow_cleanup(&rig, args.cleanups).await?;
+    }
+    if args.edits > 0 && args.posts > 0 {
+        lifecycle::edit_everywhere(&rig, args.edits.min(args.posts)).await?;
     }
     if args.deletes > 0 && args.posts > 0 {
         lifecycle::delete_everywhere(&rig, args.deletes.min(args.posts)).await?;
@@ -540,11 +570,14 @@ async fn add_followers(
     Ok(())
 }
 
-fn bench_event(i: usize) -> anyhow::Result<NewEvent> {
+/// The `i`th bench event: a short text, padded to `payload_bytes` of JSON if that is more.
+fn bench_event(i: usize, payload_bytes: usize) -> anyhow::Result<NewEvent> {
+    let text = format!("benchmark post number {i}");
+    let padding = payload_bytes.saturating_sub(text.len() + r#"{"text":""}"#.len());
     Ok(NewEvent {
         client_id: None,
         kind: Some("post".into()),
-        payload: RawValue::from_string(format!(r#"{{"text":"benchmark post number {i}"}}"#))?,
+        payload: RawValue::from_string(format!(r#"{{"text":"{text}{}"}}"#, "x".repeat(padding)))?,
         at: None,
     })
 }
