@@ -5,10 +5,9 @@
 //! that deletes the references by key and tells live streams, and records the deletion in
 //! the event-id index, so a second delete is answered the same way instead of with a 404.
 
-use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::event_index::EventIndex;
 use super::fanout::removal_job;
 use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
 use super::live::{self, LiveMessage};
@@ -16,27 +15,6 @@ use super::{DomainError, DomainResult, SubjectId, Timelines};
 use crate::keys::Ticks;
 use crate::notices::Notice;
 use crate::store::{Condition, Item, StoreError, Table, Write};
-
-/// Body of an `eventIds` item: where an event lives, and whether it was deleted.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct EventIndex {
-    pub row_key: String,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub deleted: bool,
-}
-
-impl EventIndex {
-    pub fn live(row_key: &str) -> EventIndex {
-        EventIndex {
-            row_key: row_key.to_owned(),
-            deleted: false,
-        }
-    }
-
-    pub fn encode(&self) -> Bytes {
-        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
-    }
-}
 
 impl Timelines {
     /// Deletes one of `author`'s events and starts removing its copies; returns the removal's

@@ -9,14 +9,14 @@
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::deleting::EventIndex;
+use super::event_index::row_key_of;
 use super::fanout::edit_job;
 use super::fanout::status::parse_event_id;
 use super::live::{self, LiveMessage};
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
 use crate::keys::Ticks;
 use crate::notices::Notice;
-use crate::store::{Condition, Item, Store, StoreError, Table, Write};
+use crate::store::{Condition, Item, StoreError, Table, Write};
 
 /// Swaps lost to concurrent edits before an edit without a version gives up (409).
 const MAX_SWAPS: usize = 8;
@@ -128,36 +128,4 @@ impl Timelines {
         let event = Event::decode(author, &row_key, &stored).map_err(DomainError::Corrupt)?;
         Ok((event, stored))
     }
-}
-
-/// The row key of one of `author`'s events, if it exists and was not deleted.
-async fn row_key_of(
-    store: &dyn Store,
-    author: &str,
-    event_id: Uuid,
-) -> DomainResult<Option<String>> {
-    let id_row = event_id.as_hyphenated().to_string();
-    let Some(body) = store.get(Table::EventIds, author, &id_row).await? else {
-        return Ok(None);
-    };
-    let index: EventIndex = serde_json::from_slice(&body)
-        .map_err(|_| DomainError::Corrupt(format!("event index of {event_id}")))?;
-    Ok((!index.deleted).then_some(index.row_key))
-}
-
-/// The current version of one of `author`'s events; `None` if it is gone.
-pub(crate) async fn current_version(
-    store: &dyn Store,
-    author: &str,
-    event_id: Uuid,
-) -> DomainResult<Option<u64>> {
-    let Some(row_key) = row_key_of(store, author, event_id).await? else {
-        return Ok(None);
-    };
-    let Some(stored) = store.get(Table::Events, author, &row_key).await? else {
-        return Ok(None);
-    };
-    let author = SubjectId::parse(author).map_err(DomainError::Corrupt)?;
-    let event = Event::decode(&author, &row_key, &stored).map_err(DomainError::Corrupt)?;
-    Ok(Some(event.version))
 }

@@ -3,7 +3,8 @@
 mod catch_up;
 mod changes;
 mod deleting;
-pub(crate) mod editing;
+mod editing;
+mod event_index;
 pub mod fanout;
 mod following;
 mod hydrate;

@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::deleting::EventIndex;
+use super::event_index::EventIndex;
 use super::fanout::delivery_job;
 use super::live;
 use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};

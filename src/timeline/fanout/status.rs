@@ -92,7 +92,7 @@ pub async fn lookup(
     if let Some(work) = removal {
         return Ok(Some(FanoutStatus::from_work(Operation::Removal, work)));
     }
-    let version = crate::timeline::editing::current_version(store, author, event_id).await?;
+    let version = crate::timeline::event_index::current_version(store, author, event_id).await?;
     if let Some(version) = version.filter(|version| *version > 1) {
         let edit = jobs::work_status(store, author, &edit_key(event_id, version)).await?;
         if let Some(work) = edit {

@@ -1,0 +1,62 @@
+//! The `eventIds` table: where each of an author's events lives, by event id, and whether it
+//! was deleted. Deleting, editing and the fan-out status find an event through it.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{DomainError, DomainResult, Event, SubjectId};
+use crate::store::{Store, Table};
+
+/// Body of an `eventIds` item: where an event lives, and whether it was deleted.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EventIndex {
+    pub row_key: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+}
+
+impl EventIndex {
+    pub fn live(row_key: &str) -> EventIndex {
+        EventIndex {
+            row_key: row_key.to_owned(),
+            deleted: false,
+        }
+    }
+
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+/// The row key of one of `author`'s events, if it exists and was not deleted.
+pub(super) async fn row_key_of(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+) -> DomainResult<Option<String>> {
+    let id_row = event_id.as_hyphenated().to_string();
+    let Some(body) = store.get(Table::EventIds, author, &id_row).await? else {
+        return Ok(None);
+    };
+    let index: EventIndex = serde_json::from_slice(&body)
+        .map_err(|_| DomainError::Corrupt(format!("event index of {event_id}")))?;
+    Ok((!index.deleted).then_some(index.row_key))
+}
+
+/// The current version of one of `author`'s events; `None` if it is gone.
+pub(super) async fn current_version(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+) -> DomainResult<Option<u64>> {
+    let Some(row_key) = row_key_of(store, author, event_id).await? else {
+        return Ok(None);
+    };
+    let Some(stored) = store.get(Table::Events, author, &row_key).await? else {
+        return Ok(None);
+    };
+    let author = SubjectId::parse(author).map_err(DomainError::Corrupt)?;
+    let event = Event::decode(&author, &row_key, &stored).map_err(DomainError::Corrupt)?;
+    Ok(Some(event.version))
+}
