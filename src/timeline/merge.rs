@@ -307,29 +307,38 @@ impl Merged {
     /// Reads the events that the references among `rows` name, in one round, and queues the
     /// entries in order; a reference whose event is gone (deleted) is passed over.
     async fn hydrate(&mut self, store: &dyn Store, rows: Vec<Row>) -> DomainResult<()> {
-        let refs: Vec<EntryRef> = rows
-            .iter()
-            .filter_map(|row| match row {
-                Row::Ref(reference) => Some(reference.clone()),
-                Row::Entry(_) => None,
-            })
-            .collect();
-        let mut bodies = self.events.read(store, &refs).await?.into_iter();
+        let mut refs = Vec::with_capacity(rows.len());
+        let mut entries = Vec::new();
+        // Where each row's entry comes from, in order: `Some` an entry as read, `None` the
+        // next reference.
+        let mut order = Vec::with_capacity(rows.len());
         for row in rows {
             match row {
-                Row::Entry(entry) => self.ready.push_back(entry),
+                Row::Entry(entry) => {
+                    order.push(Some(entries.len()));
+                    entries.push(Some(entry));
+                }
                 Row::Ref(reference) => {
-                    if let Some(body) = bodies.next().flatten() {
-                        let entry = TimelineEntry::from_event_row(
-                            &reference.author,
-                            reference.row_key,
-                            body,
-                        )
-                        .map_err(DomainError::Corrupt)?;
-                        self.ready.push_back(entry);
-                    }
+                    order.push(None);
+                    refs.push(reference);
                 }
             }
+        }
+        let bodies = self.events.read(store, &refs).await?;
+        let mut referenced = refs.into_iter().zip(bodies);
+        for slot in order {
+            let entry = match slot {
+                Some(index) => entries[index].take(),
+                None => match referenced.next() {
+                    Some((reference, Some(body))) => Some(
+                        TimelineEntry::from_event_row(&reference.author, reference.row_key, body)
+                            .map_err(DomainError::Corrupt)?,
+                    ),
+                    // The event is gone: deleted.
+                    _ => None,
+                },
+            };
+            self.ready.extend(entry);
         }
         Ok(())
     }

@@ -4,6 +4,8 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use fanline::store::fault::{Calls, Fault, Op};
+
 use crate::helpers::{Api, Backend, Reply, TestStore, spawn_app_with};
 
 on_both_backends!(
@@ -13,6 +15,7 @@ on_both_backends!(
     edits_are_refused_outside_the_authors_rights_and_over_the_payload_limit,
     the_fanout_status_follows_the_latest_operation_on_the_event,
     a_catch_up_reader_learns_of_edits_and_deletes_to_entries_it_holds,
+    a_failure_at_any_step_of_an_edit_a_delete_a_follow_and_an_unfollow_converges_on_retry,
 );
 
 /// Followers a fan-out reaches in these tests.
@@ -368,4 +371,94 @@ async fn a_catch_up_reader_learns_of_edits_and_deletes_to_entries_it_holds(backe
     assert_eq!(again.body["items"], json!([]), "{again:?}");
     assert_eq!(again.body["edited"], json!([]), "{again:?}");
     assert_eq!(again.body["removed"], json!([]), "{again:?}");
+}
+
+/// Sends `request` until it is answered with anything but a 5xx (a client's retry), at most
+/// 20 times.
+async fn with_retries(api: &Api, request: impl Fn() -> reqwest::RequestBuilder) -> Reply {
+    for _ in 0..20 {
+        let reply = api.send(request()).await;
+        if !reply.status.is_server_error() {
+            return reply;
+        }
+    }
+    panic!("still failing after 20 tries");
+}
+
+async fn a_failure_at_any_step_of_an_edit_a_delete_a_follow_and_an_unfollow_converges_on_retry(
+    backend: Backend,
+) {
+    // Each run fails the n-th store call of one kind after the set-up, once, whoever makes it
+    // (a request or a job); the client retries what failed, the workers retry their jobs.
+    let kinds = [Op::Transact, Op::BatchWrite, Op::Get, Op::Query];
+    for (op, nth) in kinds
+        .into_iter()
+        .flat_map(|op| (1..=6).map(move |nth| (op, nth)))
+    {
+        let app = spawn_app_with(TestStore::new(backend).await, |config| {
+            config.retry_base_ms = 1;
+        })
+        .await;
+        for fan in ["fan1", "fan2"] {
+            assert_eq!(
+                app.follow(fan, "alice").await.status,
+                StatusCode::NO_CONTENT
+            );
+        }
+        let kept = event_id(&post(&app, "alice", "kept", None).await);
+        let doomed = event_id(&post(&app, "alice", "doomed", None).await);
+        app.wait_for_idle().await;
+        app.faults.fail_nth(nth, Calls::op(op), Fault::Unavailable);
+
+        let url = |path: String| app.url(&path);
+        let edited = with_retries(&app, || {
+            app.client
+                .patch(url(format!("/v1/subjects/alice/events/{kept}")))
+                .json(&json!({"payload": {"text": "edited"}, "version": 1}))
+        })
+        .await;
+        // A retry after a lost answer finds its own edit: the same event, not a conflict.
+        assert_eq!(edited.status, StatusCode::OK, "{op:?} {nth}: {edited:?}");
+        let deleted = with_retries(&app, || {
+            app.client
+                .delete(url(format!("/v1/subjects/alice/events/{doomed}")))
+        })
+        .await;
+        assert_eq!(
+            deleted.status,
+            StatusCode::ACCEPTED,
+            "{op:?} {nth}: {deleted:?}"
+        );
+        let followed = with_retries(&app, || {
+            app.client
+                .put(url("/v1/subjects/fan3/following/alice".into()))
+        })
+        .await;
+        assert_eq!(followed.status, StatusCode::NO_CONTENT, "{op:?} {nth}");
+        let unfollowed = with_retries(&app, || {
+            app.client
+                .delete(url("/v1/subjects/fan1/following/alice".into()))
+        })
+        .await;
+        assert_eq!(unfollowed.status, StatusCode::NO_CONTENT, "{op:?} {nth}");
+        app.wait_for_idle().await;
+
+        for owner in ["alice", "fan2", "fan3"] {
+            let items = app.timeline(owner).await;
+            let seen: Vec<(&Value, &Value)> = items
+                .iter()
+                .map(|item| (&item["event_id"], &item["version"]))
+                .collect();
+            assert_eq!(
+                seen,
+                [(&json!(kept), &json!(2))],
+                "{op:?} {nth}: {owner}'s timeline"
+            );
+            assert_eq!(items[0]["payload"], json!({"text": "edited"}));
+        }
+        assert!(
+            app.timeline("fan1").await.is_empty(),
+            "{op:?} {nth}: fan1 unfollowed"
+        );
+    }
 }

@@ -14,14 +14,19 @@ use crate::store::{Key, RetryReason, StoreError, StoreResult, Table};
 
 /// `BatchGetItem` takes at most 100 keys.
 const BATCH_GET_KEYS: usize = 100;
+/// `BatchGetItem` requests of one read in flight at once.
+const CONCURRENT_CHUNKS: usize = 8;
+
 /// Rounds of `UnprocessedKeys` asked for again before giving up as throttled.
 const MAX_UNPROCESSED_ROUNDS: u32 = 8;
+
+use futures::{StreamExt, TryStreamExt};
 
 type Attributes = HashMap<String, AttributeValue>;
 
 impl DynamoStore {
-    /// Reads validated keys, at most [`BATCH_GET_KEYS`] distinct ones a request; answers in
-    /// the order asked.
+    /// Reads validated keys, at most [`BATCH_GET_KEYS`] distinct ones a request, the requests
+    /// at once; answers in the order asked.
     pub(super) async fn batch_get_items(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>> {
         // A request may not name one key twice: ask each once, answer each asking.
         let mut distinct: Vec<&Key> = Vec::with_capacity(keys.len());
@@ -36,7 +41,10 @@ impl DynamoStore {
             .iter()
             .map(|key| (self.table_name(key.table), key.table))
             .collect();
-        let mut found: HashMap<Key, Bytes> = HashMap::with_capacity(distinct.len());
+        // Up to CONCURRENT_CHUNKS chunks go at once: a page of 250 references is three
+        // requests in one round trip, and a read of thousands of keys does not open
+        // hundreds of connections.
+        let mut requests: Vec<HashMap<String, Vec<Attributes>>> = Vec::new();
         for chunk in distinct.chunks(BATCH_GET_KEYS) {
             let mut request: HashMap<String, Vec<Attributes>> = HashMap::new();
             for key in chunk {
@@ -45,12 +53,19 @@ impl DynamoStore {
                     .or_default()
                     .push(key_attributes(&key.partition, &key.row));
             }
-            for ((name, partition, row), value) in self.get_chunk(request).await? {
-                let table = tables.get(&name).copied().ok_or_else(|| {
-                    StoreError::Other(format!("BatchGetItem answered for table {name}"))
-                })?;
-                found.insert(Key::new(table, partition, row), value);
-            }
+            requests.push(request);
+        }
+        let requests = requests.into_iter().map(|request| self.get_chunk(request));
+        let answers: Vec<_> = futures::stream::iter(requests)
+            .buffer_unordered(CONCURRENT_CHUNKS)
+            .try_collect()
+            .await?;
+        let mut found: HashMap<Key, Bytes> = HashMap::with_capacity(distinct.len());
+        for ((name, partition, row), value) in answers.into_iter().flatten() {
+            let table = tables.get(&name).copied().ok_or_else(|| {
+                StoreError::Other(format!("BatchGetItem answered for table {name}"))
+            })?;
+            found.insert(Key::new(table, partition, row), value);
         }
         Ok(keys.iter().map(|key| found.get(key).cloned()).collect())
     }
