@@ -241,7 +241,7 @@ async fn catch_up_pages_answer_the_list_envelope_with_truncated(backend: Backend
         .collect();
     assert_eq!(
         keys,
-        BTreeSet::from(["items", "next_cursor", "truncated"]),
+        BTreeSet::from(["edited", "items", "next_cursor", "removed", "truncated"]),
         "{}",
         reply.body
     );

@@ -22,7 +22,7 @@ on_both_backends!(
     merged_timeline_pages_match_a_fully_pushed_timeline_page_by_page,
     an_author_crossing_the_threshold_both_ways_keeps_timelines_whole,
     a_merge_transition_that_writes_after_an_unfollows_cleanup_takes_its_marker_back,
-    a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers,
+    a_merged_authors_events_are_caught_up_and_deleted_and_the_delete_is_told,
     posts_racing_across_the_threshold_all_reach_every_follower,
     catch_up_reads_return_every_entry_once_oldest_first_even_when_late,
 );
@@ -503,7 +503,7 @@ async fn a_merge_transition_that_writes_after_an_unfollows_cleanup_takes_its_mar
     assert_eq!(texts(&app.timeline("reader").await), ["hello"]);
 }
 
-async fn a_merged_authors_events_are_caught_up_and_deleted_without_touching_followers(
+async fn a_merged_authors_events_are_caught_up_and_deleted_and_the_delete_is_told(
     backend: Backend,
 ) {
     let app = app(backend, |config| config.merge_threshold = 1).await;
@@ -536,14 +536,26 @@ async fn a_merged_authors_events_are_caught_up_and_deleted_without_touching_foll
         .await;
     assert_eq!(status.body["operation"], "removal");
     assert_eq!(status.body["state"], "done");
-    assert_eq!(status.body["merged_at_read"], true, "{status:?}");
-    assert_eq!(status.body["delivered"], 1, "only the author's own copy");
+    // The removal visits every follower though none holds a reference: each timeline's
+    // change log records the delete, for catch-up readers that hold the entry.
+    assert_eq!(
+        status.body["delivered"], 3,
+        "the author and both followers: {status:?}"
+    );
     assert_eq!(texts(&app.timeline("fan").await), ["s3", "s1"]);
     assert_eq!(texts(&app.timeline("star").await), ["s3", "s1"]);
     post_at(&app, "star", "s4", 40).await;
     app.wait_for_idle().await;
     let (more, _) = catch_up(&app, "reader", &cursor, 250).await;
     assert_eq!(more, ["s4"]);
+    let told = app
+        .page("reader", "timeline", &format!("after={}", segment(&cursor)))
+        .await;
+    assert_eq!(
+        told.body["removed"],
+        serde_json::json!([doomed]),
+        "{told:?}"
+    );
 }
 
 async fn posts_racing_across_the_threshold_all_reach_every_follower(backend: Backend) {
