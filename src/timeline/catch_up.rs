@@ -104,10 +104,7 @@ pub(super) struct Position {
 /// What a cursor remembers of an entry it returned: its `at` and the last 6 bytes of its
 /// event id, both from the row key.
 fn seen_key(entry: &TimelineEntry) -> (u64, [u8; 6]) {
-    let event_id = entry.event_id();
-    let mut short = [0u8; 6];
-    short.copy_from_slice(&event_id.as_bytes()[10..16]);
-    (entry.at().get(), short)
+    (entry.at().get(), changes::short_id(entry.event_id()))
 }
 
 impl Position {

@@ -55,10 +55,15 @@ impl Change {
     /// What a cursor remembers of a change it returned: its time and the last 6 bytes of
     /// its event id.
     pub fn seen_key(&self) -> (u64, [u8; 6]) {
-        let mut short = [0u8; 6];
-        short.copy_from_slice(&self.event_id.as_bytes()[10..16]);
-        (self.at, short)
+        (self.at, short_id(self.event_id))
     }
+}
+
+/// What a cursor keeps of an event id: its last 6 bytes, random bits of a UUIDv7.
+pub fn short_id(event_id: Uuid) -> [u8; 6] {
+    let mut short = [0u8; 6];
+    short.copy_from_slice(&event_id.as_bytes()[10..16]);
+    short
 }
 
 /// The write that records, in `owner`'s changes, that the event of `row_key` by `author`
@@ -216,9 +221,22 @@ mod tests {
         assert!(all[0].at <= all[1].at);
         let after_first = since(&store, "reader", all[1].at, 10).await.expect("read");
         assert!(after_first.is_empty());
-        // Nothing is old enough to expire yet.
+        // Nothing is old enough to expire yet; a row written longer ago than the retention is.
         expire(&store, "reader").await.expect("expire");
         assert_eq!(since(&store, "reader", 0, 10).await.expect("read").len(), 2);
+        let old_key = format!("{:019}_{}", 1, Uuid::now_v7().as_hyphenated());
+        let old = Item::new(
+            "reader",
+            &old_key,
+            Bytes::from_static(br#"{"author":"a","row_key":"x"}"#),
+        );
+        store
+            .batch_write(vec![Write::put(Table::TimelineChanges, old)])
+            .await
+            .expect("write");
+        assert_eq!(since(&store, "reader", 0, 10).await.expect("read").len(), 3);
+        expire(&store, "reader").await.expect("expire");
+        assert_eq!(since(&store, "reader", 0, 10).await.expect("read"), all);
     }
 
     #[test]

@@ -32,8 +32,7 @@ impl Timelines {
             .get(Table::EventIds, author.as_str(), &id_row)
             .await?
             .ok_or_else(not_found)?;
-        let index: EventIndex = serde_json::from_slice(&seen)
-            .map_err(|_| DomainError::Corrupt(format!("event index of {event_id}")))?;
+        let index = EventIndex::decode(&seen, event_id)?;
         if !index.deleted {
             let writes = vec![
                 Write::delete(Table::Events, author.as_str(), &index.row_key),

@@ -27,6 +27,12 @@ impl EventIndex {
     pub fn encode(&self) -> Bytes {
         Bytes::from(serde_json::to_vec(self).unwrap_or_default())
     }
+
+    /// The stored index of `event_id`.
+    pub fn decode(body: &[u8], event_id: Uuid) -> DomainResult<EventIndex> {
+        serde_json::from_slice(body)
+            .map_err(|_| DomainError::Corrupt(format!("event index of {event_id}")))
+    }
 }
 
 /// The row key of one of `author`'s events, if it exists and was not deleted.
@@ -39,8 +45,7 @@ pub(super) async fn row_key_of(
     let Some(body) = store.get(Table::EventIds, author, &id_row).await? else {
         return Ok(None);
     };
-    let index: EventIndex = serde_json::from_slice(&body)
-        .map_err(|_| DomainError::Corrupt(format!("event index of {event_id}")))?;
+    let index = EventIndex::decode(&body, event_id)?;
     Ok((!index.deleted).then_some(index.row_key))
 }
 
