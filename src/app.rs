@@ -196,7 +196,9 @@ pub fn check_admin_token(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The admin token if there is one already: configured, or in the data directory.
+/// The admin token if there is one already: configured, or (embedded store only) in the data
+/// directory. A shared store never reads the file: every process sharing the tables must
+/// accept the same token, and only the setting can be the same in all of them.
 pub fn read_admin_token(config: &Config) -> anyhow::Result<Option<String>> {
     if let Some(token) = &config.admin_token {
         anyhow::ensure!(
@@ -204,6 +206,9 @@ pub fn read_admin_token(config: &Config) -> anyhow::Result<Option<String>> {
             "FANLINE_ADMIN_TOKEN (or --admin-token) must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
         );
         return Ok(Some(token.trim().to_owned()));
+    }
+    if config.store != StoreKind::Embedded {
+        return Ok(None);
     }
     let path = config.data_dir.join(ADMIN_TOKEN_FILE);
     Ok(std::fs::read_to_string(&path)
@@ -568,9 +573,13 @@ mod tests {
             "a-long-enough-admin-token"
         );
 
-        // On DynamoDB there is no data dir to keep one in.
+        // On DynamoDB there is no data dir to keep one in, and the embedded store's file,
+        // there from an earlier run, is never read.
         let mut shared = Config::defaults();
         shared.store = StoreKind::Dynamodb;
+        shared.data_dir = dir.path().to_owned();
+        assert_eq!(read_admin_token(&shared).expect("read"), None);
+        assert!(resolve_admin_token(&shared).is_err());
         shared.data_dir = dir.path().join("nothing-here");
         assert!(resolve_admin_token(&shared).is_err());
     }

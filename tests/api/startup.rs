@@ -51,11 +51,18 @@ async fn logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
 /// On DynamoDB there is no data directory to keep an admin token in, so `serve` needs one
 /// configured. Without it: exit status 1 and one line naming the setting, before any
 /// request reaches the endpoint (a listener that never accepts: nothing may be queued on it).
+/// The embedded store's token file, left in the data directory by an earlier embedded run,
+/// is not read: processes sharing the tables could otherwise accept different tokens.
 #[test]
 fn a_dynamodb_serve_without_an_admin_token_fails_in_one_line_naming_the_setting() {
     let endpoint = TcpListener::bind("127.0.0.1:0").expect("bind a stand-in endpoint");
     let port = endpoint.local_addr().expect("addr").port();
     let data_dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        data_dir.path().join("admin-token"),
+        "an-embedded-runs-admin-token-0123456789",
+    )
+    .expect("an embedded run's token file");
     let mut command = bare_fanline(data_dir.path());
     command.arg("serve").env("FANLINE_STORE", "dynamodb").env(
         "FANLINE_DYNAMODB_ENDPOINT",
