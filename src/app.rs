@@ -53,14 +53,17 @@ pub async fn open_store(config: &Config) -> anyhow::Result<OpenStore> {
         StoreKind::Embedded => OpenStore::uncounted(Arc::new(
             EmbeddedStore::open_with(&config.data_dir, config.embedded_settings())
                 .await
-                .with_context(|| {
-                    format!("failed to open the store in {}", config.data_dir.display())
-                })?,
+                .context("failed to open the embedded store")?,
         )),
         StoreKind::Dynamodb => {
             let store = DynamoStore::connect(&config.dynamo_config())
                 .await
                 .context("failed to configure the DynamoDB client")?;
+            anyhow::ensure!(
+                store.tables_exist().await?,
+                "the DynamoDB tables (prefix `{}`) are not there: run `fanline init` first",
+                config.table_prefix
+            );
             OpenStore {
                 stats: store.stats(),
                 store: Arc::new(store),
@@ -79,6 +82,8 @@ pub async fn init_store(config: &Config) -> anyhow::Result<()> {
             let store = DynamoStore::connect(&config.dynamo_config())
                 .await
                 .context("failed to configure the DynamoDB client")?;
+            // Reachable first: one line naming the endpoint rather than retries of each table.
+            store.tables_exist().await?;
             store
                 .create_tables()
                 .await
@@ -123,7 +128,7 @@ async fn app_state(
     } = shared;
     let key = cursor_key(store.as_ref())
         .await
-        .context("failed to read the cursor key from the store (is it initialised?)")?;
+        .context("failed to read the cursor key from the store")?;
     let timelines = Timelines::new(
         store.clone(),
         CursorCodec::new(&key),
@@ -344,6 +349,13 @@ impl Application {
         opened: OpenStore,
     ) -> anyhow::Result<Application> {
         let OpenStore { store, stats } = opened;
+        if config.workers == 0 && config.store == StoreKind::Embedded {
+            // Only this process can open the embedded store, so no other runs its queue.
+            tracing::warn!(
+                "--workers 0 on the embedded store: no process will run the job queue, so \
+                 posts are accepted but not fanned out until a serve with workers starts"
+            );
+        }
         let mqtt_settings = MqttSettings::from_config(&config, "serve")?;
         // Jobs this process enqueues are handed to its workers, if it runs any.
         let wake = if config.workers > 0 {
@@ -454,7 +466,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     if let Some(settings) = mqtt_settings {
         let key = cursor_key(store.as_ref())
             .await
-            .context("failed to read the cursor key from the store (is it initialised?)")?;
+            .context("failed to read the cursor key from the store")?;
         let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
             .with_notices(notices.clone());
         let subscriber = Subscriber::new(

@@ -23,224 +23,233 @@ pub enum StoreKind {
     Dynamodb,
 }
 
+/// The headings of the settings in `--help`, in the order shown; each command takes the
+/// settings of the headings it uses (`main.rs`).
+pub const STORE: &str = "Store";
+pub const HTTP: &str = "HTTP";
+pub const FANOUT: &str = "Fan-out";
+pub const LIMITS: &str = "Limits";
+pub const STREAMS: &str = "Live streams";
+pub const SERIES: &str = "Series";
+pub const MQTT: &str = "MQTT";
+/// `fanline worker`'s own.
+pub const WORKER: &str = "Worker";
+
 #[derive(Clone, Debug, Args)]
 pub struct Config {
+    /// Backend: `embedded` (fjall) or `dynamodb`.
+    #[arg(long, help_heading = STORE, env = "FANLINE_STORE", value_enum, default_value = "embedded")]
+    pub store: StoreKind,
+
+    /// Data directory of the embedded store.
+    #[arg(long, help_heading = STORE, env = "FANLINE_DATA_DIR", default_value = "./fanline-data")]
+    pub data_dir: PathBuf,
+
+    /// DynamoDB endpoint; otherwise `AWS_ENDPOINT_URL` or the SDK default.
+    #[arg(long, help_heading = STORE, env = "FANLINE_DYNAMODB_ENDPOINT")]
+    pub dynamodb_endpoint: Option<String>,
+
+    /// Prefix of the DynamoDB table names.
+    #[arg(long, help_heading = STORE, env = "FANLINE_TABLE_PREFIX", default_value = "fanline-")]
+    pub table_prefix: String,
+
+    /// Megabytes of the embedded store's block cache, shared by every table.
+    #[arg(long, help_heading = STORE, hide_short_help = true, env = "FANLINE_CACHE_MB", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub cache_mb: u64,
+
+    /// Megabytes the embedded store's tables may hold in memory, in all, before the biggest
+    /// table's writes are flushed to disk.
+    #[arg(long, help_heading = STORE, hide_short_help = true, env = "FANLINE_WRITE_BUFFER_MB", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(8..=1_048_576))]
+    pub write_buffer_mb: u64,
+
     /// Address the HTTP server listens on (port 0 picks a free port).
-    #[arg(long, env = "FANLINE_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(long, help_heading = HTTP, env = "FANLINE_LISTEN", default_value = "127.0.0.1:8080",
+          value_parser = listen_address)]
     pub listen: SocketAddr,
 
-    /// Open HTTP connections at most (per listener); past it new ones are closed at once.
-    /// Capped below the open-file limit, which the server raises to its hard limit at start.
-    #[arg(long, env = "FANLINE_MAX_CONNECTIONS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub max_connections: u32,
+    /// The admin token (16+ characters): it may do everything, as any subject.
+    ///
+    /// Required on DynamoDB, where only this setting counts. Without one, `serve` on the
+    /// embedded store makes one on first start and keeps it in `DATA_DIR/admin-token`.
+    #[arg(long, help_heading = HTTP, env = "FANLINE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Let anyone read subjects' event logs (`GET /v1/subjects/{s}/events`) without a token.
+    #[arg(long, help_heading = HTTP, env = "FANLINE_PUBLIC_EVENTS", default_value_t = false)]
+    pub public_events: bool,
+
+    /// Megabytes of recently read events kept in memory for timeline pages, on the embedded
+    /// store (on DynamoDB every page reads its events from the tables: other processes may
+    /// have edited them); 0 turns it off.
+    #[arg(long, help_heading = HTTP, hide_short_help = true, env = "FANLINE_EVENT_CACHE_MB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    pub event_cache_mb: u64,
+
+    /// Token lookups the server caches (each for at most 500 ms).
+    #[arg(long, help_heading = HTTP, hide_short_help = true, env = "FANLINE_TOKEN_CACHE_ENTRIES", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub token_cache_entries: u64,
 
     /// Milliseconds a client has to send a whole request head, from its first byte.
-    #[arg(long, env = "FANLINE_HEADER_TIMEOUT_MS", default_value_t = 10_000,
+    #[arg(long, help_heading = HTTP, hide_short_help = true, env = "FANLINE_HEADER_TIMEOUT_MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout_ms: u64,
 
     /// Milliseconds a client has to send a whole request body, from the end of its head.
-    #[arg(long, env = "FANLINE_BODY_TIMEOUT_MS", default_value_t = 30_000,
+    #[arg(long, help_heading = HTTP, hide_short_help = true, env = "FANLINE_BODY_TIMEOUT_MS", default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub body_timeout_ms: u64,
 
     /// Milliseconds a connection may sit idle, with no request in progress, before it is
     /// closed.
-    #[arg(long, env = "FANLINE_IDLE_TIMEOUT_MS", default_value_t = 60_000,
+    #[arg(long, help_heading = HTTP, hide_short_help = true, env = "FANLINE_IDLE_TIMEOUT_MS", default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
 
     /// Milliseconds a stopping server waits for requests in flight before it closes the
     /// connections still open.
-    #[arg(long, env = "FANLINE_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(long, help_heading = HTTP, hide_short_help = true, env = "FANLINE_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
 
-    /// Milliseconds between heartbeats (SSE comment lines) on a live stream with nothing to
-    /// send.
-    #[arg(long, env = "FANLINE_STREAM_HEARTBEAT_MS", default_value_t = 15_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub stream_heartbeat_ms: u64,
-
-    /// Live streams open at most in this process; past it a new one is a 429.
-    #[arg(long, env = "FANLINE_MAX_STREAMS", default_value_t = 5_000,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_streams: u32,
-
-    /// Live streams open at most with one token (in this process); past it a new one is a
-    /// 429.
-    #[arg(long, env = "FANLINE_MAX_STREAMS_PER_TOKEN", default_value_t = 8,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_streams_per_token: u32,
-
-    /// Events a live stream holds for a client that reads slowly; when they are all waiting
-    /// for longer than FANLINE_STREAM_PATIENCE_MS, the client is sent `lagged` with a cursor
-    /// to resume from, and the stream is closed.
-    #[arg(long, env = "FANLINE_STREAM_BUFFER", default_value_t = 256,
-          value_parser = clap::value_parser!(u32).range(2..=65_536))]
-    pub stream_buffer: u32,
-
-    /// Milliseconds a live stream waits for a client that takes nothing while its buffer is
-    /// full; then the client is sent `lagged` and the stream is closed.
-    #[arg(long, env = "FANLINE_STREAM_PATIENCE_MS", default_value_t = 5_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub stream_patience_ms: u64,
-
-    /// Backend: `embedded` (fjall) or `dynamodb`.
-    #[arg(long, env = "FANLINE_STORE", value_enum, default_value = "embedded")]
-    pub store: StoreKind,
-
-    /// Data directory of the embedded store.
-    #[arg(long, env = "FANLINE_DATA_DIR", default_value = "./fanline-data")]
-    pub data_dir: PathBuf,
-
-    /// DynamoDB endpoint; otherwise `AWS_ENDPOINT_URL` or the SDK default.
-    #[arg(long, env = "FANLINE_DYNAMODB_ENDPOINT")]
-    pub dynamodb_endpoint: Option<String>,
-
-    /// Prefix of the DynamoDB table names.
-    #[arg(long, env = "FANLINE_TABLE_PREFIX", default_value = "fanline-")]
-    pub table_prefix: String,
-
-    /// Fan-out worker tasks in this process (`serve` may use 0 and leave fan-out to
-    /// `fanline worker` processes). Each has a reserve twin that runs only while the workers
-    /// leave jobs behind or run big fan-outs: more workers would keep small fan-outs flowing
-    /// under load anyway, but at low rates each idle one takes a job as it comes, so commits
-    /// batch less and fsyncs multiply (docs/benchmarks.md has the figures).
-    #[arg(long, env = "FANLINE_WORKERS", default_value_t = 2)]
+    /// Job worker tasks in this process; on DynamoDB, `serve --workers 0` leaves the queue to
+    /// `fanline worker` processes.
+    ///
+    /// Each has a reserve twin that runs only while the workers leave jobs behind or run big
+    /// fan-outs.
+    #[arg(long, help_heading = FANOUT, env = "FANLINE_WORKERS", default_value_t = 2)]
     pub workers: usize,
 
-    /// Largest event payload, in bytes of JSON.
-    #[arg(long, env = "FANLINE_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
-    pub max_payload_bytes: usize,
+    /// Authors with more followers than this are merged into timelines at read time.
+    #[arg(long, help_heading = FANOUT, env = "FANLINE_MERGE_THRESHOLD", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub merge_threshold: u32,
 
-    /// Milliseconds a worker's lease on a job lasts between checkpoints.
-    #[arg(long, env = "FANLINE_LEASE_MS", default_value_t = 30_000)]
-    pub lease_ms: u64,
+    /// Entries a timeline keeps; older ones are trimmed and never read.
+    #[arg(long, help_heading = FANOUT, env = "FANLINE_MAX_TIMELINE_LEN", default_value_t = 800,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_timeline_len: u32,
 
-    /// Milliseconds an idle worker waits before polling the queue again.
-    #[arg(long, env = "FANLINE_POLL_MS", default_value_t = 500)]
-    pub poll_ms: u64,
+    /// Newest events of a subject copied into a new follower's timeline.
+    #[arg(long, help_heading = FANOUT, env = "FANLINE_BACKFILL", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub backfill: u32,
 
     /// Followers delivered per fan-out page (one checkpoint each).
-    #[arg(long, env = "FANLINE_FANOUT_PAGE_SIZE", default_value_t = 1000,
+    #[arg(long, help_heading = FANOUT, hide_short_help = true, env = "FANLINE_FANOUT_PAGE_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub fanout_page_size: u32,
 
     /// An event with more followers than this is split into follower-range jobs of this many
     /// followers, delivered by several workers in parallel.
-    #[arg(long, env = "FANLINE_FANOUT_SPLIT_ABOVE", default_value_t = 5000,
+    #[arg(long, help_heading = FANOUT, hide_short_help = true, env = "FANLINE_FANOUT_SPLIT_ABOVE", default_value_t = 5000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub fanout_split_above: u32,
 
+    /// Milliseconds a worker's lease on a job lasts between checkpoints.
+    #[arg(long, help_heading = FANOUT, hide_short_help = true, env = "FANLINE_LEASE_MS", default_value_t = 30_000)]
+    pub lease_ms: u64,
+
+    /// Milliseconds an idle worker waits before polling the queue again.
+    #[arg(long, help_heading = FANOUT, hide_short_help = true, env = "FANLINE_POLL_MS", default_value_t = 500)]
+    pub poll_ms: u64,
+
     /// Failures in a row, without progress, after which a fan-out job is dead-lettered.
-    #[arg(long, env = "FANLINE_MAX_ATTEMPTS", default_value_t = 8,
+    #[arg(long, help_heading = FANOUT, hide_short_help = true, env = "FANLINE_MAX_ATTEMPTS", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_attempts: u32,
 
     /// Milliseconds before the first retry of a failed job; doubles per failure, with jitter,
     /// up to 30 s.
-    #[arg(long, env = "FANLINE_RETRY_BASE_MS", default_value_t = 100)]
+    #[arg(long, help_heading = FANOUT, hide_short_help = true, env = "FANLINE_RETRY_BASE_MS", default_value_t = 100)]
     pub retry_base_ms: u64,
 
-    /// `fanline worker` only: serve `/metrics` and `/healthz` on this address (port 0 picks
-    /// one; the chosen address is printed).
-    #[arg(long, env = "FANLINE_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
-
     /// Seconds the status of a finished fan-out stays readable.
-    #[arg(long, env = "FANLINE_STATUS_RETENTION_SECS", default_value_t = 86_400)]
+    #[arg(long, help_heading = FANOUT, hide_short_help = true, env = "FANLINE_STATUS_RETENTION_SECS", default_value_t = 86_400)]
     pub status_retention_secs: u64,
 
-    /// Entries a timeline keeps; older ones are trimmed and never read.
-    #[arg(long, env = "FANLINE_MAX_TIMELINE_LEN", default_value_t = 800,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub max_timeline_len: u32,
+    /// Largest event payload, in bytes of JSON.
+    #[arg(long, help_heading = LIMITS, env = "FANLINE_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
+    pub max_payload_bytes: usize,
 
-    /// Newest events of a subject copied into a new follower's timeline.
-    #[arg(long, env = "FANLINE_BACKFILL", default_value_t = 100,
-          value_parser = clap::value_parser!(u32).range(0..=1000))]
-    pub backfill: u32,
-
-    /// An author with more followers than this is merged into timelines at read time
-    /// instead of fanned out on write.
-    #[arg(long, env = "FANLINE_MERGE_THRESHOLD", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub merge_threshold: u32,
-
-    /// Pending jobs past which posts are refused (503 `backlog_full`) until workers catch up;
-    /// 0 for no bound.
-    #[arg(long, env = "FANLINE_MAX_BACKLOG", default_value_t = 100_000)]
+    /// Pending jobs past which posts are refused (503 `backlog_full`); 0 for no bound.
+    #[arg(long, help_heading = LIMITS, env = "FANLINE_MAX_BACKLOG", default_value_t = 100_000)]
     pub max_backlog: u64,
+
+    /// Requests a second each token may make (in bursts of as many); 0 turns limits off.
+    #[arg(long, help_heading = LIMITS, env = "FANLINE_RATE_LIMIT", default_value_t = 1000)]
+    pub rate_limit: u32,
+
+    /// Open HTTP connections at most (per listener); past it new ones are closed at once.
+    ///
+    /// Capped below the open-file limit, which the server raises to its hard limit at start.
+    #[arg(long, help_heading = LIMITS, env = "FANLINE_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
+    /// Live streams open at most in this process; past it a new one is a 429.
+    #[arg(long, help_heading = STREAMS, env = "FANLINE_MAX_STREAMS", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams: u32,
+
+    /// Live streams open at most with one token (in this process); past it a new one is a
+    /// 429.
+    #[arg(long, help_heading = STREAMS, hide_short_help = true, env = "FANLINE_MAX_STREAMS_PER_TOKEN", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_token: u32,
+
+    /// Milliseconds between heartbeats (SSE comment lines) on a live stream with nothing to
+    /// send.
+    #[arg(long, help_heading = STREAMS, hide_short_help = true, env = "FANLINE_STREAM_HEARTBEAT_MS", default_value_t = 15_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_heartbeat_ms: u64,
+
+    /// Events a live stream holds for a client that reads slowly; when they are all waiting
+    /// for longer than FANLINE_STREAM_PATIENCE_MS, the client is sent `lagged` with a cursor
+    /// to resume from, and the stream is closed.
+    #[arg(long, help_heading = STREAMS, hide_short_help = true, env = "FANLINE_STREAM_BUFFER", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(2..=65_536))]
+    pub stream_buffer: u32,
+
+    /// Milliseconds a live stream waits for a client that takes nothing while its buffer is
+    /// full; then the client is sent `lagged` and the stream is closed.
+    #[arg(long, help_heading = STREAMS, hide_short_help = true, env = "FANLINE_STREAM_PATIENCE_MS", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_patience_ms: u64,
 
     /// Seconds late an entry may arrive (behind newer ones already read) and still reach a
     /// catch-up reader.
-    #[arg(long, env = "FANLINE_CATCH_UP_WINDOW_SECS", default_value_t = 60,
+    #[arg(long, help_heading = STREAMS, hide_short_help = true, env = "FANLINE_CATCH_UP_WINDOW_SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=300))]
     // At most 300: a catch-up cursor stores each seen entry's height above its floor in 32
     // bits of ticks (429 s).
     pub catch_up_window_secs: u64,
 
-    /// The admin token: it may do everything, as any subject. Without one, `serve` on the
-    /// embedded store makes one on first start and keeps it in `DATA_DIR/admin-token`.
-    #[arg(long, env = "FANLINE_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
-
-    /// Let anyone read subjects' event logs (`GET /v1/subjects/{s}/events`) without a token.
-    #[arg(long, env = "FANLINE_PUBLIC_EVENTS", default_value_t = false)]
-    pub public_events: bool,
-
-    /// Requests a second each token may make (in bursts of as many); 0 turns limits off.
-    #[arg(long, env = "FANLINE_RATE_LIMIT", default_value_t = 1000)]
-    pub rate_limit: u32,
-
-    // Memory bounds: what the process keeps in memory, whatever its load (see "Memory" in
-    // docs/operations.md).
-    /// Megabytes of the embedded store's block cache, shared by every table.
-    #[arg(long, env = "FANLINE_CACHE_MB", default_value_t = 32,
-          value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
-    pub cache_mb: u64,
-
-    /// Megabytes of recently read events kept in memory for timeline pages, on the embedded
-    /// store (on DynamoDB every page reads its events from the tables: other processes may
-    /// have edited them); 0 turns it off.
-    #[arg(long, env = "FANLINE_EVENT_CACHE_MB", default_value_t = 64,
-          value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
-    pub event_cache_mb: u64,
-
-    /// Megabytes the embedded store's tables may hold in memory, in all, before the biggest
-    /// table's writes are flushed to disk.
-    #[arg(long, env = "FANLINE_WRITE_BUFFER_MB", default_value_t = 32,
-          value_parser = clap::value_parser!(u64).range(8..=1_048_576))]
-    pub write_buffer_mb: u64,
-
-    /// How long series keep their points when they have no retention of their own:
-    /// `forever`, or a duration such as `30d`, `12h` or `1w` (at least `1h`). Older points
-    /// are never read and are deleted by the retention sweep.
-    #[arg(long, env = "FANLINE_SERIES_RETENTION", default_value = "forever",
+    /// How long series keep points unless set per series: `forever`, or `30d`, `12h`, `1w`...
+    ///
+    /// At least `1h`. Older points are never read and are deleted by the retention sweep.
+    #[arg(long, help_heading = SERIES, env = "FANLINE_SERIES_RETENTION", default_value = "forever",
           value_parser = crate::series::retention::parse_flag)]
     pub series_retention: Retention,
 
     /// Milliseconds between series retention sweeps (one process of all those sharing the
     /// store enqueues each; a worker runs it).
-    #[arg(long, env = "FANLINE_SERIES_RETENTION_SWEEP_MS", default_value_t = 3_600_000,
+    #[arg(long, help_heading = SERIES, hide_short_help = true, env = "FANLINE_SERIES_RETENTION_SWEEP_MS", default_value_t = 3_600_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub series_retention_sweep_ms: u64,
 
-    /// Token lookups the server caches (each for at most 500 ms).
-    #[arg(long, env = "FANLINE_TOKEN_CACHE_ENTRIES", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    pub token_cache_entries: u64,
-
-    // MQTT ingestion (see "MQTT ingestion" in docs/operations.md).
-    /// MQTT broker to take sensor points from, `mqtt://[user[:password]@]host[:port]`;
+    /// MQTT broker to take sensor points from, `mqtt://[user[:password]@]host[:port]`.
+    ///
     /// `serve` and `worker` subscribe when it is set.
-    #[arg(long, env = "FANLINE_MQTT_URL", hide_env_values = true)]
+    #[arg(long, help_heading = MQTT, env = "FANLINE_MQTT_URL", hide_env_values = true)]
     pub mqtt_url: Option<String>,
 
     /// Topic filter subscribed to at QoS 1; the level matched by its `+` is the series name.
+    ///
     /// A `$share/<group>/` prefix spreads the messages over the processes of a group.
     #[arg(
+        help_heading = MQTT,
         long,
         env = "FANLINE_MQTT_TOPIC",
         default_value = "fanline/series/+/points"
@@ -250,16 +259,35 @@ pub struct Config {
     /// MQTT client id: the broker keeps unacknowledged messages in this id's session across
     /// restarts, so it must stay the same from one start to the next and differ between
     /// processes. Default: `fanline` and a hash of the host name, the store and the address.
-    #[arg(long, env = "FANLINE_MQTT_CLIENT_ID")]
+    #[arg(long, help_heading = MQTT, hide_short_help = true, env = "FANLINE_MQTT_CLIENT_ID")]
     pub mqtt_client_id: Option<String>,
 
     /// MQTT user name (instead of the one in FANLINE_MQTT_URL).
-    #[arg(long, env = "FANLINE_MQTT_USERNAME")]
+    #[arg(long, help_heading = MQTT, hide_short_help = true, env = "FANLINE_MQTT_USERNAME")]
     pub mqtt_username: Option<String>,
 
     /// MQTT password (instead of the one in FANLINE_MQTT_URL).
-    #[arg(long, env = "FANLINE_MQTT_PASSWORD", hide_env_values = true)]
+    #[arg(long, help_heading = MQTT, hide_short_help = true, env = "FANLINE_MQTT_PASSWORD", hide_env_values = true)]
     pub mqtt_password: Option<String>,
+
+    /// Serve `/metrics` and `/healthz` on this address (port 0 picks one; it is printed).
+    #[arg(long, help_heading = WORKER, env = "FANLINE_METRICS_LISTEN", value_parser = listen_address)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// An address to listen on, `IP:PORT`; the error shows each form, and the address a lone
+/// port number was probably meant as.
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| {
+        let guess = match text.parse::<u16>() {
+            Ok(port) => format!("; for port {port} on this machine only: 127.0.0.1:{port}"),
+            Err(_) => String::new(),
+        };
+        format!(
+            "expected IP:PORT, e.g. 127.0.0.1:8080 (this machine only), 0.0.0.0:8080 (every \
+             IPv4 interface), [::]:8080 (every interface) or 127.0.0.1:0 (a free port){guess}"
+        )
+    })
 }
 
 /// Settings renamed since an earlier release: (old variable, new variable). An old name left

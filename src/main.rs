@@ -4,6 +4,8 @@ use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
 use clap::{CommandFactory as _, Parser, Subcommand};
 use fanline::app::{self, Application};
 use fanline::cli::bench::{self, BenchArgs};
@@ -49,7 +51,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     init_logging();
-    let cli = match Cli::try_parse() {
+    let cli = match parse_command_line() {
         Ok(cli) => cli,
         Err(err) => return usage_error(&err),
     };
@@ -61,6 +63,61 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The settings each command uses, by their `--help` heading: a command's help shows only
+/// these, and a flag of another heading is refused. The variables of the others are not
+/// read, so one environment can serve every command.
+fn uses_setting(command: &str, arg: &clap::Arg) -> bool {
+    use fanline::config::{FANOUT, HTTP, LIMITS, MQTT, SERIES, STORE, STREAMS, WORKER};
+    let Some(heading) = arg.get_help_heading() else {
+        return true; // not a setting: the command's own flag
+    };
+    let headings: &[&str] = match command {
+        "serve" => &[STORE, HTTP, FANOUT, LIMITS, STREAMS, SERIES, MQTT],
+        "worker" => &[STORE, FANOUT, SERIES, MQTT, WORKER],
+        "init" => &[STORE],
+        // Straight into the store, or through a server with the admin token.
+        "import" => return heading == STORE || arg.get_id() == "admin_token",
+        _ => return true,
+    };
+    headings.contains(&heading)
+}
+
+/// The command line, each command taking only the settings it uses.
+fn parse_command_line() -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches as _;
+    let mut command = Cli::command();
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|subcommand| subcommand.get_name().to_owned())
+        .collect();
+    for name in &names {
+        command = command.mut_subcommand(name, |subcommand| {
+            subcommand.mut_args(|arg| {
+                if uses_setting(name, &arg) {
+                    arg
+                } else {
+                    arg.hide(true).env(None::<&str>)
+                }
+            })
+        });
+    }
+    let matches = command.clone().try_get_matches()?;
+    if let Some((name, used)) = matches.subcommand()
+        && let Some(subcommand) = command.find_subcommand(name)
+        && let Some(refused) = subcommand.get_arguments().find(|arg| {
+            used.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine)
+                && !uses_setting(name, arg)
+        })
+    {
+        let message = format!(
+            "--{} is not a setting of `fanline {name}` (see `fanline {name} --help`)",
+            refused.get_long().unwrap_or_default()
+        );
+        return Err(command.clone().error(ErrorKind::UnknownArgument, message));
+    }
+    Cli::from_arg_matches(&matches)
 }
 
 /// Logs go to stderr, coloured only when it is a terminal (and `NO_COLOR` is not set), so a
@@ -92,16 +149,27 @@ fn usage_error(err: &clap::Error) -> ExitCode {
         err.exit();
     }
     let rendered = err.render().to_string();
-    let first_line = rendered.lines().next().unwrap_or("error: bad command line");
+    let mut line = rendered
+        .lines()
+        .next()
+        .unwrap_or("error: bad command line")
+        .to_owned();
     // clap names the flag; a setting may have come from its environment variable instead.
-    let setting_opt = match err.get(ContextKind::InvalidArg) {
-        Some(ContextValue::String(arg)) => setting_of(arg),
-        _ => None,
-    };
-    match setting_opt {
-        Some((flag, env)) => eprintln!("{first_line} (set by --{flag} or {env})"),
-        None => eprintln!("{first_line}"),
+    if let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg)
+        && let Some((flag, env)) = setting_of(arg)
+    {
+        line.push_str(&format!(" (set by --{flag} or {env})"));
     }
+    // clap puts valid values and suggestions on lines of their own: keep them on this one.
+    if let Some(ContextValue::Strings(values)) = err.get(ContextKind::ValidValue) {
+        line.push_str(&format!("; valid values: {}", values.join(", ")));
+    }
+    for kind in [ContextKind::SuggestedValue, ContextKind::SuggestedArg] {
+        if let Some(ContextValue::String(suggested)) = err.get(kind) {
+            line.push_str(&format!("; did you mean '{suggested}'?"));
+        }
+    }
+    eprintln!("{line}");
     ExitCode::from(2)
 }
 

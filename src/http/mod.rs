@@ -140,10 +140,12 @@ pub fn router(state: AppState, bodies: BodyLimits) -> Router {
             state.clone(),
             metrics::track_requests,
         ))
+        // One line per request is an access log, not news: at debug, so the default `info`
+        // leaves it out and `RUST_LOG=info,tower_http=debug` turns it on.
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
-                .on_response(DefaultOnResponse::new().level(Level::INFO)),
+                .make_span_with(DefaultMakeSpan::new().level(Level::DEBUG))
+                .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )
         .with_state(state)
 }

@@ -148,7 +148,10 @@ impl EmbeddedStore {
             .cache_size(settings.cache_bytes)
             .worker_threads(FJALL_WORKER_THREADS)
             .open()
-            .map_err(map_fjall_error)?;
+            .map_err(|err| match err {
+                fjall::Error::Locked => StoreError::InUse(super::lock_holder::in_use_message(path)),
+                other => StoreError::Other(format!("{}: fjall: {other}", path.display())),
+            })?;
         let mut keyspaces = HashMap::new();
         for table in Table::ALL {
             let keyspace = db

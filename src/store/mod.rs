@@ -21,6 +21,7 @@ mod dynamo;
 mod embedded;
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;
+mod lock_holder;
 mod stats;
 mod validate;
 
@@ -421,6 +422,9 @@ pub enum StoreError {
     /// The request itself is malformed (empty key, too many writes, duplicate keys...).
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// Another process holds the store (the embedded store opens in one process only): who.
+    #[error("{0}; stop it, or give this one another --data-dir")]
+    InUse(String),
     #[error("store error: {0}")]
     Other(String),
 }

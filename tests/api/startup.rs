@@ -13,7 +13,7 @@ use crate::helpers::{Backend, TestStore};
 use crate::restart::{fanline, serve_command, stop};
 
 /// `fanline serve` with its log in a file, at the default log level and then at debug:
-/// the log has lines, and not one colour code.
+/// the log has lines, and not one colour code; only the debug log has a line per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
     for log_level_opt in [None, Some("debug")] {
@@ -44,6 +44,12 @@ async fn logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
         assert!(
             !logged.contains("\x1b["),
             "colour codes in a log written to a file ({log_level_opt:?}): {logged:?}"
+        );
+        // Quiet by default: a request's line is an access log, at debug only.
+        assert_eq!(
+            logged.contains("finished processing request"),
+            log_level_opt.is_some(),
+            "request lines in the log ({log_level_opt:?}): {logged}"
         );
     }
 }
@@ -103,6 +109,191 @@ fn bad_settings_fail_in_one_line_naming_the_setting() {
         );
         assert_one_error_line(&stderr, variable);
     }
+}
+
+/// Mistakes on the command line get an answer that says what would work, in one line and
+/// exit status 2: the valid values of a choice, the forms of an address, and which settings
+/// a command takes (a flag of another command is refused, its variable not read).
+#[test]
+fn command_line_mistakes_say_what_would_work() {
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &["serve", "--store", "dynamo"],
+            &[
+                "valid values: embedded, dynamodb",
+                "did you mean 'dynamodb'?",
+            ],
+        ),
+        (
+            &["serve", "--listen", "8081"],
+            &[
+                "127.0.0.1:8080",
+                "0.0.0.0:8080",
+                "[::]:8080",
+                "127.0.0.1:8081",
+            ],
+        ),
+        (
+            &["init", "--listen", "127.0.0.1:8081"],
+            &["--listen is not a setting of `fanline init`"],
+        ),
+        (
+            &["worker", "--max-streams", "9"],
+            &["--max-streams is not a setting of `fanline worker`"],
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut command = bare_fanline(data_dir.path());
+        command.args(args);
+
+        let (status, stderr) = run_to_exit(command);
+
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr}");
+        for text in expected {
+            assert!(stderr.contains(text), "{args:?}: no {text:?} in {stderr}");
+        }
+    }
+
+    // Another command's variable is not read, so one environment serves every command.
+    let mut command = bare_fanline(data_dir.path());
+    command.arg("init").env("FANLINE_MAX_STREAMS", "many");
+    let (status, stderr) = run_to_exit(command);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
+
+/// `-h` reads top-down: the store first, then the headings in a fixed order, only those the
+/// command uses, in at most 80 lines; `--help` has every setting of the command.
+#[test]
+fn each_commands_short_help_shows_its_main_settings_under_headings() {
+    let headings = [
+        "Store:",
+        "HTTP:",
+        "Fan-out:",
+        "Limits:",
+        "Live streams:",
+        "Series:",
+        "MQTT:",
+        "Worker:",
+    ];
+    let uses: [(&str, &[&str]); 3] = [
+        ("serve", &headings[..7]),
+        (
+            "worker",
+            &["Store:", "Fan-out:", "Series:", "MQTT:", "Worker:"],
+        ),
+        ("init", &["Store:"]),
+    ];
+    for (name, used) in uses {
+        let short = help_text(name, "-h");
+        assert!(short.lines().count() <= 80, "{name} -h: {short}");
+        let shown: Vec<&str> = short
+            .lines()
+            .filter(|line| headings.contains(line))
+            .collect();
+        assert_eq!(shown, used, "{name} -h headings: {short}");
+        let long = help_text(name, "--help");
+        assert!(long.lines().count() > short.lines().count(), "{name}");
+    }
+    let serve = help_text("serve", "-h");
+    assert!(serve.contains("--listen") && serve.contains("--admin-token"));
+    assert!(
+        !serve.contains("--header-timeout-ms"),
+        "a detail, in --help only"
+    );
+    assert!(help_text("serve", "--help").contains("--header-timeout-ms"));
+    assert!(!help_text("init", "--help").contains("--listen"));
+}
+
+fn help_text(command: &str, flag: &str) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_fanline"))
+        .args([command, flag])
+        .env_clear()
+        .output()
+        .expect("run fanline");
+    assert!(output.status.success(), "{command} {flag}");
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
+/// A second `serve` on a data directory another one holds says which process holds it.
+#[test]
+fn a_second_server_on_one_data_directory_names_the_process_holding_it() {
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let mut first = bare_fanline(data_dir.path());
+    first.arg("serve").stdout(Stdio::piped());
+    let (holder, _api) = crate::restart::serve_command(first);
+
+    let mut second = bare_fanline(data_dir.path());
+    second.arg("serve");
+    let (status, stderr) = run_to_exit(second);
+
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let expected = format!(
+        "another fanline process is using {} (pid {})",
+        data_dir.path().display(),
+        holder.id()
+    );
+    assert_one_error_line(&stderr, &expected);
+
+    // An import straight into the store is pointed at the running server instead.
+    let csv = data_dir.path().join("points.csv");
+    std::fs::write(&csv, "s,2026-11-21T10:00:00Z,1\n").expect("csv");
+    let mut import = bare_fanline(data_dir.path());
+    import.arg("import").arg(&csv);
+    let (status, stderr) = run_to_exit(import);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_one_error_line(&stderr, &expected);
+    assert!(
+        stderr.contains("import through it with --server"),
+        "{stderr}"
+    );
+    holder.stop();
+}
+
+/// An endpoint that does not answer is one line naming it, within the connect timeout: no
+/// retries logged, no guess about uninitialised tables.
+#[test]
+fn an_unreachable_dynamodb_is_one_line_naming_the_endpoint() {
+    let port = {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    }; // closed again: connections to it are refused
+    let endpoint = format!("http://127.0.0.1:{port}");
+    for subcommand in ["serve", "worker", "init"] {
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let mut command = bare_fanline(data_dir.path());
+        command
+            .arg(subcommand)
+            .env("FANLINE_STORE", "dynamodb")
+            .env("FANLINE_DYNAMODB_ENDPOINT", &endpoint)
+            .env("FANLINE_ADMIN_TOKEN", crate::helpers::TEST_ADMIN_TOKEN);
+
+        let (status, stderr) = run_to_exit(command);
+
+        assert_eq!(status.code(), Some(1), "{subcommand}: {stderr}");
+        assert_one_error_line(&stderr, &format!("cannot reach DynamoDB at {endpoint}"));
+    }
+}
+
+/// On the embedded store only this process can run the queue: `--workers 0` says so.
+#[test]
+fn an_embedded_server_without_workers_warns_that_nothing_runs_the_queue() {
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let mut command = bare_fanline(data_dir.path());
+    command
+        .arg("serve")
+        .env("FANLINE_WORKERS", "0")
+        .stdout(Stdio::piped());
+    let (mut server, _api) = crate::restart::serve_command(command);
+    let mut pipe = server.take_stderr().expect("piped");
+    server.stop();
+    let mut stderr = String::new();
+    pipe.read_to_string(&mut stderr).expect("read stderr");
+    assert!(
+        stderr.contains("WARN") && stderr.contains("no process will run the job queue"),
+        "{stderr}"
+    );
 }
 
 /// The binary with an empty environment but for a data directory and a free listen port, so

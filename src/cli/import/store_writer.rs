@@ -7,28 +7,27 @@ use anyhow::Context;
 use super::Failure;
 use super::chunk::Chunk;
 use crate::app::open_store;
-use crate::config::{Config, StoreKind};
+use crate::config::Config;
 use crate::cursor::CursorCodec;
 use crate::series::Series;
+use crate::store::StoreError;
 use crate::timeline::{DomainError, cursor_key};
 
 /// The series domain on the store `config` names. An embedded store that a running server
 /// holds is refused with a hint to import through that server instead.
 pub(super) async fn open(config: &Config) -> anyhow::Result<Series> {
-    let opened = open_store(config).await.map_err(|err| {
-        if config.store == StoreKind::Embedded && format!("{err:#}").contains("Locked") {
-            err.context(format!(
-                "another process (a running `fanline serve`?) holds the data directory {}; \
-                 stop it, or import through it with --server http://HOST:PORT",
-                config.data_dir.display()
-            ))
-        } else {
-            err
-        }
-    })?;
+    let opened =
+        open_store(config)
+            .await
+            .map_err(|err| match err.downcast_ref::<StoreError>() {
+                Some(StoreError::InUse(holder)) => anyhow::anyhow!(
+                    "{holder}; stop it, or import through it with --server http://HOST:PORT"
+                ),
+                _ => err,
+            })?;
     let key = cursor_key(opened.store.as_ref())
         .await
-        .context("failed to read the cursor key from the store (is it initialised?)")?;
+        .context("failed to read the cursor key from the store")?;
     Ok(Series::new(
         opened.store,
         CursorCodec::new(&key),

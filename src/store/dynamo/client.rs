@@ -81,17 +81,17 @@ impl DynamoStore {
             let region = local_region().await;
             let (credentials, source) = local_credentials().await;
             match source {
-                CredentialSource::Placeholder => tracing::info!(
+                CredentialSource::Placeholder => tracing::debug!(
                     %endpoint,
                     %region,
                     "no aws credentials set: using placeholder credentials for the local endpoint"
                 ),
-                CredentialSource::Environment => tracing::info!(
+                CredentialSource::Environment => tracing::debug!(
                     %endpoint,
                     %region,
                     "using aws credentials from the environment"
                 ),
-                CredentialSource::Profile => tracing::info!(
+                CredentialSource::Profile => tracing::debug!(
                     %endpoint,
                     %region,
                     "using aws credentials from the shared profile files"
@@ -109,9 +109,14 @@ impl DynamoStore {
             );
         }
 
+        let endpoint = endpoint_opt.unwrap_or_else(|| {
+            let region = sdk_config.region().map(ToString::to_string);
+            format!("AWS ({})", region.unwrap_or_default())
+        });
         Ok(DynamoStore {
             client: Client::new(&sdk_config),
             table_prefix: config.table_prefix.clone(),
+            endpoint,
             stats: Arc::default(),
         })
     }

@@ -56,6 +56,8 @@ const QUERY_CONCURRENCY: usize = 16;
 pub struct DynamoStore {
     client: Client,
     table_prefix: String,
+    /// Where requests go, for messages: the endpoint override, or AWS and its region.
+    endpoint: String,
     /// Shared with whoever reports traffic (`/metrics`, the benchmark).
     stats: Arc<StoreStats>,
 }
@@ -164,6 +166,7 @@ impl DynamoStore {
         DynamoStore {
             client: Client::from_conf(config),
             table_prefix: "test-".into(),
+            endpoint: "offline".into(),
             stats: Arc::default(),
         }
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
 };
@@ -99,6 +99,34 @@ impl DynamoStore {
         Ok(())
     }
 
+    /// Whether the tables are there, asked once, without retries, so that a process started
+    /// against an endpoint that does not answer says so in one line, naming it, within the
+    /// connect timeout. Err: the endpoint cannot be reached, or refused the request.
+    pub async fn tables_exist(&self) -> anyhow::Result<bool> {
+        self.stats.record_request(false);
+        let sent = self
+            .client
+            .describe_table()
+            .table_name(self.table_name(Table::Meta))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(true),
+            Err(err) if err.code() == Some("ResourceNotFoundException") => Ok(false),
+            Err(
+                err @ (SdkError::DispatchFailure(_)
+                | SdkError::TimeoutError(_)
+                | SdkError::ResponseError(_)),
+            ) => anyhow::bail!(
+                "cannot reach DynamoDB at {}: {}",
+                self.endpoint,
+                root_cause(&err)
+            ),
+            Err(err) => Err(anyhow::Error::new(map_sdk_error(err))
+                .context(format!("DynamoDB at {} refused a request", self.endpoint))),
+        }
+    }
+
     /// Describes the `meta` table: the service answers, and the tables are there.
     pub(super) async fn describe_meta_table(&self) -> StoreResult<()> {
         let request = self
@@ -111,6 +139,18 @@ impl DynamoStore {
         .await
         .map_err(map_sdk_error)?;
         Ok(())
+    }
+}
+
+/// The innermost cause of an error ("Connection refused (os error 111)"), or the error itself.
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = err;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    match cause.to_string() {
+        text if text.is_empty() => "no answer".to_owned(),
+        text => text,
     }
 }
 
