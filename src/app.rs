@@ -18,7 +18,7 @@ use crate::cursor::CursorCodec;
 use crate::http::rate_limit::RateLimits;
 use crate::http::serve::{self, ConnectionLimits};
 use crate::http::stream::Streams;
-use crate::http::{self, AppState, BodyLimits, Services};
+use crate::http::{self, AppState, BodyLimits, Overview, Services};
 use crate::jobs::{self, Backlog, Worker};
 use crate::metrics::Metrics;
 use crate::mqtt::{MqttSettings, Subscriber};
@@ -162,6 +162,12 @@ async fn app_state(
             config.stream_limits(),
             metrics.streams.clone(),
             shutdown.clone(),
+        ),
+        overview: Overview::new(
+            metrics.clone(),
+            backlog.clone(),
+            config.workers,
+            config.mqtt_url.is_some(),
         ),
         metrics: metrics.clone(),
     }))
@@ -329,6 +335,8 @@ pub struct Application {
     mqtt: Option<Subscriber>,
     /// Counted in the background while the server runs.
     backlog: Arc<Backlog>,
+    /// Sampled in the background while the server runs.
+    overview: Arc<Overview>,
     store: Arc<dyn Store>,
     /// Stopped last, so the workers' last notices reach the other processes.
     notices: Notices,
@@ -376,6 +384,7 @@ impl Application {
             shutdown: &shutdown,
         };
         let state = app_state(&config, shared, &admin_token, &backlog).await?;
+        let overview = state.overview.clone();
         let mqtt = mqtt_settings.map(|settings| {
             Subscriber::new(
                 settings,
@@ -403,6 +412,7 @@ impl Application {
             workers,
             mqtt,
             backlog,
+            overview,
             store,
             notices,
             shutdown,
@@ -432,6 +442,7 @@ impl Application {
                 .clone()
                 .keep_counting(self.store.clone(), shutdown.clone()),
         );
+        tracker.spawn(self.overview.clone().keep_sampling(shutdown.clone()));
         serve::serve(
             self.listener,
             self.router,

@@ -112,6 +112,67 @@ impl StreamMetrics {
     }
 }
 
+/// Where series points came in over HTTP.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum PointSource {
+    /// `POST /v1/series/...` (JSON).
+    Json,
+    /// `POST /api/v2/write` (InfluxDB line protocol).
+    LineProtocol,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: &'static str,
+}
+
+/// What this process took in: events posted, series points written over HTTP (MQTT's are
+/// counted by [`MqttMetrics`]).
+#[derive(Clone, Debug, Default)]
+pub struct IntakeMetrics {
+    /// Events posted and stored (a repeated client id counts once).
+    pub events: Counter,
+    points: Family<SourceLabel, Counter>,
+}
+
+impl IntakeMetrics {
+    fn label(source: PointSource) -> SourceLabel {
+        SourceLabel {
+            source: match source {
+                PointSource::Json => "json",
+                PointSource::LineProtocol => "line_protocol",
+            },
+        }
+    }
+
+    pub fn count_points(&self, source: PointSource, points: u64) {
+        self.points
+            .get_or_create(&Self::label(source))
+            .inc_by(points);
+    }
+
+    pub fn points(&self, source: PointSource) -> u64 {
+        self.points.get_or_create(&Self::label(source)).get()
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        // Both sources show from the start, at 0, so a rate over them is defined.
+        for source in [PointSource::Json, PointSource::LineProtocol] {
+            self.count_points(source, 0);
+        }
+        registry.register(
+            "fanline_events_posted",
+            "Events posted and stored by this process (a repeated client id counts once)",
+            self.events.clone(),
+        );
+        registry.register(
+            "fanline_series_points_written",
+            "Series points written over HTTP by this process, by source: json or line_protocol",
+            self.points.clone(),
+        );
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub jobs: JobMetrics,
@@ -120,6 +181,7 @@ pub struct Metrics {
     pub connections: ConnectionMetrics,
     pub streams: StreamMetrics,
     pub mqtt: MqttMetrics,
+    pub intake: IntakeMetrics,
     /// Jobs waiting or leased in the queue, read from the store at each scrape.
     pub queue_depth: Gauge,
     /// Age of the oldest job in the queue, as the backlog was last counted.
@@ -153,6 +215,8 @@ impl Metrics {
         streams.register(&mut registry);
         let mqtt = MqttMetrics::default();
         mqtt.register(&mut registry);
+        let intake = IntakeMetrics::default();
+        intake.register(&mut registry);
         let queue_depth = Gauge::default();
         registry.register(
             "fanline_jobs_queue_depth",
@@ -174,6 +238,7 @@ impl Metrics {
             connections,
             streams,
             mqtt,
+            intake,
             queue_depth,
             backlog_age_seconds,
         }

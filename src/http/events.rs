@@ -160,7 +160,10 @@ async fn post_event(
         at: request.at,
     };
     let response = match state.timelines.post_event(&author, new).await? {
-        Posted::Created(event) => (StatusCode::CREATED, axum::Json(EventResponse::from(event))),
+        Posted::Created(event) => {
+            state.metrics.intake.events.inc();
+            (StatusCode::CREATED, axum::Json(EventResponse::from(event)))
+        }
         Posted::Existing(event) => (StatusCode::OK, axum::Json(EventResponse::from(event))),
     };
     Ok(response.into_response())

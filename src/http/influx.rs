@@ -27,6 +27,7 @@ use super::error::ApiError;
 use super::extract::Query;
 use crate::auth::Principal;
 use crate::keys::Ticks;
+use crate::metrics::PointSource;
 use crate::series::line_protocol::{self, LineError, LineSeries, Precision};
 use crate::series::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, NewPoints};
 
@@ -187,7 +188,11 @@ async fn write_line_protocol(
             points: one.points,
         })
         .collect();
-    state.series.write(batch).await?;
+    let written = state.series.write(batch).await?;
+    state.metrics.intake.count_points(
+        PointSource::LineProtocol,
+        u64::try_from(written).unwrap_or(u64::MAX),
+    );
     Ok(StatusCode::NO_CONTENT)
 }
 

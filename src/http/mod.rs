@@ -12,6 +12,7 @@ mod influx;
 mod marker;
 mod metrics;
 mod openapi;
+mod overview;
 mod page;
 pub mod rate_limit;
 mod schema;
@@ -36,6 +37,7 @@ use tracing::Level;
 use utoipa_axum::router::OpenApiRouter;
 
 pub use error::{ApiError, ErrorBody};
+pub use overview::Overview;
 // The wire types that the command-line clients (`fanline import --server`, `fanline bench`)
 // send and read back: the server's own, so client and server cannot disagree.
 pub(crate) use page::PageResponse;
@@ -78,6 +80,8 @@ pub struct Services {
     pub metrics: Arc<Metrics>,
     /// Live streams: their limits and slots, and the shutdown that ends them.
     pub streams: Arc<stream::Streams>,
+    /// The operator's overview, sampled in the background.
+    pub overview: Arc<Overview>,
 }
 
 /// How request bodies are received: how large they may be (event bodies are small; series
@@ -97,7 +101,8 @@ pub fn router(state: AppState, bodies: BodyLimits) -> Router {
         .merge(marker::router())
         .merge(fanout::router())
         .merge(stream::router())
-        .merge(auth::router());
+        .merge(auth::router())
+        .merge(overview::router());
     let api = OpenApiRouter::default()
         .merge(with_body_limit(
             subjects,

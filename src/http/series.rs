@@ -15,6 +15,7 @@ use super::extract::{Json, Path, Query};
 use super::page::{Names, PageResponse};
 use super::schema::{Aggregation, Cursor, Name, SeriesNames, Step, Tag};
 use crate::keys::Ticks;
+use crate::metrics::PointSource;
 use crate::series::catalogue::DEFAULT_LIST_PAGE;
 use crate::series::reading::{DEFAULT_SERIES_PAGE, Range};
 use crate::series::{
@@ -181,6 +182,7 @@ async fn write_points(
         .series
         .write(vec![NewPoints { series, points }])
         .await?;
+    count_points(&state, written);
     Ok((StatusCode::CREATED, axum::Json(WrittenResponse { written })).into_response())
 }
 
@@ -208,7 +210,15 @@ async fn write_batch(
         batch.push(NewPoints { series, points });
     }
     let written = state.series.write(batch).await?;
+    count_points(&state, written);
     Ok((StatusCode::CREATED, axum::Json(WrittenResponse { written })).into_response())
+}
+
+fn count_points(state: &AppState, written: usize) {
+    state.metrics.intake.count_points(
+        PointSource::Json,
+        u64::try_from(written).unwrap_or(u64::MAX),
+    );
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

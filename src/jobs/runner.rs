@@ -698,6 +698,7 @@ impl Worker {
         match ended {
             Ended::Failed(_) => {
                 self.metrics.dead_lettered.get_or_create(&label).inc();
+                self.metrics.dead_lettered_total.inc();
             }
             Ended::Split { parts, .. } => {
                 debug!(job = %job.id(), parts, "work split");
@@ -753,6 +754,7 @@ impl Worker {
                 .lag_seconds
                 .get_or_create(&label)
                 .observe(lag.as_secs_f64());
+            self.metrics.lags(&snapshot.kind).observe(lag);
         }
         if let Some(sink) = &self.done_sink {
             let _ = sink.send(JobDone {

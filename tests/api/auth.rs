@@ -301,6 +301,12 @@ async fn every_route_admits_exactly_the_callers_it_should(backend: Backend) {
             None,
             admin_route(S::OK),
         ),
+        (
+            Method::GET,
+            "/v1/admin/overview".into(),
+            None,
+            admin_route(S::OK),
+        ),
         (Method::GET, "/healthz".into(), None, [S::OK; 6]),
         (Method::GET, "/metrics".into(), None, [S::OK; 6]),
         (Method::GET, "/openapi.json".into(), None, [S::OK; 6]),

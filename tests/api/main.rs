@@ -26,6 +26,7 @@ mod line_protocol;
 mod markers;
 mod mqtt;
 mod openapi;
+mod overview;
 mod posting;
 mod reliability;
 mod restart;
