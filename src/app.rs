@@ -563,8 +563,10 @@ pub fn cancel_on_signal(token: CancellationToken) {
             _ = interrupt => {}
             () = terminate => {}
         }
-        info!("shutdown signal received");
+        // Cancel first: nothing after the signal (a log line to a closed pipe, say) may
+        // keep the process from stopping.
         token.cancel();
+        info!("shutdown signal received");
     });
 }
 

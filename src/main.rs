@@ -132,6 +132,9 @@ fn init_logging() {
             }),
         )
         .with_ansi(stderr.is_terminal() && !no_color)
+        // A log line that cannot be written (stderr a closed pipe) is dropped: by default
+        // the subscriber reports it with `eprintln!`, which panics on the same closed pipe.
+        .log_internal_errors(false)
         .with_writer(std::io::stderr)
         .init();
 }

@@ -1,7 +1,7 @@
 //! The real binary starting up: plain logs when stderr is not a terminal, and a missing or
 //! bad setting reported in one line with a non-zero exit, before anything is contacted.
 
-use std::io::Read as _;
+use std::io::{BufRead as _, BufReader, Read as _};
 use std::net::TcpListener;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -294,6 +294,55 @@ fn an_embedded_server_without_workers_warns_that_nothing_runs_the_queue() {
         stderr.contains("WARN") && stderr.contains("no process will run the job queue"),
         "{stderr}"
     );
+}
+
+/// A supervisor that stopped reading the process's output (its pipes closed) can still stop
+/// it: SIGTERM ends it, and a log line it cannot write is dropped, never a panic.
+#[test]
+fn a_process_whose_output_pipes_closed_still_stops_on_sigterm() {
+    for subcommand in ["worker", "serve"] {
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let mut command = bare_fanline(data_dir.path());
+        command
+            .arg(subcommand)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("start fanline");
+        // Running once it has said so: `serve` on stdout, `worker` in its log.
+        let mut first_line = String::new();
+        if subcommand == "serve" {
+            let stdout = child.stdout.take().expect("stdout");
+            BufReader::new(stdout)
+                .read_line(&mut first_line)
+                .expect("read");
+        } else {
+            let stderr = child.stderr.take().expect("stderr");
+            BufReader::new(stderr)
+                .read_line(&mut first_line)
+                .expect("read");
+        }
+        assert!(!first_line.is_empty(), "{subcommand} said nothing");
+        drop(child.stdout.take());
+        drop(child.stderr.take()); // both pipes now closed at our end
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let exited = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{subcommand} did not stop on SIGTERM with its pipes closed");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(exited.success(), "{subcommand}: {exited}");
+    }
 }
 
 /// The binary with an empty environment but for a data directory and a free listen port, so
