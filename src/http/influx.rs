@@ -125,7 +125,6 @@ pub(crate) struct InfluxErrorBody {
         (status = UNAUTHORIZED, description = "No token, or an unknown or revoked one (`unauthorized`)", body = InfluxErrorBody),
         (status = FORBIDDEN, description = "A subject token, or a device token and a line of another series, named by its number (`forbidden`)", body = InfluxErrorBody),
         (status = REQUEST_TIMEOUT, description = "The body did not arrive whole in time", body = InfluxErrorBody),
-        (status = CONFLICT, description = "Lost to concurrent writers 8 times in a row; retry (`conflict`)", body = InfluxErrorBody),
         (status = PAYLOAD_TOO_LARGE, description = "Over 16 MiB, compressed or not, or over 200,000 points or 10,000 series (`request too large`): send fewer lines a request", body = InfluxErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "A `Content-Encoding` other than gzip or identity", body = InfluxErrorBody),
         (status = TOO_MANY_REQUESTS, description = "This token is over its rate (`too many requests`)", body = InfluxErrorBody),

@@ -162,7 +162,6 @@ fn points(where_: &str, bodies: Vec<PointBody>) -> Result<Vec<Point>, ApiError> 
     request_body = WritePointsRequest,
     responses(
         (status = CREATED, description = "Written", body = WrittenResponse),
-        (status = CONFLICT, description = "Lost to concurrent writers 8 times in a row; retry", body = ErrorBody),
     )
 )]
 async fn write_points(
@@ -194,7 +193,6 @@ async fn write_points(
     request_body = WriteBatchRequest,
     responses(
         (status = CREATED, description = "Written", body = WrittenResponse),
-        (status = CONFLICT, description = "Lost to concurrent writers 8 times in a row; retry", body = ErrorBody),
     )
 )]
 async fn write_batch(

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -41,6 +42,8 @@ use crate::timeline::{DomainError, DomainResult, Event, SubjectId};
 /// Points per staged row: under 74 KB each, far within the store's
 /// [`MAX_ITEM_BYTES`](crate::store::MAX_ITEM_BYTES).
 const STAGED_POINTS_PER_ROW: usize = 4096;
+/// Series of a batch applied at once.
+const SERIES_APPLIED_AT_ONCE: usize = 16;
 /// Row writes per apply transaction.
 const APPLY_WRITES_PER_TRANSACTION: usize = 50;
 /// Plans an apply retries when writers keep changing the rows.
@@ -296,39 +299,18 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
                 .range(Some("s.".into()), Some("s/".into())),
         )
         .await?;
-    let mut applied = 0u64;
-    for entry in &entries {
-        let index: usize = entry
-            .row
-            .strip_prefix("s.")
-            .and_then(|index| index.parse().ok())
-            .ok_or_else(|| DomainError::Corrupt(format!("staged row {:?}", entry.row)))?;
-        let staged: StagedSeries = serde_json::from_slice(&entry.value)
-            .map_err(|err| DomainError::Corrupt(format!("staged series: {err}")))?;
-        if store
-            .get(Table::SeriesPending, &staged.series, batch)
-            .await?
-            .is_none()
-        {
-            continue;
-        }
-        let points = staged_points(store, batch, index).await?;
-        write_rows(store, &staged.series, &points).await?;
-        applied += points.len() as u64;
-
-        let author = SubjectId::parse(&staged.series).map_err(DomainError::Corrupt)?;
-        let event = Event::decode(&author, &staged.event_row_key, staged.event_body.as_bytes())
-            .map_err(DomainError::Corrupt)?;
-        let drop_marker = Write::delete(Table::SeriesPending, &staged.series, batch);
-        let mut writes = event_writes(&event, event.at);
-        writes.push(drop_marker.clone());
-        match store.transact(writes).await {
-            Ok(()) => {}
-            // An earlier run posted the event already.
-            Err(StoreError::ConditionFailed) => store.transact(vec![drop_marker]).await?,
-            Err(err) => return Err(err.into()),
-        }
-    }
+    // Series of one batch touch rows of their own: applied side by side. Collected first:
+    // a lazy `map` closure here makes callers' futures not `Send` for every lifetime
+    // (rustc's higher-ranked `FnOnce` limitation).
+    let applies: Vec<_> = entries
+        .iter()
+        .map(|entry| apply_series(store, batch, entry))
+        .collect();
+    let applied: Vec<u64> = futures::stream::iter(applies)
+        .buffer_unordered(SERIES_APPLIED_AT_ONCE)
+        .try_collect()
+        .await?;
+    let applied = applied.into_iter().sum();
     let rows = store
         .query_all(Query::partition(Table::SeriesBatches, batch, 1000))
         .await?;
@@ -348,6 +330,41 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
             .await?;
     }
     Ok(applied)
+}
+
+/// Applies series `entry` of committed `batch`, unless an earlier run did (its marker is
+/// gone); returns the points applied.
+async fn apply_series(store: &dyn Store, batch: &str, entry: &Item) -> DomainResult<u64> {
+    let index: usize = entry
+        .row
+        .strip_prefix("s.")
+        .and_then(|index| index.parse().ok())
+        .ok_or_else(|| DomainError::Corrupt(format!("staged row {:?}", entry.row)))?;
+    let staged: StagedSeries = serde_json::from_slice(&entry.value)
+        .map_err(|err| DomainError::Corrupt(format!("staged series: {err}")))?;
+    if store
+        .get(Table::SeriesPending, &staged.series, batch)
+        .await?
+        .is_none()
+    {
+        return Ok(0);
+    }
+    let points = staged_points(store, batch, index).await?;
+    write_rows(store, &staged.series, &points).await?;
+
+    let author = SubjectId::parse(&staged.series).map_err(DomainError::Corrupt)?;
+    let event = Event::decode(&author, &staged.event_row_key, staged.event_body.as_bytes())
+        .map_err(DomainError::Corrupt)?;
+    let drop_marker = Write::delete(Table::SeriesPending, &staged.series, batch);
+    let mut writes = event_writes(&event, event.at);
+    writes.push(drop_marker.clone());
+    match store.transact(writes).await {
+        Ok(()) => {}
+        // An earlier run posted the event already.
+        Err(StoreError::ConditionFailed) => store.transact(vec![drop_marker]).await?,
+        Err(err) => return Err(err.into()),
+    }
+    Ok(points.len() as u64)
 }
 
 /// Merges `points` into `series`' rows in transactions of a few rows each, planning again

@@ -19,8 +19,13 @@ use crate::timeline::{DomainError, DomainResult, Event, SubjectId};
 
 /// The event kind of a series write.
 pub const READINGS_KIND: &str = "readings";
-/// Plans retried when another writer changed a row first.
+/// Rounds of reading and planning a write, at most.
 const MAX_ATTEMPTS: u32 = 8;
+/// Writes lost to other writers of the same rows before the write is staged instead.
+const CONFLICTS_BEFORE_STAGING: u32 = 2;
+/// Writes a series adds to a transaction at least: a row, its latest value, and its event
+/// (the event, its id and its fan-out job).
+const MIN_WRITES_PER_SERIES: usize = 5;
 
 /// The points one request writes to one series.
 #[derive(Clone, Debug)]
@@ -158,6 +163,11 @@ fn readings_event(series: &SeriesName, points: &[Point], received: Ticks) -> Dom
 impl Series {
     /// Writes every point of `batch` or none, and posts one `readings` event per series.
     /// Returns how many points were written (after merging repeated times).
+    ///
+    /// A write that fits one transaction is planned and committed in it. One that cannot
+    /// (too many series or rows), or that lost its rows to other writers twice, is staged
+    /// and committed in the journal instead: that never conflicts, so concurrent writers of
+    /// one series are never refused, and the journal's job merges the points later.
     pub async fn write(&self, batch: Vec<NewPoints>) -> DomainResult<usize> {
         let series = normalise(batch)?;
         let received = Ticks::now();
@@ -168,18 +178,29 @@ impl Series {
                 return Ok(0);
             }
             let names: Vec<&str> = prepared.iter().map(|one| one.series.as_str()).collect();
-            let (plans, heads) = futures::try_join!(
-                futures::future::try_join_all(prepared.iter().map(|one| plan::plan(
-                    store,
-                    one.series.as_str(),
-                    &one.points
-                )),),
-                latest::read_heads(store, &names, self.default_retention),
-            )?;
+            // Too many series for one transaction whatever their rows: no plan to read.
+            let staged = prepared.len() * MIN_WRITES_PER_SERIES > MAX_TRANSACTION_WRITES
+                || attempt >= CONFLICTS_BEFORE_STAGING;
+            let (plans, heads) = if staged {
+                let heads = latest::read_heads(store, &names, self.default_retention).await?;
+                (Vec::new(), heads)
+            } else {
+                futures::try_join!(
+                    futures::future::try_join_all(prepared.iter().map(|one| plan::plan(
+                        store,
+                        one.series.as_str(),
+                        &one.points
+                    )),),
+                    latest::read_heads(store, &names, self.default_retention),
+                )?
+            };
             // Points past their series' retention are dropped: plan again without them.
             if let Some(kept) = expiry::drop_expired(&prepared, &heads) {
                 prepared = prepare(kept, received)?;
                 continue;
+            }
+            if staged {
+                return self.stage(&prepared).await;
             }
             // A batch committed earlier but not yet applied comes first: apply it here, so
             // this write lands after it (reads would otherwise still show the batch's values).
@@ -198,10 +219,7 @@ impl Series {
             }
             let bytes: usize = writes.iter().map(write_bytes).sum();
             if writes.len() > MAX_TRANSACTION_WRITES || bytes > MAX_TRANSACTION_BYTES {
-                journal::stage_and_commit(store, &prepared).await?;
-                self.wake_workers.enqueued();
-                self.tell_tails(&prepared);
-                return Ok(written(&prepared));
+                return self.stage(&prepared).await;
             }
             let handover = self.wake_workers.handover(&writes);
             match store.transact(writes).await {
@@ -217,9 +235,19 @@ impl Series {
                 Err(err) => return Err(err.into()),
             }
         }
-        Err(DomainError::Conflict(
-            "the series kept changing under this write; retry".into(),
-        ))
+        // Only expired points and pending batches come round this often: stage the rest.
+        self.stage(&prepared).await
+    }
+
+    /// Stages and commits `prepared` in the journal (answered once committed).
+    async fn stage(&self, prepared: &[Prepared]) -> DomainResult<usize> {
+        if prepared.is_empty() {
+            return Ok(0);
+        }
+        journal::stage_and_commit(self.store.as_ref(), prepared).await?;
+        self.wake_workers.enqueued();
+        self.tell_tails(prepared);
+        Ok(written(prepared))
     }
 
     /// Tells the live tails of each series written its points.

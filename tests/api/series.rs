@@ -25,6 +25,7 @@ on_both_backends!(
     deleting_a_series_removes_its_points_tags_and_name,
     each_write_fans_out_one_readings_event_per_series,
     bad_series_input_is_a_clear_4xx,
+    concurrent_writers_of_one_series_are_never_refused_and_store_every_point_once,
 );
 
 async fn app(backend: Backend) -> TestApp {
@@ -918,5 +919,84 @@ async fn bad_series_input_is_a_clear_4xx(backend: Backend) {
     assert!(
         read_all(&app, "s", "").await.is_empty(),
         "nothing was written"
+    );
+}
+
+/// Writers racing on one series (the same rows, the same latest value, the same day) and on
+/// a shared second one: none is refused with 409, and every point is stored once, with the
+/// value its one writer gave it. Randomized: each writer's times interleave the others'.
+async fn concurrent_writers_of_one_series_are_never_refused_and_store_every_point_once(
+    backend: Backend,
+) {
+    use rand::rngs::StdRng;
+    use rand::seq::SliceRandom as _;
+    use rand::{Rng as _, SeedableRng as _};
+
+    let app = app(backend).await;
+    let start = ticks(ORIGIN);
+    let writers = 8u64;
+    let rounds = 6u64;
+    let per_write = 25u64;
+    let seed: u64 = rand::rng().random();
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let api = Api::new(&app.api.address);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(seed ^ writer);
+            let mut rounds_order: Vec<u64> = (0..rounds).collect();
+            rounds_order.shuffle(&mut rng);
+            for round in rounds_order {
+                // Point i of this writer's round: time slot (round, i, writer), so writers
+                // interleave within the same 10-minute rows.
+                let body: Vec<Value> = (0..per_write)
+                    .map(|i| {
+                        let slot = (round * per_write + i) * writers + writer;
+                        json!({"at": text(start + slot * SECOND), "value": slot as f64})
+                    })
+                    .collect();
+                let batch = json!({"series": [
+                    {"name": "race/one", "points": body},
+                    {"name": "race/two", "points": body},
+                ]});
+                let reply = if rng.random_bool(0.5) {
+                    write(&api, "race/one", body.clone()).await
+                } else {
+                    api.post_json("/v1/series:batch", &batch).await
+                };
+                assert_eq!(reply.status, StatusCode::CREATED, "seed {seed}: {reply:?}");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("writer");
+    }
+    let expected: Vec<(String, f64)> = (0..writers * rounds * per_write)
+        .map(|slot| (text(start + slot * SECOND), slot as f64))
+        .collect();
+    let query = format!("from={}", text(start));
+    assert_eq!(
+        read_all(&app, "race/one", &query).await,
+        expected,
+        "seed {seed}"
+    );
+    // Applied too, not only overlaid: the same once the journal's jobs have run.
+    app.wait_for_idle().await;
+    assert_eq!(
+        read_all(&app, "race/one", &query).await,
+        expected,
+        "seed {seed}"
+    );
+    let two = read_all(&app, "race/two", &query).await;
+    assert!(
+        two.iter().all(|point| expected.contains(point)),
+        "seed {seed}"
+    );
+    let latest = app
+        .get(&format!("/v1/series/{}/latest", segment("race/one")))
+        .await;
+    assert_eq!(
+        latest.body["value"],
+        expected.last().expect("points").1,
+        "seed {seed}"
     );
 }

@@ -8,6 +8,7 @@
 //! server's CPU per pushed entry ([`streams`]), `fanline bench mqtt` points ingested
 //! through an MQTT broker ([`mqtt`]).
 
+mod fleet;
 mod lifecycle;
 mod line_protocol;
 mod mixed;

@@ -75,6 +75,9 @@ pub struct SeriesBenchArgs {
     /// Line protocol over HTTP (`POST /api/v2/write`), plain and gzip.
     #[command(flatten)]
     pub line_protocol: LineProtocolBenchArgs,
+    /// Fleet-shaped line protocol: big batches over many series.
+    #[command(flatten)]
+    pub fleet: super::fleet::FleetBenchArgs,
     /// Days of the 1 Hz series whose stepped read (`step=1d`) is timed with rollups and
     /// without; 0 skips it.
     #[arg(long, default_value_t = 365)]
@@ -113,6 +116,7 @@ pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
         http_ingest(&args, &server, start).await?;
     }
     super::line_protocol::run(&args.line_protocol, &server, start).await?;
+    super::fleet::run(&args.fleet, &server).await?;
     if args.read_samples > 0 {
         one_day_reads(&args, &server, &bench_store, start).await?;
     }

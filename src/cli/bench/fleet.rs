@@ -1,0 +1,251 @@
+//! Part of `fanline bench series`: fleet-shaped line protocol, the batches a gateway (a
+//! Telegraf agent) in front of many devices sends. Each request holds `--fleet-lines` lines
+//! (5,000), one point each, spread over `--fleet-series` series: with 5,000 series, one
+//! point of every device per request; with 100, fifty of each. `--fleet-clients` (8) post at
+//! once, each a request at a time, the same bodies `shared/peers/influxdb/lpload.py` sends
+//! InfluxDB, so the figures compare.
+//!
+//! Reported per shape: points/s accepted (answered 204) and applied (until the job queue is
+//! empty again), request p50, p99 and max, the answers by status, and the queue's peak.
+//! Answers of 429 or 503 are retried after their `Retry-After`, as Telegraf does.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use tokio::sync::Mutex;
+
+use super::server::{BenchServer, metrics_text};
+use super::{millis, percentile};
+
+#[derive(Clone, Debug, Args)]
+pub struct FleetBenchArgs {
+    /// Series a fleet-shaped run spreads each request over, one run per value (none skips
+    /// the fleet runs).
+    #[arg(long, value_delimiter = ',', default_value = "100,5000")]
+    pub fleet_series: Vec<usize>,
+    /// Requests of each fleet run.
+    #[arg(long, default_value_t = 200)]
+    pub fleet_batches: usize,
+    /// Lines (points) per fleet request.
+    #[arg(long, default_value_t = 5_000)]
+    pub fleet_lines: usize,
+    /// Clients posting at once in the fleet runs.
+    #[arg(long, default_value_t = 8)]
+    pub fleet_clients: usize,
+}
+
+/// 2026-01-01T00:00:00Z, as lpload.py starts.
+const FIRST_SECOND: i64 = 1_767_225_600;
+
+/// The body of request `batch`: lines of `series` devices, one second per round of them.
+fn body(batch: usize, series: usize, lines: usize) -> Vec<u8> {
+    let per_batch_seconds = (lines / series).max(1);
+    let mut second = batch * per_batch_seconds;
+    let mut text = String::with_capacity(lines * 64);
+    let mut written = 0;
+    while written < lines {
+        for device in 0..series {
+            if written == lines {
+                break;
+            }
+            let value = ((second * 7 + device) % 1000) as f64 / 10.0;
+            let nanos = (FIRST_SECOND + second as i64) * 1_000_000_000;
+            text.push_str(&format!("sensor,device=d{device} value={value} {nanos}\n"));
+            written += 1;
+        }
+        second += 1;
+    }
+    text.into_bytes()
+}
+
+pub(super) async fn run(args: &FleetBenchArgs, server: &BenchServer) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.fleet_batches > 0 && args.fleet_lines > 0 && args.fleet_clients > 0,
+        "--fleet-batches, --fleet-lines and --fleet-clients must be at least 1"
+    );
+    for &series in &args.fleet_series {
+        anyhow::ensure!(series > 0, "--fleet-series values must be at least 1");
+        shape(args, server, series).await?;
+    }
+    Ok(())
+}
+
+/// What the posting clients saw.
+#[derive(Default)]
+struct Answers {
+    latencies: Vec<Duration>,
+    statuses: BTreeMap<u16, u64>,
+    retries: u64,
+}
+
+async fn shape(args: &FleetBenchArgs, server: &BenchServer, series: usize) -> anyhow::Result<()> {
+    let bodies: Vec<Vec<u8>> = (0..args.fleet_batches)
+        .map(|batch| body(batch, series, args.fleet_lines))
+        .collect();
+    let queue = Arc::new(Mutex::new(bodies.into_iter()));
+    let answers = Arc::new(Mutex::new(Answers::default()));
+    let peak = Arc::new(AtomicU64::new(0));
+    let url = format!("{}/api/v2/write?bucket=bench&precision=ns", server.base);
+
+    let watching = tokio_util::sync::CancellationToken::new();
+    let watcher = tokio::spawn(watch_queue(
+        server.client.clone(),
+        server.base.clone(),
+        peak.clone(),
+        watching.clone(),
+    ));
+    let started = Instant::now();
+    let mut senders = Vec::with_capacity(args.fleet_clients);
+    for _ in 0..args.fleet_clients {
+        let (client, url, queue, answers) = (
+            server.client.clone(),
+            url.clone(),
+            queue.clone(),
+            answers.clone(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let Some(body) = queue.lock().await.next() else {
+                    return anyhow::Ok(());
+                };
+                post(&client, &url, body, &answers).await?;
+            }
+        }));
+    }
+    for sender in senders {
+        sender.await??;
+    }
+    let accepted_in = started.elapsed();
+    wait_for_empty_queue(server).await?;
+    let applied_in = started.elapsed();
+    watching.cancel();
+    watcher.await.context("the queue watcher failed")?;
+
+    let mut answers = answers.lock().await;
+    let points = (args.fleet_batches * args.fleet_lines) as f64;
+    let slowest = answers.latencies.iter().max().copied().unwrap_or_default();
+    println!(
+        "fleet line protocol, {series} series, {} lines a request, {} clients, {} requests: accepted {:.0} points/s, applied {:.0} points/s (queue empty after {:.1} s); request p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; answers {:?}, {} retried after Retry-After; queue peak {} jobs",
+        args.fleet_lines,
+        args.fleet_clients,
+        args.fleet_batches,
+        points / accepted_in.as_secs_f64(),
+        points / applied_in.as_secs_f64(),
+        applied_in.as_secs_f64(),
+        millis(percentile(&mut answers.latencies, 50.0)),
+        millis(percentile(&mut answers.latencies, 99.0)),
+        millis(slowest),
+        answers.statuses,
+        answers.retries,
+        peak.load(Ordering::Relaxed),
+    );
+    Ok(())
+}
+
+/// Posts one body until it is taken, as Telegraf would: after `Retry-After` on 429 or 503.
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    answers: &Mutex<Answers>,
+) -> anyhow::Result<()> {
+    loop {
+        let began = Instant::now();
+        let response = client
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(body.clone())
+            .send()
+            .await
+            .context("failed to send a fleet write")?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+        let mut seen = answers.lock().await;
+        seen.latencies.push(began.elapsed());
+        *seen.statuses.entry(status.as_u16()).or_default() += 1;
+        match (status.as_u16(), retry_after) {
+            (204, _) => return Ok(()),
+            (429 | 503, Some(seconds)) => {
+                seen.retries += 1;
+                drop(seen);
+                tokio::time::sleep(Duration::from_secs(seconds)).await;
+            }
+            _ => {
+                let text = response.text().await.unwrap_or_default();
+                anyhow::bail!("a fleet write answered {status}: {text}");
+            }
+        }
+    }
+}
+
+/// The job queue's depth as `/metrics` counts it.
+async fn queue_depth(client: &reqwest::Client, base: &str) -> anyhow::Result<u64> {
+    let text = metrics_text(client, base).await?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("fanline_jobs_queue_depth "))
+        .and_then(|depth| depth.trim().parse().ok())
+        .context("no fanline_jobs_queue_depth in /metrics")
+}
+
+/// Keeps the deepest queue seen, every 100 ms, until cancelled.
+async fn watch_queue(
+    client: reqwest::Client,
+    base: String,
+    peak: Arc<AtomicU64>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {
+                if let Ok(depth) = queue_depth(&client, &base).await {
+                    peak.fetch_max(depth, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// Waits (polling, for at most 10 minutes) until every job the writes left has run.
+async fn wait_for_empty_queue(server: &BenchServer) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while queue_depth(&server.client, &server.base).await? > 0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the job queue was not empty 10 minutes after the writes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_hold_one_point_per_line_over_every_device() {
+        let text = String::from_utf8(body(0, 3, 7)).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 7);
+        assert!(lines[0].starts_with("sensor,device=d0 value=0 1767225600000000000"));
+        assert!(lines[3].starts_with("sensor,device=d0 "), "{text}");
+        assert!(lines[3].ends_with(" 1767225601000000000"), "{text}");
+        // The next request starts where this one's seconds end.
+        let next = String::from_utf8(body(1, 3, 7)).expect("utf-8");
+        assert!(
+            next.lines()
+                .next()
+                .expect("line")
+                .ends_with(" 1767225602000000000")
+        );
+    }
+}
