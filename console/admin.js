@@ -2,18 +2,18 @@
 import { api, query, seg } from "./api.js";
 import { attempt, el, field, showError, when } from "./ui.js";
 
-export function adminView(root) {
+export function adminView(root, { params }) {
   const issued = el("div", { id: "issued", "aria-live": "polite" });
 
-  function issueForm(id, label, path) {
-    const input = el("input", { id, name: id, required: true });
+  function issueForm(id, label, placeholder, button, path) {
+    const input = el("input", { id, name: id, required: true, placeholder });
     return el("form", {
       onsubmit: async (event) => {
         event.preventDefault();
         const answer = await attempt(() => api("POST", path(input.value.trim()), {}));
         if (answer) showIssued(answer, input.value.trim());
       },
-    }, field(label, input), el("button", { type: "submit" }, "Issue token"));
+    }, field(label, input), el("button", { type: "submit" }, button));
   }
 
   function showIssued(answer, name) {
@@ -32,12 +32,33 @@ export function adminView(root) {
     );
   }
 
-  const owner = el("input", { id: "tokens-of", name: "tokens-of", required: true });
-  const tokens = el("tbody", { id: "tokens" });
+  /**
+   * A table that is shown only with rows in it; otherwise a line says why it is empty.
+   * `show(rows, emptyText)` fills it.
+   */
+  function table(id, headings, emptyText) {
+    const body = el("tbody", { id });
+    const empty = el("p", { class: "status empty", id: `${id}-empty` }, emptyText);
+    const node = el("table", { hidden: true },
+      el("thead", {}, el("tr", {}, headings.map((text) => el("th", { scope: "col" }, text)))), body);
+    return {
+      nodes: [empty, node],
+      show(rows, text) {
+        body.replaceChildren(...rows);
+        empty.textContent = text;
+        empty.hidden = rows.length > 0;
+        node.hidden = rows.length === 0;
+      },
+    };
+  }
+
+  const owner = el("input", { id: "tokens-of", name: "tokens-of", required: true, placeholder: "alice or field-7/soil_temp" });
+  const tokenTable = table("tokens", ["Token id", "Kind", "Name", "Created", ""], "No tokens listed yet: name a subject or series above.");
   async function listTokens() {
-    const page = await attempt(() => api("GET", `/v1/admin/tokens${query({ subject: owner.value.trim() })}`));
+    const name = owner.value.trim();
+    const page = await attempt(() => api("GET", `/v1/admin/tokens${query({ subject: name })}`));
     if (!page) return;
-    tokens.replaceChildren(...page.items.map((token) => el("tr", {},
+    tokenTable.show(page.items.map((token) => el("tr", {},
       el("td", {}, token.token_id), el("td", {}, token.kind), el("td", {}, token.name), el("td", {}, when(token.created_at)),
       el("td", {}, el("button", {
         type: "button",
@@ -47,16 +68,17 @@ export function adminView(root) {
           const done = await attempt(async () => { await api("DELETE", `/v1/admin/tokens/${seg(token.token_id)}`); return true; });
           if (done) listTokens();
         },
-      }, "Revoke")))));
+      }, "Revoke")))), `${name} has no tokens.`);
   }
 
-  const deadSubject = el("input", { id: "dead-subject", name: "dead-subject", required: true });
-  const dead = el("tbody", { id: "dead-letters" });
+  const deadSubject = el("input", { id: "dead-subject", name: "dead-subject", required: true, placeholder: "alice" });
+  const deadTable = table("dead-letters", ["Event", "Operation", "Attempts", "Error", "Dead since", "State", ""],
+    "No dead letters listed yet: name a subject above. (The overview counts the fan-outs given up since the start.)");
   async function listDead() {
     const subject = deadSubject.value.trim();
     const page = await attempt(() => api("GET", `/v1/admin/fanout/${seg(subject)}/dead-letters${query({ limit: 100 })}`));
     if (!page) return;
-    dead.replaceChildren(...page.items.map((job) => {
+    deadTable.show(page.items.map((job) => {
       const state = el("td", {});
       return el("tr", {},
         el("td", {}, job.event_id), el("td", {}, job.operation), el("td", {}, String(job.attempts)),
@@ -69,22 +91,27 @@ export function adminView(root) {
             if (answer) state.textContent = answer.state;
           },
         }, "Requeue")));
-    }));
-    if (!page.items.length) dead.append(el("tr", {}, el("td", { colspan: "7" }, "nothing dead-lettered")));
+    }), `Nothing of ${subject} is dead-lettered.`);
   }
 
+  const deadHeading = el("h2", { id: "dead-letters-heading", tabindex: "-1" }, "Dead letters");
   root.append(
     el("h2", {}, "Tokens"),
-    issueForm("issue-subject", "Subject to issue a token for", (name) => `/v1/admin/subjects/${seg(name)}/tokens`),
-    issueForm("issue-series", "Series to issue a device token for", (name) => `/v1/admin/series/${seg(name)}/tokens`),
+    issueForm("issue-subject", "Subject to issue a token for", "alice", "Issue subject token", (name) => `/v1/admin/subjects/${seg(name)}/tokens`),
+    issueForm("issue-series", "Series to issue a device token for", "field-7/soil_temp", "Issue device token", (name) => `/v1/admin/series/${seg(name)}/tokens`),
     issued,
     el("form", { onsubmit: (event) => { event.preventDefault(); listTokens(); } },
       field("Tokens of (subject or series)", owner), el("button", { type: "submit" }, "List tokens")),
-    el("table", {}, el("thead", {}, el("tr", {}, ["Token id", "Kind", "Name", "Created", ""].map((text) => el("th", {}, text)))), tokens),
-    el("h2", {}, "Dead letters"),
+    ...tokenTable.nodes,
+    deadHeading,
     el("form", { onsubmit: (event) => { event.preventDefault(); listDead(); } },
       field("Subject whose failed fan-outs to list", deadSubject), el("button", { type: "submit" }, "List dead letters")),
-    el("table", {}, el("thead", {}, el("tr", {}, ["Event", "Operation", "Attempts", "Error", "Dead since", "State", ""].map((text) => el("th", {}, text)))), dead),
+    ...deadTable.nodes,
   );
+  // The overview's "dead letters" figure links here.
+  if (params.get("focus") === "dead-letters") {
+    deadHeading.scrollIntoView();
+    deadSubject.focus();
+  }
   return { close() {} };
 }

@@ -6,8 +6,10 @@ import { attempt, showError } from "./ui.js";
 import { timelineView, subjectView } from "./timeline.js";
 import { seriesView } from "./series.js";
 import { adminView } from "./admin.js";
+import { overviewView } from "./overview.js";
 
 const views = {
+  overview: overviewView,
   timeline: timelineView,
   subject: subjectView,
   series: seriesView,
@@ -43,12 +45,13 @@ function takeFragmentToken() {
   setToken(value.trim());
 }
 
+/** The admin lands on the overview, a subject on its timeline. */
 function defaultView() {
-  return who.kind === "device" ? "device" : who.kind === "admin" ? "timeline" : "timeline";
+  return who.kind === "device" ? "device" : who.kind === "admin" ? "overview" : "timeline";
 }
 
 function allowed(view) {
-  if (view === "series" || view === "admin") return who.kind === "admin";
+  if (view === "overview" || view === "series" || view === "admin") return who.kind === "admin";
   if (view === "timeline" || view === "subject") return who.kind !== "device";
   return false;
 }

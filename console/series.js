@@ -1,16 +1,18 @@
-// Series: find by prefix or tag, chart one or several over a range (raw, or stepped with a
-// step picked from the range), extended live from each series' stream; tags, editable.
-import uPlot from "./vendor/uplot/uPlot.esm.js";
+// Series: the catalogue listed at once (a page at a time), narrowed by prefix or tag; chart
+// one or several over a range (raw, or stepped with a step picked from the range), extended
+// live from each series' stream; tags, editable.
 import { api, query, seg } from "./api.js";
+import { timeChart } from "./chart.js";
 import { openStream } from "./sse.js";
 import { attempt, el, field, showError } from "./ui.js";
 
-const RANGES = [["15m", 900], ["1h", 3600], ["6h", 21600], ["24h", 86400], ["7d", 604800], ["30d", 2592000]];
+const RANGES = [["15m", 900], ["1h", 3600], ["6h", 21600], ["24h", 86400], ["7d", 604800], ["30d", 2592000], ["90d", 7776000], ["1y", 31536000]];
 const STEPS = [["1s", 1], ["5s", 5], ["15s", 15], ["1m", 60], ["5m", 300], ["15m", 900], ["1h", 3600], ["6h", 21600], ["1d", 86400]];
 const AGGS = ["avg", "min", "max", "sum", "count", "first", "last"];
-const COLORS = ["#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bf3989"];
 /** Buckets a stepped chart aims at, at most. */
 const BUCKETS = 400;
+/** Names listed a page at a time. */
+const NAMES_PAGE = 50;
 
 /** The smallest step that keeps `seconds` within `BUCKETS` buckets. */
 export function stepFor(seconds) {
@@ -31,14 +33,19 @@ export function seriesView(root, { params, setFragment }) {
   let data = new Map();
   let span = { from: 0, to: 0 };
   let refetch = null;
+  let namesCursor = null;
+  /** What the names shown were asked for (the next page asks for the same). */
+  let listed = { prefix: "", wanted: "" };
+  let finds = 0;
 
-  const start = el("input", { id: "series-start", name: "start", value: params.get("start") || "" });
-  const tag = el("input", { id: "series-tag", name: "tag", value: params.get("tag") || "" });
-  const found = el("ul", { id: "series-found", "aria-label": "Series found" });
+  const start = el("input", { id: "series-start", name: "start", value: params.get("start") || "", placeholder: "field-7/" });
+  const tag = el("input", { id: "series-tag", name: "tag", value: params.get("tag") || "", placeholder: "site:field-7" });
+  const found = el("ul", { id: "series-found", class: "picks", "aria-label": "Series" });
+  const more = el("button", { type: "button", id: "series-more", class: "secondary", hidden: true, onclick: () => find(namesCursor) }, "More series");
   const rangeSelect = select("range", RANGES.map(([name]) => name), range);
   const modeSelect = select("mode", ["raw", "stepped"], mode);
   const aggSelect = select("agg", AGGS, agg);
-  const chartBox = el("div", { id: "chart", class: "chart", role: "img", "aria-label": "Chart of the chosen series" });
+  const chartBox = el("div", { id: "chart", class: "chart", role: "img", "aria-label": "Chart of the chosen series", hidden: true });
   const tagsBox = el("div", { id: "series-tags" });
   const status = el("p", { id: "chart-status", class: "status" });
 
@@ -47,6 +54,7 @@ export function seriesView(root, { params, setFragment }) {
     el("form", { id: "series-find", onsubmit: (event) => { event.preventDefault(); find(); } },
       field("Name prefix", start), field("Tag", tag), el("button", { type: "submit" }, "Find")),
     found,
+    more,
     el("form", { id: "series-chart", onsubmit: (event) => { event.preventDefault(); choose(); } },
       field("Range (until now)", rangeSelect), field("Points", modeSelect), field("Aggregate (stepped)", aggSelect),
       el("button", { type: "submit" }, "Draw")),
@@ -59,14 +67,31 @@ export function seriesView(root, { params, setFragment }) {
     setFragment({ view: "series", series: names.join(","), range, mode, agg: mode === "stepped" ? agg : undefined, start: start.value, tag: tag.value });
   }
 
-  async function find() {
-    const prefix = start.value.trim();
-    const page = await attempt(() => api("GET", `/v1/series${query({ start: prefix, tag: tag.value.trim(), limit: 100 })}`));
-    if (!page) return;
+  /**
+   * Lists the catalogue (all of it, or the names with the prefix or tag), a page at a time:
+   * the first page, or the one after `cursor` below those shown.
+   */
+  async function find(cursor = null) {
+    if (!cursor) listed = { prefix: start.value.trim(), wanted: tag.value.trim() };
+    const { prefix, wanted } = listed;
+    const asked = ++finds;
+    const page = await attempt(() => api("GET", `/v1/series${query({ start: prefix, tag: wanted, limit: NAMES_PAGE, cursor })}`));
+    // A later search (or page) replaced this one.
+    if (!page || asked !== finds) return;
     const items = page.items.filter((name) => name.startsWith(prefix));
-    found.replaceChildren(...items.map((name, index) =>
-      el("li", {}, el("label", {}, el("input", { type: "checkbox", id: `pick-${index}`, value: name, checked: names.includes(name) }), ` ${name}`))));
-    if (!items.length) found.append(el("li", { class: "status" }, "no series found"));
+    if (!cursor) found.replaceChildren();
+    found.querySelector(".status")?.remove();
+    const shown = found.querySelectorAll("input").length;
+    found.append(...items.map((name, index) =>
+      el("li", {}, el("label", { class: "check" }, el("input", { type: "checkbox", id: `pick-${shown + index}`, value: name, checked: names.includes(name) }), ` ${name}`))));
+    // Names come in name order: once one lacks the prefix, none after it has it.
+    namesCursor = items.length === page.items.length ? page.next_cursor : null;
+    more.hidden = !namesCursor;
+    if (!found.querySelector("input")) {
+      found.append(el("li", { class: "status empty" }, prefix || wanted
+        ? "No series matches."
+        : "No series yet: write points (POST /v1/series/{series}/points, line protocol or MQTT) and they are listed here."));
+    }
     remember();
   }
 
@@ -107,15 +132,12 @@ export function seriesView(root, { params, setFragment }) {
 
   function paint() {
     const table = columns();
-    chartBox.dataset.points = String(table[0].length);
-    const width = Math.max(280, chartBox.clientWidth || 600);
+    chartBox.hidden = false;
     if (!chart) {
-      chart = new uPlot({
-        width,
-        height: 300,
-        scales: { x: { time: true } },
-        series: [{ label: "time" }, ...names.map((name, index) => ({ label: name, stroke: COLORS[index % COLORS.length], width: 2, spanGaps: mode === "stepped" }))],
-      }, table, chartBox);
+      chart = timeChart(chartBox, {
+        data: table,
+        series: names.map((name) => ({ label: name, spanGaps: mode === "stepped" })),
+      });
     } else {
       chart.setData(table);
     }
@@ -146,7 +168,7 @@ export function seriesView(root, { params, setFragment }) {
 
   async function draw(keepStreams = false) {
     if (!names.length) {
-      status.textContent = "Find series above and pick some to chart.";
+      status.textContent = "Tick one or more series above, then Draw.";
       return;
     }
     const seconds = RANGES.find(([name]) => name === range)?.[1] || 3600;
@@ -196,7 +218,7 @@ export function seriesView(root, { params, setFragment }) {
     }
   }
 
-  if (start.value || tag.value) find();
+  find();
   draw();
   return {
     close() {

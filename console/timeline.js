@@ -28,7 +28,12 @@ export function timelineView(root, { who, params, setFragment }) {
   setFragment({ view: "timeline", subject: who.kind === "admin" ? subject : undefined });
   root.append(el("h2", {}, subject ? `Timeline of ${subject}` : "Timeline"));
   if (who.kind === "admin") root.append(subjectPicker("timeline", subject, "Subject whose timeline to show"));
-  if (!subject) return { close() {} };
+  if (!subject) {
+    root.append(el("p", { class: "status" },
+      "Name a subject to read its timeline as it sees it, live, and to post, follow and edit as it. ",
+      "The service's health is on the ", el("a", { href: "#view=overview" }, "overview"), "."));
+    return { close() {} };
+  }
 
   const base = `/v1/subjects/${seg(subject)}`;
   const entries = new Map();
@@ -36,14 +41,25 @@ export function timelineView(root, { who, params, setFragment }) {
   let nextCursor = null;
   let stream = null;
 
-  const payload = el("textarea", { id: "post-payload", name: "payload", required: true });
-  const asJson = el("input", { id: "post-json", name: "json", type: "checkbox" });
+  const TEXT_HINT = "What happened? Posted as {\"text\": …}";
+  const JSON_HINT = "{\"reading\": 7}";
+  const payload = el("textarea", { id: "post-payload", name: "payload", required: true, rows: 3, placeholder: TEXT_HINT });
+  const asJson = el("input", {
+    id: "post-json",
+    name: "json",
+    type: "checkbox",
+    onchange: () => {
+      payload.placeholder = asJson.checked ? JSON_HINT : TEXT_HINT;
+      payload.classList.toggle("code", asJson.checked);
+    },
+  });
   const postForm = el(
     "form",
-    { id: "post-form", onsubmit: (event) => { event.preventDefault(); post(); } },
-    field(`Post as ${subject}`, payload),
-    field("JSON payload", asJson),
-    el("button", { type: "submit", id: "post" }, "Post"),
+    { id: "post-form", class: "post", onsubmit: (event) => { event.preventDefault(); post(); } },
+    el("label", { class: "wide" }, `Post as ${subject}`, payload),
+    el("div", { class: "post-actions" },
+      el("label", { class: "check" }, asJson, "The payload is JSON"),
+      el("button", { type: "submit", id: "post" }, "Post")),
   );
   const target = el("input", { id: "follow-target", name: "target", required: true });
   const followForm = el(
@@ -57,12 +73,15 @@ export function timelineView(root, { who, params, setFragment }) {
   const markRead = el("button", { type: "button", id: "mark-read", class: "secondary", onclick: () => markAllRead() }, "Mark all read");
   const state = el("span", { id: "stream-state", class: "status" }, "connecting");
   const list = el("ul", { id: "entries", class: "entries", "aria-label": "Timeline entries" });
+  const none = el("p", { id: "entries-empty", class: "status empty", hidden: true },
+    `Nothing on ${subject}'s timeline yet: its own posts and those of the subjects it follows appear here as they are made.`);
   const older = el("button", { type: "button", id: "older", class: "secondary", hidden: true, onclick: () => loadPage(nextCursor) }, "Older entries");
   root.append(
     postForm,
     followForm,
     el("p", {}, markerText, " ", markRead, " ", state),
     list,
+    none,
     older,
   );
 
@@ -120,7 +139,9 @@ export function timelineView(root, { who, params, setFragment }) {
     entry.item = { ...entry.item, ...item };
     entry.paint();
     const editor = entry.editor;
-    if (editor && !editor.saving && (item.version ?? 1) > editor.version) {
+    // A save already refused as a conflict keeps the API's word and its offer to reload,
+    // whichever of the refusal and this event came first.
+    if (editor && !editor.saving && !editor.conflict && (item.version ?? 1) > editor.version) {
       editor.say(`Edited elsewhere since you opened this editor: it is now at version ${item.version} (shown above).`);
     }
     return entry;
@@ -205,7 +226,10 @@ export function timelineView(root, { who, params, setFragment }) {
       text,
       version: entry.item.version ?? 1,
       saving: false,
+      /** Whether the notice offers to reload (a save was refused, or the entry is gone). */
+      conflict: false,
       say(message, offerReload = false) {
+        editor.conflict = offerReload;
         note.textContent = message;
         reload.hidden = !offerReload;
         notice.classList.toggle("conflict", offerReload);
@@ -282,6 +306,7 @@ export function timelineView(root, { who, params, setFragment }) {
 
   function paintMarker() {
     markerText.textContent = `Unread: ${marker.unread}`;
+    none.hidden = entries.size > 0;
     list.querySelector(".marker-line")?.remove();
     let first = null;
     for (const node of list.querySelectorAll("li[data-row-key]")) {
@@ -462,6 +487,7 @@ export function subjectView(root, { who, params, setFragment }) {
     const page = await attempt(() => api("GET", `${base}/events${query({ limit: PAGE, cursor })}`));
     if (!page) return;
     page.items.forEach((item) => events.append(eventNode(item)));
+    if (!cursor && !page.items.length) events.append(el("li", { class: "status empty" }, `${subject} has posted nothing yet.`));
     cursor = page.next_cursor;
     moreEvents.hidden = !cursor;
   }
@@ -485,7 +511,7 @@ export function subjectView(root, { who, params, setFragment }) {
         : null;
       return el("li", {}, link, " ", unfollow);
     }));
-    if (!page.items.length) list.append(el("li", { class: "status" }, "none"));
+    if (!page.items.length) list.append(el("li", { class: "status empty" }, "none yet"));
   }
 
   loadEvents();

@@ -5,6 +5,8 @@
 //! names every file the console may serve, and each entry carries its content type. The
 //! routes are open (the page holds no data; every API call it makes carries the token the
 //! user typed in) and stay out of the OpenAPI document, like `/openapi.json` itself.
+//! `/favicon.ico` answers the console's icon, so a browser asking for it on its own finds
+//! one instead of a 404 in the log.
 
 use std::sync::OnceLock;
 
@@ -38,6 +40,7 @@ macro_rules! asset {
 
 const JS: &str = "text/javascript; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
+const SVG: &str = "image/svg+xml";
 
 /// Every file the console serves.
 static ASSETS: &[Asset] = &[
@@ -50,6 +53,9 @@ static ASSETS: &[Asset] = &[
     asset!("timeline.js", JS),
     asset!("series.js", JS),
     asset!("admin.js", JS),
+    asset!("overview.js", JS),
+    asset!("chart.js", JS),
+    asset!("favicon.svg", SVG),
     asset!("vendor/uplot/uPlot.esm.js", JS),
     asset!("vendor/uplot/uPlot.min.css", CSS),
     asset!("vendor/uplot/LICENSE", "text/plain; charset=utf-8"),
@@ -60,10 +66,14 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
     style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// `/ui` and everything under it.
+/// `/ui` and everything under it, and `/favicon.ico`.
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
+        .route(
+            "/favicon.ico",
+            get(|headers: HeaderMap| async move { serve("favicon.svg", &headers) }),
+        )
         .route(
             "/ui/",
             get(|headers: HeaderMap| async move { serve("index.html", &headers) }),

@@ -286,6 +286,22 @@ impl Browser {
         self.eval(&script).await;
     }
 
+    /// Moves the mouse over the element `selector` names, to the point `fx`, `fy` of its
+    /// width and height (0.5, 0.5 is its middle), as a real pointer would.
+    pub async fn hover(&self, selector: &str, fx: f64, fy: f64) {
+        let script = format!(
+            "(() => {{ const r = document.querySelector({sel}).getBoundingClientRect(); \
+             return [r.left + r.width * {fx}, r.top + r.height * {fy}]; }})()",
+            sel = json!(selector)
+        );
+        let point = self.eval(&script).await;
+        self.call(
+            "Input.dispatchMouseEvent",
+            json!({"type": "mouseMoved", "x": point[0], "y": point[1]}),
+        )
+        .await;
+    }
+
     /// Saves a PNG of the page as `target/console-screenshots/<name>.png`; returns its path.
     pub async fn screenshot(&self, name: &str) -> PathBuf {
         let shot = self

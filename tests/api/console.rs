@@ -79,6 +79,11 @@ async fn the_console_is_served_without_a_token_with_strict_headers_and_outside_t
             "text/javascript; charset=utf-8",
         ),
         ("/ui/vendor/uplot/LICENSE", "text/plain; charset=utf-8"),
+        ("/ui/overview.js", "text/javascript; charset=utf-8"),
+        ("/ui/chart.js", "text/javascript; charset=utf-8"),
+        ("/ui/favicon.svg", "image/svg+xml"),
+        // A browser asks for it on its own: the console's icon, not a 404.
+        ("/favicon.ico", "image/svg+xml"),
     ] {
         let response = client.get(app.url(path)).send().await.expect("get");
         assert_eq!(response.status(), StatusCode::OK, "{path}");
@@ -111,6 +116,10 @@ async fn the_console_is_served_without_a_token_with_strict_headers_and_outside_t
     let html = page.text().await.expect("html");
     assert!(!html.contains("<script>"), "no inline script: {html}");
     assert!(!html.contains("style="), "no inline style: {html}");
+    assert!(
+        html.contains(r#"<link rel="icon" href="favicon.svg""#),
+        "the page names its icon: {html}"
+    );
 
     let bare = client.get(app.url("/ui")).send().await.expect("get");
     assert_eq!(bare.url().path(), "/ui/", "/ui redirects to /ui/");
@@ -771,6 +780,14 @@ async fn an_api_error_is_shown_as_the_api_says_it() {
     browser
         .wait_for("document.body.dataset.who === 'admin'")
         .await;
+    // The admin lands on the overview; the timeline is a link away.
+    browser
+        .wait_for("document.querySelector('[data-figure=backlog]')")
+        .await;
+    browser.click("nav a[data-view=timeline]").await;
+    browser
+        .wait_for("document.getElementById('timeline-subject')")
+        .await;
     browser.fill("#timeline-subject", "tab\there").await;
     browser
         .eval("document.getElementById('timeline-pick').requestSubmit(); true")
@@ -1026,5 +1043,544 @@ async fn the_admin_sees_a_dead_lettered_fan_out_and_requeues_it() {
         .wait_for("document.querySelector('#dead-letters tr td:nth-child(6)').textContent !== ''")
         .await;
     assert_eq!(app.wait_for_timeline("reader", 1).await.len(), 1);
+    browser.assert_clean(&app.address);
+}
+
+/// A figure of the overview, as a script expression: `[data-figure=name]`.
+fn figure(name: &str) -> String {
+    format!("document.querySelector('[data-figure={name}]')")
+}
+
+/// The overview's figure `name` as `{value, total, text}` (its `data-value`, its `data-total`
+/// and its shown value).
+async fn figure_now(browser: &Browser, name: &str) -> Value {
+    browser
+        .eval(&format!(
+            "(() => {{ const f = {}; return {{value: Number(f.dataset.value), total: Number(f.dataset.total), text: f.querySelector('.value').textContent}}; }})()",
+            figure(name)
+        ))
+        .await
+}
+
+/// How many times the page has read the overview.
+fn overview_reads(browser: &Browser) -> usize {
+    browser
+        .requests()
+        .iter()
+        .filter(|url| url.ends_with("/v1/admin/overview"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_lands_on_a_live_overview_whose_figures_change_as_events_are_posted() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    for follower in ["bob", "carol", "dave"] {
+        assert_eq!(
+            app.follow(follower, "alice").await.status,
+            StatusCode::NO_CONTENT
+        );
+    }
+    app.wait_for_idle().await;
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "", 1280).await;
+    // No view named: the admin's landing view is the overview, first in the menu.
+    browser
+        .wait_for(&format!(
+            "{}?.dataset.total !== undefined",
+            figure("events")
+        ))
+        .await;
+    assert_eq!(
+        browser
+            .eval("document.querySelector('nav a[aria-current=page]').dataset.view")
+            .await,
+        json!("overview")
+    );
+    assert_eq!(
+        browser
+            .eval("document.querySelector('nav a:not([hidden])').dataset.view")
+            .await,
+        json!("overview")
+    );
+    // Every figure is filled in and says what it covers: the service's (from the store) and
+    // this process's.
+    let shown = browser
+        .eval(
+            "[...document.querySelectorAll('.figure')].map(f => [f.dataset.figure, f.querySelector('.value').textContent, f.querySelector('.covers').textContent])",
+        )
+        .await;
+    let shown = shown.as_array().expect("figures");
+    let names: Vec<&str> = shown
+        .iter()
+        .map(|row| row[0].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "backlog",
+            "oldest-job",
+            "events",
+            "deliveries",
+            "lag",
+            "streams",
+            "connections",
+            "dead-letters",
+            "mqtt"
+        ]
+    );
+    for row in shown {
+        assert!(
+            row[1]
+                .as_str()
+                .is_some_and(|text| !text.is_empty() && text != "…"),
+            "a figure is not filled in: {row}"
+        );
+        assert!(
+            row[2].as_str().is_some_and(|text| !text.is_empty()),
+            "a figure does not say what it covers: {row}"
+        );
+    }
+    let headings = browser
+        .eval("[...document.querySelectorAll('#view h3')].map(h => h.textContent)")
+        .await;
+    let headings = headings.to_string();
+    assert!(
+        headings.contains("Service what the store tells"),
+        "{headings}"
+    );
+    assert!(headings.contains("This process since "), "{headings}");
+    assert_eq!(
+        figure_now(&browser, "mqtt").await["text"],
+        json!("not configured")
+    );
+    assert_eq!(
+        browser
+            .eval("document.getElementById('overview-workers').hidden")
+            .await,
+        json!(true),
+        "this process runs workers"
+    );
+    let intake = browser
+        .eval("[...document.querySelectorAll('#intake tbody tr')].map(r => r.dataset.intake)")
+        .await;
+    assert_eq!(intake, json!(["line_protocol", "json", "mqtt"]));
+
+    // Events posted with followers while the page is open: the figures it shows move.
+    let events_before = figure_now(&browser, "events").await;
+    let deliveries_before = figure_now(&browser, "deliveries").await;
+    let reads_before = overview_reads(&browser);
+    for n in 0..5 {
+        let reply = app.post_text("alice", &format!("busy {n}")).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    let points = json!({"points": [{"at": "2026-01-01T00:00:00Z", "value": 1.0}, {"at": "2026-01-01T00:00:01Z", "value": 2.0}]});
+    let reply = app
+        .post_json("/v1/series/barn%2Ftemp/points", &points)
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    let events_total = events_before["total"].as_u64().expect("events total") + 5;
+    let deliveries_total = deliveries_before["total"]
+        .as_u64()
+        .expect("deliveries total")
+        + 15;
+    browser
+        .wait_for(&format!(
+            "Number({e}.dataset.total) >= {events_total} && Number({d}.dataset.total) >= {deliveries_total} \
+             && Number({e}.dataset.value) > 0 && Number({d}.dataset.value) > 0",
+            e = figure("events"),
+            d = figure("deliveries"),
+        ))
+        .await;
+    let events_after = figure_now(&browser, "events").await;
+    let deliveries_after = figure_now(&browser, "deliveries").await;
+    assert_ne!(
+        events_after["text"], events_before["text"],
+        "{events_after}"
+    );
+    assert_ne!(
+        deliveries_after["text"], deliveries_before["text"],
+        "{deliveries_after}"
+    );
+    assert!(
+        events_after["text"]
+            .as_str()
+            .is_some_and(|text| text.ends_with("/s")),
+        "{events_after}"
+    );
+    assert!(
+        overview_reads(&browser) > reads_before,
+        "the page polls the overview"
+    );
+    // The JSON intake counts the two points; the lag of the fan-outs is shown.
+    browser
+        .wait_for("document.querySelector('#intake tr[data-intake=json] td:last-child').textContent === '2'")
+        .await;
+    browser
+        .wait_for(&format!("{}.dataset.value !== ''", figure("lag")))
+        .await;
+    // The history is charted.
+    for chart in ["rates", "backlog", "lag", "points"] {
+        browser
+            .wait_for(&format!(
+                "Number(document.getElementById('history-{chart}').dataset.points) >= 1"
+            ))
+            .await;
+        assert_eq!(
+            browser
+                .eval(&CANVAS_INK.replace("#chart", &format!("#history-{chart}")))
+                .await,
+            json!(true),
+            "the {chart} chart is blank"
+        );
+    }
+    assert_unlabelled_controls_are_none(&browser).await;
+    browser.screenshot("overview").await;
+    // Dead letters link to the admin view's list of them.
+    browser.click("#overview-dead-letters").await;
+    browser
+        .wait_for("document.activeElement && document.activeElement.id === 'dead-subject'")
+        .await;
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_token_gets_no_overview() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let alice = subject_token(&app, "alice").await;
+    let browser = open(&app, &alice, "view=overview", 1000).await;
+    // Asked for the overview, a subject is shown its own timeline instead.
+    browser
+        .wait_for("document.getElementById('view').dataset.stream === 'live'")
+        .await;
+    let shown = browser
+        .eval(
+            "({overview: !!document.querySelector('[data-figure]'),
+               link: document.querySelector('nav a[data-view=overview]').hidden,
+               current: document.querySelector('nav a[aria-current=page]').dataset.view})",
+        )
+        .await;
+    assert_eq!(
+        shown,
+        json!({"overview": false, "link": true, "current": "timeline"})
+    );
+    assert_eq!(overview_reads(&browser), 0, "{:#?}", browser.requests());
+    // The API refuses it too.
+    let reply = Api::with_token(&app.address, Some(&alice))
+        .get("/v1/admin/overview")
+        .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{reply:?}");
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_workers_the_overview_says_the_fan_out_happens_elsewhere() {
+    let _slot = browser_slot().await;
+    let app = crate::helpers::spawn_app_with(
+        crate::helpers::TestStore::new(Backend::Embedded).await,
+        |config| config.workers = 0,
+    )
+    .await;
+    let browser = open(
+        &app,
+        crate::helpers::TEST_ADMIN_TOKEN,
+        "view=overview",
+        1000,
+    )
+    .await;
+    let note = browser
+        .wait_for("!document.getElementById('overview-workers').hidden && document.getElementById('overview-workers').textContent")
+        .await;
+    assert!(
+        note.as_str()
+            .is_some_and(|text| text.contains("--workers 0") && text.contains("other processes")),
+        "{note}"
+    );
+    let covers = browser
+        .eval("document.getElementById('overview-process-covers').textContent")
+        .await;
+    assert!(
+        covers
+            .as_str()
+            .is_some_and(|text| text.ends_with("0 fan-out workers")),
+        "{covers}"
+    );
+    browser.assert_clean(&app.address);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_series_page_lists_the_catalogue_a_page_at_a_time_without_a_search() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let series: Vec<Value> = (0..60)
+        .map(|n| json!({"name": format!("s-{n:02}"), "points": [{"at": "2026-01-01T00:00:00Z", "value": n}]}))
+        .collect();
+    let reply = app
+        .post_json("/v1/series:batch", &json!({ "series": series }))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "view=series", 1000).await;
+    let first = browser
+        .wait_for("document.querySelectorAll('#series-found input').length === 50 && !document.getElementById('series-more').hidden && [...document.querySelectorAll('#series-found input')].map(e => e.value)")
+        .await;
+    let expected: Vec<String> = (0..50).map(|n| format!("s-{n:02}")).collect();
+    assert_eq!(first, json!(expected));
+    browser.click("#series-more").await;
+    browser
+        .wait_for("document.querySelectorAll('#series-found input').length === 60 && document.getElementById('series-more').hidden")
+        .await;
+    let last = browser
+        .eval("[...document.querySelectorAll('#series-found input')].slice(-1)[0].value")
+        .await;
+    assert_eq!(last, json!("s-59"));
+    // Before any pick, the chart says what to do and draws nothing.
+    assert_eq!(
+        browser
+            .eval("document.getElementById('chart').hidden && document.getElementById('chart-status').textContent")
+            .await,
+        json!("Tick one or more series above, then Draw.")
+    );
+    // A prefix narrows the list.
+    browser.fill("#series-start", "s-5").await;
+    browser
+        .eval("document.getElementById('series-find').requestSubmit(); true")
+        .await;
+    browser
+        .wait_for("document.querySelectorAll('#series-found input').length === 10 && document.getElementById('series-more').hidden")
+        .await;
+    assert_unlabelled_controls_are_none(&browser).await;
+    browser.assert_clean(&app.address);
+}
+
+/// The series chart's x-axis labels, as drawn.
+async fn tick_labels(browser: &Browser) -> Vec<String> {
+    let ticks = browser
+        .eval("JSON.parse(document.getElementById('chart').dataset.ticks)")
+        .await;
+    serde_json::from_value(ticks).expect("strings")
+}
+
+/// The legend's values, the time first.
+async fn legend_values(browser: &Browser) -> Vec<String> {
+    let values = browser
+        .eval("[...document.querySelectorAll('#chart .u-legend .u-value')].map(e => e.textContent)")
+        .await;
+    serde_json::from_value(values).expect("strings")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_axes_fit_a_second_or_a_year_and_the_legend_shows_the_hovered_values() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let rfc3339 = &time::format_description::well_known::Rfc3339;
+    let now = time::OffsetDateTime::now_utc();
+    let first = (now - time::Duration::minutes(5))
+        .replace_nanosecond(0)
+        .expect("whole second");
+    let second = first + time::Duration::seconds(1);
+    let points = json!({"points": [
+        {"at": first.format(rfc3339).expect("time"), "value": 3.5},
+        {"at": second.format(rfc3339).expect("time"), "value": 7.25},
+    ]});
+    let reply = app.post_json("/v1/series/pair/points", &points).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    let browser = open(
+        &app,
+        crate::helpers::TEST_ADMIN_TOKEN,
+        "view=series&series=pair&range=15m",
+        1000,
+    )
+    .await;
+    browser
+        .wait_for("document.getElementById('chart').dataset.points === '2' && document.getElementById('chart').dataset.ticks")
+        .await;
+    // Two ticks, a second apart, as times of day to the second; the date once, under the
+    // first; no millisecond ticks; nothing cut off at the chart's edges.
+    let ticks = tick_labels(&browser).await;
+    let millis = first.unix_timestamp() * 1000;
+    let expected = browser
+        .eval(&format!(
+            "[{millis}, {millis} + 1000].map(ms => new Date(ms).toTimeString().slice(0, 8))"
+        ))
+        .await;
+    let firsts: Vec<&str> = ticks
+        .iter()
+        .map(|tick| tick.split('\n').next().expect("a line"))
+        .collect();
+    assert_eq!(json!(firsts), expected, "{ticks:?}");
+    assert!(ticks.iter().all(|tick| !tick.contains('.')), "{ticks:?}");
+    let dated: Vec<&String> = ticks.iter().filter(|tick| tick.contains('\n')).collect();
+    assert_eq!(dated.len(), 1, "the date is shown once: {ticks:?}");
+    assert!(ticks[0].contains('\n'), "{ticks:?}");
+    assert_eq!(
+        browser
+            .eval("document.getElementById('chart').dataset.ticksFit")
+            .await,
+        json!("true"),
+        "a label is cut off: {ticks:?}"
+    );
+    // Away from the chart, the legend shows the latest point; over it, the point under
+    // the cursor; never `--`.
+    let idle = legend_values(&browser).await;
+    assert_eq!(idle.len(), 2, "{idle:?}");
+    assert_eq!(idle[1], "7.25", "{idle:?}");
+    browser.hover("#chart .u-over", 0.05, 0.5).await;
+    browser
+        .wait_for("document.querySelectorAll('#chart .u-legend .u-value')[1].textContent === '3.5'")
+        .await;
+    let hovered = legend_values(&browser).await;
+    let day_and_time = browser
+        .eval(&format!(
+            "(() => {{ const d = new Date({millis}); return [d.getDate(), d.toTimeString().slice(0, 8)]; }})()"
+        ))
+        .await;
+    assert!(
+        hovered[0].starts_with(&day_and_time[0].to_string())
+            && hovered[0].ends_with(day_and_time[1].as_str().expect("time")),
+        "{hovered:?} {day_and_time}"
+    );
+    browser.hover("#chart .u-over", 0.95, 0.5).await;
+    browser
+        .wait_for(
+            "document.querySelectorAll('#chart .u-legend .u-value')[1].textContent === '7.25'",
+        )
+        .await;
+    for values in [idle, hovered, legend_values(&browser).await] {
+        assert!(values.iter().all(|value| value != "--"), "{values:?}");
+    }
+
+    // A year of monthly points: the axis shows months, the year once per year.
+    let yearly: Vec<Value> = (0..12_i64)
+        .map(|months| {
+            let at = now - time::Duration::days(30 * months + 1);
+            json!({"at": at.format(rfc3339).expect("time"), "value": months})
+        })
+        .collect();
+    let reply = app
+        .post_json("/v1/series/yearly/points", &json!({ "points": yearly }))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    browser
+        .eval("location.hash = 'view=series&series=yearly&range=1y'; true")
+        .await;
+    browser
+        .wait_for("document.getElementById('chart')?.dataset.points === '12' && document.getElementById('chart').dataset.ticks")
+        .await;
+    let ticks = tick_labels(&browser).await;
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    assert!(ticks.len() >= 5, "{ticks:?}");
+    for tick in &ticks {
+        let mut lines = tick.split('\n');
+        let month = lines.next().expect("a line");
+        assert!(MONTHS.contains(&month), "not a month: {ticks:?}");
+        if let Some(year) = lines.next() {
+            assert!(year.parse::<i32>().is_ok(), "{ticks:?}");
+        }
+    }
+    assert!(
+        ticks[0].contains('\n'),
+        "the first month has its year: {ticks:?}"
+    );
+    assert_eq!(
+        browser
+            .eval("document.getElementById('chart').dataset.ticksFit")
+            .await,
+        json!("true"),
+        "a label is cut off: {ticks:?}"
+    );
+    browser.assert_clean(&app.address);
+}
+
+/// Tables shown on the page without a row in them (bare headers), as their ids.
+const BARE_TABLES: &str = "[...document.querySelectorAll('table')]
+    .filter(t => t.offsetParent !== null && !t.querySelector('tbody tr'))
+    .map(t => t.querySelector('tbody')?.id || t.outerHTML.slice(0, 60))";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_tables_and_lists_say_so_instead_of_showing_bare_headers() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let browser = open(&app, crate::helpers::TEST_ADMIN_TOKEN, "view=admin", 1000).await;
+    browser
+        .wait_for("document.getElementById('tokens-empty')")
+        .await;
+    assert_eq!(browser.eval(BARE_TABLES).await, json!([]));
+    let said = browser
+        .eval("[...document.querySelectorAll('.empty')].filter(e => !e.hidden).map(e => e.id)")
+        .await;
+    assert_eq!(said, json!(["tokens-empty", "dead-letters-empty"]));
+    // Two issue buttons, each saying what it issues.
+    let buttons = browser
+        .eval("[...document.querySelectorAll('#view button')].map(b => b.textContent)")
+        .await;
+    assert_eq!(
+        buttons,
+        json!([
+            "Issue subject token",
+            "Issue device token",
+            "List tokens",
+            "List dead letters"
+        ])
+    );
+    // Listing the tokens of a subject that has none says so, still without a bare table.
+    browser.fill("#tokens-of", "quiet").await;
+    browser
+        .eval("document.getElementById('tokens-of').form.requestSubmit(); true")
+        .await;
+    browser
+        .wait_for("document.getElementById('tokens-empty').textContent === 'quiet has no tokens.'")
+        .await;
+    browser.fill("#dead-subject", "quiet").await;
+    browser
+        .eval("document.getElementById('dead-subject').form.requestSubmit(); true")
+        .await;
+    browser
+        .wait_for("document.getElementById('dead-letters-empty').textContent === 'Nothing of quiet is dead-lettered.'")
+        .await;
+    assert_eq!(browser.eval(BARE_TABLES).await, json!([]));
+    assert_unlabelled_controls_are_none(&browser).await;
+
+    // An empty timeline, an empty subject page and an empty catalogue say so too.
+    browser
+        .eval("location.hash = 'view=timeline&subject=quiet'; true")
+        .await;
+    browser
+        .wait_for("!document.getElementById('entries-empty')?.hidden")
+        .await;
+    // The payload box is a sized, labelled textarea with a hint; the JSON switch a
+    // labelled checkbox.
+    let payload = browser
+        .eval(
+            "(() => { const t = document.getElementById('post-payload'); const c = document.getElementById('post-json');
+               return {rows: t.rows, placeholder: t.placeholder !== '', wide: t.getBoundingClientRect().width >= 300,
+                       label: t.labels[0].textContent.startsWith('Post as quiet'), check: c.type, checkLabel: c.labels[0].textContent}; })()",
+        )
+        .await;
+    assert_eq!(
+        payload,
+        json!({"rows": 3, "placeholder": true, "wide": true, "label": true,
+               "check": "checkbox", "checkLabel": "The payload is JSON"})
+    );
+    browser
+        .eval("location.hash = 'view=subject&subject=quiet'; true")
+        .await;
+    let said = browser
+        .wait_for("document.querySelectorAll('#followers .empty, #following .empty, #events .empty').length === 3 && [...document.querySelectorAll('#view .empty')].map(e => e.textContent)")
+        .await;
+    assert_eq!(
+        said,
+        json!(["quiet has posted nothing yet.", "none yet", "none yet"])
+    );
+    browser.eval("location.hash = 'view=series'; true").await;
+    let said = browser
+        .wait_for("document.querySelector('#series-found .empty')?.textContent")
+        .await;
+    assert!(
+        said.as_str()
+            .is_some_and(|text| text.starts_with("No series yet")),
+        "{said}"
+    );
     browser.assert_clean(&app.address);
 }
