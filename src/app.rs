@@ -143,7 +143,8 @@ async fn app_state(
     );
     let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
         .with_notices(notices.clone())
-        .with_default_retention(config.series_retention);
+        .with_default_retention(config.series_retention)
+        .with_backlog(backlog.clone());
     Ok(AppState::new(Services {
         timelines: Arc::new(timelines),
         series: Arc::new(series),

@@ -173,7 +173,8 @@ pub struct Config {
     #[arg(long, help_heading = LIMITS, env = "FANLINE_MAX_PAYLOAD_BYTES", default_value_t = 64 * 1024)]
     pub max_payload_bytes: usize,
 
-    /// Pending jobs past which posts are refused (503 `backlog_full`); 0 for no bound.
+    /// Pending jobs past which posts and series writes are refused (503 `backlog_full`); 0
+    /// for no bound.
     #[arg(long, help_heading = LIMITS, env = "FANLINE_MAX_BACKLOG", default_value_t = 100_000)]
     pub max_backlog: u64,
 

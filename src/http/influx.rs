@@ -128,7 +128,7 @@ pub(crate) struct InfluxErrorBody {
         (status = PAYLOAD_TOO_LARGE, description = "Over 16 MiB, compressed or not, or over 200,000 points or 10,000 series (`request too large`): send fewer lines a request", body = InfluxErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "A `Content-Encoding` other than gzip or identity", body = InfluxErrorBody),
         (status = TOO_MANY_REQUESTS, description = "This token is over its rate (`too many requests`)", body = InfluxErrorBody),
-        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable; retry later (`unavailable`)", body = InfluxErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable, or the job backlog is full; retry after `Retry-After` (`unavailable`)", body = InfluxErrorBody),
     )
 )]
 async fn write_line_protocol(

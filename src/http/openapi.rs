@@ -221,8 +221,8 @@ impl Shared {
             Shared::Unprocessable => "Well-formed JSON of the wrong shape",
             Shared::RateLimited => "This token is over its rate (FANLINE_RATE_LIMIT)",
             Shared::Unavailable => {
-                "The store is unavailable (`unavailable`), or a post meets a full fan-out backlog \
-                 (`backlog_full`, nothing written); retry later"
+                "The store is unavailable (`unavailable`), or a post or a series write meets a \
+                 full job backlog (`backlog_full`, nothing written); retry later"
             }
         };
         let builder = ResponseBuilder::new().description(description).content(

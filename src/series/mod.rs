@@ -37,7 +37,7 @@ mod writing;
 
 use std::sync::Arc;
 
-use crate::jobs::Wake;
+use crate::jobs::{Backlog, Wake};
 
 use crate::cursor::CursorCodec;
 use crate::notices::Notices;
@@ -103,6 +103,9 @@ pub struct Series {
     notices: Notices,
     /// The retention of series with none of their own.
     default_retention: Retention,
+    /// The job queue's backlog: writes are refused while it is full, as posts are, so
+    /// ingest faster than the workers apply meets backpressure rather than a growing queue.
+    backlog: Arc<Backlog>,
 }
 
 impl Series {
@@ -113,7 +116,14 @@ impl Series {
             wake_workers,
             notices: Notices::local(),
             default_retention: Retention::Forever,
+            backlog: Backlog::new(0),
         }
+    }
+
+    /// Refuses writes while `backlog` is full.
+    pub fn with_backlog(mut self, backlog: Arc<Backlog>) -> Self {
+        self.backlog = backlog;
+        self
     }
 
     /// Tells `notices` of every write accepted, for live tails.

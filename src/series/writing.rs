@@ -170,6 +170,12 @@ impl Series {
     /// one series are never refused, and the journal's job merges the points later.
     pub async fn write(&self, batch: Vec<NewPoints>) -> DomainResult<usize> {
         let series = normalise(batch)?;
+        if self.backlog.is_full() {
+            // Checked before anything is written: the client retries the whole write.
+            return Err(DomainError::BacklogFull {
+                pending: self.backlog.view().pending,
+            });
+        }
         let received = Ticks::now();
         let mut prepared = prepare(series, received)?;
         let store = self.store.as_ref();

@@ -13,6 +13,7 @@ use crate::helpers::{Backend, TestApp, TestStore, spawn_app_with};
 
 on_both_backends!(
     a_full_backlog_refuses_posts_until_the_workers_catch_up_and_a_retry_makes_one_event,
+    a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothing,
 );
 
 const LIMIT: u64 = 3;
@@ -98,4 +99,83 @@ async fn a_full_backlog_refuses_posts_until_the_workers_catch_up_and_a_retry_mak
         Some(LIMIT as usize + 1),
         "{events:?}"
     );
+}
+
+/// Series writes meet the same bound: JSON and line protocol are refused with a 503 and
+/// `Retry-After` (what Telegraf and the Influx clients retry on), and nothing of them is
+/// written; once the workers catch up, the same writes are taken.
+async fn a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothing(
+    backend: Backend,
+) {
+    let app = spawn_app_with(TestStore::new(backend).await, |config| {
+        config.max_backlog = LIMIT;
+        config.max_attempts = 1000;
+        config.retry_base_ms = 20;
+    })
+    .await;
+    // Each write's `readings` event is fanned out by a job that cannot finish yet.
+    app.faults.fail_always(
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Unavailable,
+    );
+    assert_eq!(
+        app.follow("farmer", "probe-0").await.status,
+        StatusCode::NO_CONTENT
+    );
+    let point = |second: u64| json!({"points": [{"at": format!("2026-11-21T10:00:{second:02}Z"), "value": 1.0}]});
+    for n in 0..LIMIT {
+        let written = app
+            .post_json(&format!("/v1/series/probe-{n}/points"), &point(n))
+            .await;
+        assert_eq!(written.status, StatusCode::CREATED, "{written:?}");
+    }
+    wait_for_backlog(&app, "full", |backlog| backlog["full"] == true).await;
+
+    let refused = app.post_json("/v1/series/probe-9/points", &point(9)).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{refused:?}"
+    );
+    assert_eq!(refused.error_code(), "backlog_full");
+    let retry_after = |reply: &crate::helpers::Reply| {
+        reply
+            .headers
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(retry_after(&refused).as_deref(), Some("1"));
+    let lines = "probe,site=a value=1 1763719200000000000\n";
+    let influx = app
+        .send(
+            app.client
+                .post(app.url("/api/v2/write?bucket=b"))
+                .body(lines),
+        )
+        .await;
+    assert_eq!(influx.status, StatusCode::SERVICE_UNAVAILABLE, "{influx:?}");
+    assert_eq!(influx.body["code"], "unavailable", "{influx:?}");
+    assert_eq!(retry_after(&influx).as_deref(), Some("1"));
+    let nothing = app.get("/v1/series/probe-9/points").await;
+    assert_eq!(nothing.status, StatusCode::OK, "{nothing:?}");
+    assert_eq!(
+        nothing.body["items"],
+        json!([]),
+        "a refused write wrote nothing"
+    );
+
+    // The workers catch up: the same writes are taken.
+    app.faults.clear();
+    wait_for_backlog(&app, "drained", |backlog| backlog["full"] == false).await;
+    let taken = app.post_json("/v1/series/probe-9/points", &point(9)).await;
+    assert_eq!(taken.status, StatusCode::CREATED, "{taken:?}");
+    let influx = app
+        .send(
+            app.client
+                .post(app.url("/api/v2/write?bucket=b"))
+                .body(lines),
+        )
+        .await;
+    assert_eq!(influx.status, StatusCode::NO_CONTENT, "{influx:?}");
 }
