@@ -545,24 +545,27 @@ fn connection_limits(config: &Config) -> ConnectionLimits {
     }
 }
 
-/// Cancels `token` on SIGINT or SIGTERM.
+/// Cancels `token` on SIGINT or SIGTERM. The handlers are in place when this returns, so a
+/// signal sent right after (by a supervisor that saw the process announce itself) is never
+/// met by the default action of dying on the spot.
 pub fn cancel_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let streams = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    );
     tokio::spawn(async move {
-        let interrupt = tokio::signal::ctrl_c();
-        #[cfg(unix)]
-        let terminate = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut signal) => {
-                    signal.recv().await;
+        match streams {
+            (Ok(mut interrupt), Ok(mut terminate)) => {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
                 }
-                Err(_) => std::future::pending::<()>().await,
             }
-        };
-        #[cfg(not(unix))]
-        let terminate = std::future::pending::<()>();
-        tokio::select! {
-            _ = interrupt => {}
-            () = terminate => {}
+            // Cannot listen (no signal driver): ^C through tokio's portable handler.
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
         // Cancel first: nothing after the signal (a log line to a closed pipe, say) may
         // keep the process from stopping.

@@ -202,10 +202,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let address = application
                 .local_addr()
                 .context("failed to read the bound address")?;
+            // Before the line that says it is up: a signal sent on reading it is handled.
+            app::cancel_on_signal(application.shutdown_token());
             // Scripts and tests read this line to find the port (the listen port may be 0).
             println!("fanline listening on http://{address}");
             std::io::stdout().flush().ok();
-            app::cancel_on_signal(application.shutdown_token());
             application.run_until_stopped().await
         }
         Command::Worker(config) => {

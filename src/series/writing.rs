@@ -214,8 +214,14 @@ impl Series {
                 .iter()
                 .flat_map(|plan| &plan.pending_batches)
                 .collect();
-            if !pending.is_empty() && journal::settle(store, &pending).await? {
-                continue;
+            if !pending.is_empty() {
+                match journal::settle(store, &pending).await {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    // Other writers are applying it too: stage this write behind it instead.
+                    Err(DomainError::Conflict(_)) => return self.stage(&prepared).await,
+                    Err(err) => return Err(err),
+                }
             }
             let mut writes: Vec<Write> = Vec::new();
             for ((one, plan), head) in prepared.iter().zip(plans).zip(&heads) {

@@ -46,11 +46,41 @@ async fn creating_tables_that_exist_already_succeeds() {
 
 /// Without any AWS setting, a start against a local endpoint never asks the EC2 instance
 /// metadata service for credentials (a probe that logged three ~1 KB warnings off EC2), and
-/// says in one short line that it uses placeholder credentials.
+/// says in one short line, at debug, that it uses placeholder credentials.
 #[test]
 fn a_local_endpoint_without_aws_settings_uses_placeholder_credentials_and_says_so_once() {
+    // Quiet at the default level; one line at debug.
+    for log_level_opt in [None, Some("info,fanline=debug")] {
+        let stderr = init_against_dynamodb_local(log_level_opt);
+        let lowercase = stderr.to_lowercase();
+        for probe in ["imds", "ec2", "instance metadata", "169.254.169.254"] {
+            assert!(!lowercase.contains(probe), "{probe:?} in: {stderr}");
+        }
+        let credential_lines: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.contains("credentials"))
+            .collect();
+        let Some(_) = log_level_opt else {
+            assert_eq!(credential_lines, Vec::<&str>::new(), "{stderr}");
+            continue;
+        };
+        assert_eq!(credential_lines.len(), 1, "{stderr}");
+        assert!(
+            credential_lines[0].contains("using placeholder credentials for the local endpoint"),
+            "{stderr}"
+        );
+        for line in stderr.lines() {
+            assert!(line.len() < 300, "a long log line: {line}");
+        }
+    }
+}
+
+/// `fanline init` on DynamoDB Local with no AWS settings at all, logging at `log_level_opt`
+/// (the default without); its stderr.
+fn init_against_dynamodb_local(log_level_opt: Option<&str>) -> String {
     let home = tempfile::tempdir().expect("temp dir");
-    let output = Command::new(env!("CARGO_BIN_EXE_fanline"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fanline"));
+    command
         .arg("init")
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -61,28 +91,14 @@ fn a_local_endpoint_without_aws_settings_uses_placeholder_credentials_and_says_s
             "FANLINE_TABLE_PREFIX",
             format!("quiet{}-", uuid::Uuid::new_v4().simple()),
         )
-        .env("FANLINE_DATA_DIR", home.path().join("data"))
-        .output()
-        .expect("run fanline init");
+        .env("FANLINE_DATA_DIR", home.path().join("data"));
+    if let Some(level) = log_level_opt {
+        command.env("RUST_LOG", level);
+    }
+    let output = command.output().expect("run fanline init");
     let stderr = strip_ansi(&String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "fanline init failed: {stderr}");
-
-    let lowercase = stderr.to_lowercase();
-    for probe in ["imds", "ec2", "instance metadata", "169.254.169.254"] {
-        assert!(!lowercase.contains(probe), "{probe:?} in: {stderr}");
-    }
-    let credential_lines: Vec<&str> = stderr
-        .lines()
-        .filter(|line| line.contains("credentials"))
-        .collect();
-    assert_eq!(credential_lines.len(), 1, "{stderr}");
-    assert!(
-        credential_lines[0].contains("using placeholder credentials for the local endpoint"),
-        "{stderr}"
-    );
-    for line in stderr.lines() {
-        assert!(line.len() < 300, "a long log line: {line}");
-    }
+    stderr
 }
 
 /// Removes the terminal colour codes (`ESC [ ... m`) a log line may carry.

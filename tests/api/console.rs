@@ -246,6 +246,11 @@ async fn a_post_appears_on_a_followers_open_timeline_without_a_reload() {
     browser
         .wait_for("[...document.querySelectorAll('#entries .payload')].some(e => e.textContent === 'and hello from bob')")
         .await;
+    // The stream may show the entry before the page has its answer, which empties the box:
+    // type the next post only then, or the answer would empty that one.
+    browser
+        .wait_for("document.getElementById('post-payload').value === ''")
+        .await;
     assert_eq!(
         entry_texts(&browser).await,
         ["and hello from bob", "hello from alice"]
@@ -256,6 +261,9 @@ async fn a_post_appears_on_a_followers_open_timeline_without_a_reload() {
     browser.click("#post").await;
     browser
         .wait_for("document.querySelectorAll('#entries li[data-row-key]').length === 3")
+        .await;
+    browser
+        .wait_for("document.getElementById('post-payload').value === ''")
         .await;
     let posted = app.page("bob", "events", "").await;
     assert_eq!(

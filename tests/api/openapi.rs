@@ -20,7 +20,7 @@ on_both_backends!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 39] = [
+const OPERATIONS: [&str; 40] = [
     "POST /api/v2/write",
     "GET /healthz",
     "GET /metrics",
@@ -29,6 +29,7 @@ const OPERATIONS: [&str; 39] = [
     "POST /v1/admin/fanout/{subject}/{event_id}/requeue",
     "POST /v1/admin/series/{series}/tokens",
     "POST /v1/admin/subjects/{subject}/tokens",
+    "GET /v1/admin/overview",
     "GET /v1/admin/tokens",
     "DELETE /v1/admin/tokens/{token_id}",
     "GET /v1/series",
