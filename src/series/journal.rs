@@ -26,7 +26,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::layout::day_of;
+use super::layout::{day_of, markers_query};
 use super::plan::{self, merge};
 use super::retention::Retention;
 use super::rollup_write;
@@ -42,6 +42,8 @@ use crate::timeline::{DomainError, DomainResult, Event, SubjectId};
 /// Points per staged row: under 74 KB each, far within the store's
 /// [`MAX_ITEM_BYTES`](crate::store::MAX_ITEM_BYTES).
 const STAGED_POINTS_PER_ROW: usize = 4096;
+/// Committed batches of one series folded into one write of its rows, at most.
+const FOLDED_BATCHES: usize = 8;
 /// Series of a batch applied at once.
 const SERIES_APPLIED_AT_ONCE: usize = 16;
 /// Row writes per apply transaction.
@@ -334,35 +336,64 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
 
 /// Applies series `entry` of committed `batch`, unless an earlier run did (its marker is
 /// gone); returns the points applied.
+///
+/// With it go the series' other committed batches not yet applied (up to [`FOLDED_BATCHES`]):
+/// their points are merged in batch order (a later batch's value of a time wins, as reads
+/// overlay them) and written in one read-modify-write of the rows, however many requests
+/// brought them. Each batch's `readings` event is then posted and its marker dropped, as its
+/// own job would; their jobs find the markers gone. Two jobs folding one series at once write
+/// the same rows (each a compare-and-swap) and the same events (each create-if-absent).
 async fn apply_series(store: &dyn Store, batch: &str, entry: &Item) -> DomainResult<u64> {
-    let index: usize = entry
-        .row
-        .strip_prefix("s.")
-        .and_then(|index| index.parse().ok())
-        .ok_or_else(|| DomainError::Corrupt(format!("staged row {:?}", entry.row)))?;
     let staged: StagedSeries = serde_json::from_slice(&entry.value)
         .map_err(|err| DomainError::Corrupt(format!("staged series: {err}")))?;
-    if store
-        .get(Table::SeriesPending, &staged.series, batch)
-        .await?
-        .is_none()
-    {
+    let series = staged.series.clone();
+    let Some(own_marker) = store.get(Table::SeriesPending, &series, batch).await? else {
         return Ok(0);
+    };
+    let mut folded: Vec<Item> = Vec::new();
+    for marker in store.query(markers_query(&series)).await? {
+        if folded.len() == FOLDED_BATCHES {
+            break;
+        }
+        if marker.row != batch && is_committed(store, &marker.row).await? {
+            folded.push(marker);
+        }
     }
-    let points = staged_points(store, batch, index).await?;
-    write_rows(store, &staged.series, &points).await?;
+    folded.push(Item::new(&series, batch, own_marker));
+    folded.sort_by(|a, b| a.row.cmp(&b.row)); // batch ids are UUIDv7s: oldest first
 
-    let author = SubjectId::parse(&staged.series).map_err(DomainError::Corrupt)?;
-    let event = Event::decode(&author, &staged.event_row_key, staged.event_body.as_bytes())
-        .map_err(DomainError::Corrupt)?;
-    let drop_marker = Write::delete(Table::SeriesPending, &staged.series, batch);
-    let mut writes = event_writes(&event, event.at);
-    writes.push(drop_marker.clone());
-    match store.transact(writes).await {
-        Ok(()) => {}
-        // An earlier run posted the event already.
-        Err(StoreError::ConditionFailed) => store.transact(vec![drop_marker]).await?,
-        Err(err) => return Err(err.into()),
+    let mut batches = Vec::with_capacity(folded.len());
+    let mut points: Vec<Point> = Vec::new();
+    for marker in &folded {
+        let Ok(index) = String::from_utf8_lossy(&marker.value).parse::<usize>() else {
+            continue;
+        };
+        let Some(entry) = store
+            .get(Table::SeriesBatches, &marker.row, &series_row(index))
+            .await?
+        else {
+            continue; // applied and cleaned up by another job meanwhile
+        };
+        let staged: StagedSeries = serde_json::from_slice(&entry)
+            .map_err(|err| DomainError::Corrupt(format!("staged series: {err}")))?;
+        points = merge(&points, &staged_points(store, &marker.row, index).await?);
+        batches.push((marker.row.clone(), staged));
+    }
+    write_rows(store, &series, &points).await?;
+
+    let author = SubjectId::parse(&series).map_err(DomainError::Corrupt)?;
+    for (folded_batch, staged) in batches {
+        let event = Event::decode(&author, &staged.event_row_key, staged.event_body.as_bytes())
+            .map_err(DomainError::Corrupt)?;
+        let drop_marker = Write::delete(Table::SeriesPending, &series, &folded_batch);
+        let mut writes = event_writes(&event, event.at);
+        writes.push(drop_marker.clone());
+        match store.transact(writes).await {
+            Ok(()) => {}
+            // An earlier run, or another job folding this series, posted the event already.
+            Err(StoreError::ConditionFailed) => store.transact(vec![drop_marker]).await?,
+            Err(err) => return Err(err.into()),
+        }
     }
     Ok(points.len() as u64)
 }
@@ -418,7 +449,7 @@ mod tests {
     use uuid::{NoContext, Timestamp};
 
     use super::*;
-    use crate::series::layout::markers_query;
+    use crate::keys::{Ticks, event_row_key};
     use crate::store::EmbeddedStore;
 
     /// Stages one series of a batch (its row, points and marker) without committing it.
@@ -503,5 +534,79 @@ mod tests {
             !settle(&store, &[&old]).await.expect("settle"),
             "nothing to apply"
         );
+    }
+
+    /// One committed batch of `series` holding `points`, with its `readings` event.
+    async fn commit(store: &dyn Store, series: &str, points: Vec<Point>) -> Uuid {
+        let at = Ticks::now();
+        let event_id = Uuid::now_v7();
+        let event = Event {
+            event_id,
+            author: SubjectId::parse(series).expect("subject"),
+            kind: "readings".into(),
+            payload: serde_json::value::RawValue::from_string(format!(
+                r#"{{"count":{}}}"#,
+                points.len()
+            ))
+            .expect("json"),
+            at,
+            row_key: event_row_key(at, event_id),
+            version: 1,
+            edited_at: None,
+        };
+        let prepared = [Prepared {
+            series: SeriesName::parse(series).expect("name"),
+            points,
+            event,
+        }];
+        stage_and_commit(store, &prepared).await.expect("commit");
+        let marker = markers(store, series).await.pop().expect("a marker");
+        Uuid::parse_str(&marker.row).expect("batch id")
+    }
+
+    #[tokio::test]
+    async fn a_batchs_job_folds_the_series_other_committed_batches_into_one_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let point = |at: u64, value: f64| Point { at, value };
+        let first = commit(&store, "s", vec![point(10, 1.0), point(20, 1.0)]).await;
+        // A later batch writes time 20 again: its value wins, as reads overlay it.
+        let second = commit(&store, "s", vec![point(20, 2.0), point(30, 2.0)]).await;
+        commit(&store, "s", vec![point(40, 3.0)]).await;
+        assert_eq!(markers(&store, "s").await.len(), 3);
+
+        let applied = apply(&store, &first.to_string()).await.expect("apply");
+
+        assert_eq!(applied, 4, "the three batches' points, merged");
+        assert!(markers(&store, "s").await.is_empty(), "every batch applied");
+        let mut stored = Vec::new();
+        let rows = store
+            .query_all(Query::partition(
+                Table::SeriesPoints,
+                super::super::layout::partition("s", 0),
+                100,
+            ))
+            .await
+            .expect("rows");
+        for row in rows {
+            let key = super::super::layout::parse_ticks(&row.row).expect("row key");
+            stored.extend(codec::decode(key, &row.value).expect("row"));
+        }
+        assert_eq!(
+            stored,
+            [
+                point(10, 1.0),
+                point(20, 2.0),
+                point(30, 2.0),
+                point(40, 3.0)
+            ]
+        );
+        let events = store
+            .query_all(Query::partition(Table::Events, "s", 100))
+            .await
+            .expect("events");
+        assert_eq!(events.len(), 3, "one readings event per batch, each once");
+        // The second batch's own job finds nothing left to apply.
+        assert_eq!(apply(&store, &second.to_string()).await.expect("apply"), 0);
     }
 }
