@@ -12,6 +12,7 @@ use crate::helpers::{Api, Backend, TestStore};
 on_both_backends!(
     jobs_posted_before_a_restart_are_delivered_after_it,
     acknowledged_events_survive_sigkill,
+    journaled_series_writes_answered_before_a_sigkill_are_applied_once_after_it,
 );
 
 /// `fanline <subcommand>` configured for the test's store.
@@ -248,5 +249,75 @@ async fn acknowledged_events_survive_sigkill(backend: Backend) {
         .collect();
     delivered.reverse();
     assert_eq!(delivered, acknowledged);
+    stop(restarted).await;
+}
+
+/// Series writes of more than 20 series are answered once committed to the journal, before
+/// their points reach the rows. A server without workers answers five, shows them, and is
+/// SIGKILLed; a new one with workers applies them: every point once, with the value of the
+/// last write of its time, and each series' `readings` events once per write.
+async fn journaled_series_writes_answered_before_a_sigkill_are_applied_once_after_it(
+    backend: Backend,
+) {
+    const SERIES: usize = 24;
+    const WRITES: usize = 5;
+    let store = TestStore::new(backend).await;
+    let (server, api) = serve(&store, 0);
+    let name = |series: usize| format!("crash-{series:02}");
+    // Write w holds seconds w and w + 1 of every series: each time but the first and last is
+    // written twice, and the later write's value (its w) must win.
+    for write in 0..WRITES {
+        let series: Vec<serde_json::Value> = (0..SERIES)
+            .map(|index| {
+                let points: Vec<serde_json::Value> = (write..write + 2)
+                    .map(|second| {
+                        json!({"at": format!("2026-11-21T10:00:{second:02}Z"), "value": write})
+                    })
+                    .collect();
+                json!({"name": name(index), "points": points})
+            })
+            .collect();
+        let reply = api
+            .post_json("/v1/series:batch", &json!({ "series": series }))
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    let expected: Vec<(String, f64)> = (0..=WRITES)
+        .map(|second| {
+            let value = second.min(WRITES - 1) as f64;
+            (format!("2026-11-21T10:00:{second:02}.0000000Z"), value)
+        })
+        .collect();
+    let points = |api: &Api, series: String| {
+        let path = format!("/v1/series/{series}/points?from=2026-11-21T00:00:00Z");
+        let api = Api::new(&api.address);
+        async move {
+            let reply = api.get(&path).await;
+            assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+            reply.body["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .map(|item| {
+                    (
+                        item["at"].as_str().expect("at").to_owned(),
+                        item["value"].as_f64().expect("value"),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    // Answered means visible, before any worker applied anything.
+    assert_eq!(points(&api, name(0)).await, expected);
+    server.kill();
+
+    let (restarted, api) = serve(&store, 2);
+    api.wait_for_idle().await;
+    for index in 0..SERIES {
+        assert_eq!(points(&api, name(index)).await, expected, "{}", name(index));
+        let events = api.all_pages(&name(index), "events").await;
+        assert_eq!(events.len(), WRITES, "{}: {events:?}", name(index));
+        assert!(events.iter().all(|event| event["kind"] == "readings"));
+    }
     stop(restarted).await;
 }
