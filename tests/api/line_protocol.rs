@@ -26,6 +26,7 @@ on_both_backends!(
     the_token_scheme_works_and_errors_have_influxdb_shape,
     the_influxdb_python_client_writes_and_reads_its_errors,
     the_request_telegraf_sends_is_written,
+    the_influxdb_python_client_retries_a_full_backlog_and_every_point_is_stored,
 );
 
 const WRITE: &str = "/api/v2/write?bucket=sensors&org=example";
@@ -496,4 +497,97 @@ async fn the_request_telegraf_sends_is_written(backend: Backend) {
             "system.uptime,host=web01",
         ]
     );
+}
+
+/// The official client's batching writer, as Telegraf-like agents use it: a point per
+/// device, retried after `Retry-After`. Prints `written N` once every batch is taken.
+const RETRYING_CLIENT: &str = r#"
+import sys
+from influxdb_client import InfluxDBClient, WriteOptions
+
+url, token, devices = sys.argv[1], sys.argv[2], int(sys.argv[3])
+failed, written = [], []
+options = WriteOptions(batch_size=devices, flush_interval=100, retry_interval=200,
+                       max_retries=20, max_retry_delay=2000, exponential_base=2)
+with InfluxDBClient(url=url, token=token, org="fleet") as client:
+    with client.write_api(write_options=options,
+                          success_callback=lambda conf, data: written.append(data),
+                          error_callback=lambda conf, data, err: failed.append(repr(err))) as api:
+        api.write(bucket="fleet", record=[
+            f"fleet,device=d{n} value={n} 1767225600000000000" for n in range(devices)])
+print(f"written {len(written)} failed {failed}")
+"#;
+
+/// While the job backlog is full, line-protocol writes are refused with 503 and
+/// `Retry-After`; the real Python client retries, and once the workers catch up its points
+/// are all stored.
+async fn the_influxdb_python_client_retries_a_full_backlog_and_every_point_is_stored(
+    backend: Backend,
+) {
+    use fanline::store::Table;
+    use fanline::store::fault::{Calls, Fault, Op};
+
+    const DEVICES: usize = 30;
+    let app = crate::helpers::spawn_app_with(crate::helpers::TestStore::new(backend).await, |c| {
+        c.max_backlog = 2;
+        c.max_attempts = 1000;
+        c.retry_base_ms = 20;
+    })
+    .await;
+    // The fan-out of each write's `readings` events cannot finish: the backlog fills.
+    app.faults.fail_always(
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Unavailable,
+    );
+    let one = json!({"points": [{"at": "2026-01-01T00:00:00Z", "value": 1.0}]});
+    for series in ["filler-a", "filler-b"] {
+        let reply = app
+            .post_json(&format!("/v1/series/{series}/points"), &one)
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while app.get("/healthz").await.body["backlog"]["full"] != true {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the backlog never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let python = python();
+    let client = tokio::process::Command::new(&python)
+        .args(["-c", RETRYING_CLIENT, &app.address, TEST_ADMIN_TOKEN])
+        .arg(DEVICES.to_string())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let client = tokio::spawn(client);
+    // Refused at least once, then the workers catch up.
+    let refused =
+        r#"fanline_http_requests_total{method="POST",route="/api/v2/write",status="503"}"#;
+    while app.metric(refused).await < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.faults.clear();
+    let output = tokio::time::timeout(Duration::from_secs(60), client)
+        .await
+        .expect("the client finishes within a minute")
+        .expect("client task")
+        .unwrap_or_else(|err| panic!("{} starts: {err}", python.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "written 1 failed []", "{stderr}");
+    for device in 0..DEVICES {
+        assert_eq!(
+            points(&app, &format!("fleet.value,device=d{device}")).await,
+            [("2026-01-01T00:00:00.0000000Z".to_owned(), device as f64)],
+            "device {device}"
+        );
+    }
 }
