@@ -337,34 +337,45 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
 /// Applies series `entry` of committed `batch`, unless an earlier run did (its marker is
 /// gone); returns the points applied.
 ///
-/// With it go the series' other committed batches not yet applied (up to [`FOLDED_BATCHES`]):
-/// their points are merged in batch order (a later batch's value of a time wins, as reads
-/// overlay them) and written in one read-modify-write of the rows, however many requests
-/// brought them. Each batch's `readings` event is then posted and its marker dropped, as its
-/// own job would; their jobs find the markers gone. Two jobs folding one series at once write
-/// the same rows (each a compare-and-swap) and the same events (each create-if-absent).
+/// Batches of one series are applied oldest first, as reads overlay them (a later batch's
+/// value of a time wins): up to [`FOLDED_BATCHES`] of the oldest committed ones at a time,
+/// newer ones than `batch` too, their points merged and written in one read-modify-write of
+/// the rows however many requests brought them, until `batch` is among them. Each batch's `readings` event is then
+/// posted and its marker dropped, as its own job would; their jobs find the markers gone.
+/// Two jobs folding one series at once write the same rows (each a compare-and-swap) and the
+/// same events (each create-if-absent).
 async fn apply_series(store: &dyn Store, batch: &str, entry: &Item) -> DomainResult<u64> {
     let staged: StagedSeries = serde_json::from_slice(&entry.value)
         .map_err(|err| DomainError::Corrupt(format!("staged series: {err}")))?;
-    let series = staged.series.clone();
-    let Some(own_marker) = store.get(Table::SeriesPending, &series, batch).await? else {
-        return Ok(0);
-    };
-    let mut folded: Vec<Item> = Vec::new();
-    for marker in store.query(markers_query(&series)).await? {
-        if folded.len() == FOLDED_BATCHES {
-            break;
+    let series = staged.series;
+    let mut applied = 0;
+    loop {
+        if store
+            .get(Table::SeriesPending, &series, batch)
+            .await?
+            .is_none()
+        {
+            return Ok(applied);
         }
-        if marker.row != batch && is_committed(store, &marker.row).await? {
-            folded.push(marker);
+        let mut oldest: Vec<Item> = Vec::new();
+        for marker in store.query(markers_query(&series)).await? {
+            if oldest.len() == FOLDED_BATCHES {
+                break;
+            }
+            if marker.row == batch || is_committed(store, &marker.row).await? {
+                oldest.push(marker);
+            }
         }
+        applied += fold(store, &series, &oldest).await?;
     }
-    folded.push(Item::new(&series, batch, own_marker));
-    folded.sort_by(|a, b| a.row.cmp(&b.row)); // batch ids are UUIDv7s: oldest first
+}
 
-    let mut batches = Vec::with_capacity(folded.len());
+/// Applies committed batches `markers` (oldest first) of `series` in one write of its rows,
+/// then posts each one's event and drops its marker; returns the points written.
+async fn fold(store: &dyn Store, series: &str, markers: &[Item]) -> DomainResult<u64> {
+    let mut batches = Vec::with_capacity(markers.len());
     let mut points: Vec<Point> = Vec::new();
-    for marker in &folded {
+    for marker in markers {
         let Ok(index) = String::from_utf8_lossy(&marker.value).parse::<usize>() else {
             continue;
         };
@@ -379,13 +390,13 @@ async fn apply_series(store: &dyn Store, batch: &str, entry: &Item) -> DomainRes
         points = merge(&points, &staged_points(store, &marker.row, index).await?);
         batches.push((marker.row.clone(), staged));
     }
-    write_rows(store, &series, &points).await?;
+    write_rows(store, series, &points).await?;
 
-    let author = SubjectId::parse(&series).map_err(DomainError::Corrupt)?;
+    let author = SubjectId::parse(series).map_err(DomainError::Corrupt)?;
     for (folded_batch, staged) in batches {
         let event = Event::decode(&author, &staged.event_row_key, staged.event_body.as_bytes())
             .map_err(DomainError::Corrupt)?;
-        let drop_marker = Write::delete(Table::SeriesPending, &series, &folded_batch);
+        let drop_marker = Write::delete(Table::SeriesPending, series, &folded_batch);
         let mut writes = event_writes(&event, event.at);
         writes.push(drop_marker.clone());
         match store.transact(writes).await {
@@ -608,5 +619,45 @@ mod tests {
         assert_eq!(events.len(), 3, "one readings event per batch, each once");
         // The second batch's own job finds nothing left to apply.
         assert_eq!(apply(&store, &second.to_string()).await.expect("apply"), 0);
+    }
+
+    #[tokio::test]
+    async fn batches_of_a_series_apply_oldest_first_whichever_job_runs_first() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        // More batches than one fold takes, each writing time 7 again.
+        let mut batches = Vec::new();
+        for value in 0..FOLDED_BATCHES + 2 {
+            let point = Point {
+                at: 7,
+                value: value as f64,
+            };
+            batches.push(commit(&store, "s", vec![point]).await);
+        }
+
+        // The newest batch's job runs first: it must not leave an older batch to land after.
+        let newest = batches.last().expect("batches").to_string();
+        apply(&store, &newest).await.expect("apply");
+        for batch in &batches {
+            apply(&store, &batch.to_string()).await.expect("apply");
+        }
+
+        assert!(markers(&store, "s").await.is_empty());
+        let rows = store
+            .query_all(Query::partition(
+                Table::SeriesPoints,
+                super::super::layout::partition("s", 0),
+                100,
+            ))
+            .await
+            .expect("rows");
+        let key = super::super::layout::parse_ticks(&rows[0].row).expect("row key");
+        let stored = codec::decode(key, &rows[0].value).expect("row");
+        let last = (FOLDED_BATCHES + 1) as f64;
+        assert_eq!(
+            stored,
+            [Point { at: 7, value: last }],
+            "the newest batch's value"
+        );
     }
 }
