@@ -575,6 +575,24 @@ mod tests {
         Uuid::parse_str(&marker.row).expect("batch id")
     }
 
+    /// The points in `series`' rows of day 0 (applied, not overlaid).
+    async fn applied_points(store: &dyn Store, series: &str) -> Vec<Point> {
+        let rows = store
+            .query_all(Query::partition(
+                Table::SeriesPoints,
+                super::super::layout::partition(series, 0),
+                100,
+            ))
+            .await
+            .expect("rows");
+        let mut points = Vec::new();
+        for row in rows {
+            let key = super::super::layout::parse_ticks(&row.row).expect("row key");
+            points.extend(codec::decode(key, &row.value).expect("row"));
+        }
+        points
+    }
+
     #[tokio::test]
     async fn a_batchs_job_folds_the_series_other_committed_batches_into_one_write() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -590,19 +608,7 @@ mod tests {
 
         assert_eq!(applied, 4, "the three batches' points, merged");
         assert!(markers(&store, "s").await.is_empty(), "every batch applied");
-        let mut stored = Vec::new();
-        let rows = store
-            .query_all(Query::partition(
-                Table::SeriesPoints,
-                super::super::layout::partition("s", 0),
-                100,
-            ))
-            .await
-            .expect("rows");
-        for row in rows {
-            let key = super::super::layout::parse_ticks(&row.row).expect("row key");
-            stored.extend(codec::decode(key, &row.value).expect("row"));
-        }
+        let stored = applied_points(&store, "s").await;
         assert_eq!(
             stored,
             [
@@ -643,16 +649,7 @@ mod tests {
         }
 
         assert!(markers(&store, "s").await.is_empty());
-        let rows = store
-            .query_all(Query::partition(
-                Table::SeriesPoints,
-                super::super::layout::partition("s", 0),
-                100,
-            ))
-            .await
-            .expect("rows");
-        let key = super::super::layout::parse_ticks(&rows[0].row).expect("row key");
-        let stored = codec::decode(key, &rows[0].value).expect("row");
+        let stored = applied_points(&store, "s").await;
         let last = (FOLDED_BATCHES + 1) as f64;
         assert_eq!(
             stored,

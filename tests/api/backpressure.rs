@@ -18,8 +18,28 @@ on_both_backends!(
 
 const LIMIT: u64 = 3;
 
+/// A server whose backlog is bounded at `limit` jobs and whose fan-out cannot write
+/// timelines (until `faults.clear()`): every job that fans out stays in the queue, retrying.
+pub(crate) async fn stalled_app(backend: Backend, limit: u64) -> TestApp {
+    let app = spawn_app_with(TestStore::new(backend).await, |config| {
+        config.max_backlog = limit;
+        config.max_attempts = 1000;
+        config.retry_base_ms = 20;
+    })
+    .await;
+    app.faults.fail_always(
+        Calls::on(Op::BatchWrite, Table::Timelines),
+        Fault::Unavailable,
+    );
+    app
+}
+
 /// Polls `/healthz` until its backlog detail satisfies `ready`, or fails after a deadline.
-async fn wait_for_backlog(app: &TestApp, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_for_backlog(
+    app: &TestApp,
+    what: &str,
+    ready: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let health = app.get("/healthz").await;
@@ -43,17 +63,8 @@ fn post_body(n: u64) -> Value {
 async fn a_full_backlog_refuses_posts_until_the_workers_catch_up_and_a_retry_makes_one_event(
     backend: Backend,
 ) {
-    let app = spawn_app_with(TestStore::new(backend).await, |config| {
-        config.max_backlog = LIMIT;
-        config.max_attempts = 1000;
-        config.retry_base_ms = 20;
-    })
-    .await;
     // Fan-out cannot write timelines: every post's job stays in the queue, retrying.
-    app.faults.fail_always(
-        Calls::on(Op::BatchWrite, Table::Timelines),
-        Fault::Unavailable,
-    );
+    let app = stalled_app(backend, LIMIT).await;
     for n in 0..LIMIT {
         let posted = app.post_event("writer", post_body(n)).await;
         assert_eq!(posted.status, StatusCode::CREATED, "{posted:?}");
@@ -107,17 +118,8 @@ async fn a_full_backlog_refuses_posts_until_the_workers_catch_up_and_a_retry_mak
 async fn a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothing(
     backend: Backend,
 ) {
-    let app = spawn_app_with(TestStore::new(backend).await, |config| {
-        config.max_backlog = LIMIT;
-        config.max_attempts = 1000;
-        config.retry_base_ms = 20;
-    })
-    .await;
     // Each write's `readings` event is fanned out by a job that cannot finish yet.
-    app.faults.fail_always(
-        Calls::on(Op::BatchWrite, Table::Timelines),
-        Fault::Unavailable,
-    );
+    let app = stalled_app(backend, LIMIT).await;
     assert_eq!(
         app.follow("farmer", "probe-0").await.status,
         StatusCode::NO_CONTENT

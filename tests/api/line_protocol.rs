@@ -524,21 +524,9 @@ print(f"written {len(written)} failed {failed}")
 async fn the_influxdb_python_client_retries_a_full_backlog_and_every_point_is_stored(
     backend: Backend,
 ) {
-    use fanline::store::Table;
-    use fanline::store::fault::{Calls, Fault, Op};
-
     const DEVICES: usize = 30;
-    let app = crate::helpers::spawn_app_with(crate::helpers::TestStore::new(backend).await, |c| {
-        c.max_backlog = 2;
-        c.max_attempts = 1000;
-        c.retry_base_ms = 20;
-    })
-    .await;
     // The fan-out of each write's `readings` events cannot finish: the backlog fills.
-    app.faults.fail_always(
-        Calls::on(Op::BatchWrite, Table::Timelines),
-        Fault::Unavailable,
-    );
+    let app = crate::backpressure::stalled_app(backend, 2).await;
     let one = json!({"points": [{"at": "2026-01-01T00:00:00Z", "value": 1.0}]});
     for series in ["filler-a", "filler-b"] {
         let reply = app
@@ -546,14 +534,8 @@ async fn the_influxdb_python_client_retries_a_full_backlog_and_every_point_is_st
             .await;
         assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
     }
+    crate::backpressure::wait_for_backlog(&app, "full", |backlog| backlog["full"] == true).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while app.get("/healthz").await.body["backlog"]["full"] != true {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the backlog never filled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 
     let python = python();
     let client = tokio::process::Command::new(&python)
