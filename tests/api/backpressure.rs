@@ -148,14 +148,14 @@ async fn a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothin
             .map(str::to_owned)
     };
     assert_eq!(retry_after(&refused).as_deref(), Some("1"));
-    let lines = "probe,site=a value=1 1763719200000000000\n";
-    let influx = app
-        .send(
+    let write_lines = || {
+        app.send(
             app.client
                 .post(app.url("/api/v2/write?bucket=b"))
-                .body(lines),
+                .body("probe,site=a value=1 1763719200000000000\n"),
         )
-        .await;
+    };
+    let influx = write_lines().await;
     assert_eq!(influx.status, StatusCode::SERVICE_UNAVAILABLE, "{influx:?}");
     assert_eq!(influx.body["code"], "unavailable", "{influx:?}");
     assert_eq!(retry_after(&influx).as_deref(), Some("1"));
@@ -172,12 +172,6 @@ async fn a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothin
     wait_for_backlog(&app, "drained", |backlog| backlog["full"] == false).await;
     let taken = app.post_json("/v1/series/probe-9/points", &point(9)).await;
     assert_eq!(taken.status, StatusCode::CREATED, "{taken:?}");
-    let influx = app
-        .send(
-            app.client
-                .post(app.url("/api/v2/write?bucket=b"))
-                .body(lines),
-        )
-        .await;
+    let influx = write_lines().await;
     assert_eq!(influx.status, StatusCode::NO_CONTENT, "{influx:?}");
 }

@@ -34,29 +34,10 @@ fn start() -> Instance {
             _launcher: None,
         };
     }
-    for (tool, install) in [
-        (
-            "java",
-            "Java 17 or newer (apt-get install openjdk-17-jre-headless)",
-        ),
-        ("npm", "Node.js and npm (apt-get install nodejs npm)"),
-    ] {
-        let found = Command::new(tool)
-            .arg(if tool == "java" {
-                "-version"
-            } else {
-                "--version"
-            })
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
-        assert!(
-            found,
-            "the DynamoDB tests need `{tool}` to run DynamoDB Local: install {install}, \
-             or set FANLINE_TEST_DYNAMODB_ENDPOINT to a running instance"
-        );
-    }
+    require_tools(
+        "the DynamoDB tests need it to run DynamoDB Local; or set \
+         FANLINE_TEST_DYNAMODB_ENDPOINT to a running instance",
+    );
 
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
@@ -90,5 +71,30 @@ fn start() -> Instance {
     Instance {
         endpoint: format!("http://127.0.0.1:{port}"),
         _launcher: Some(Mutex::new(child)),
+    }
+}
+
+/// Fails, saying what to install and `why`, unless Java and npm run (DynamoDB Local needs
+/// both): a test that cannot run fails rather than skips.
+pub(crate) fn require_tools(why: &str) {
+    for (tool, version_flag, install) in [
+        (
+            "java",
+            "-version",
+            "Java 17 or newer (apt-get install openjdk-17-jre-headless)",
+        ),
+        (
+            "npm",
+            "--version",
+            "Node.js and npm (apt-get install nodejs npm)",
+        ),
+    ] {
+        let found = Command::new(tool)
+            .arg(version_flag)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        assert!(found, "`{tool}` does not run: install {install} ({why})");
     }
 }

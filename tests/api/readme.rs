@@ -90,16 +90,7 @@ fn the_readme_curl_session_answers_as_shown_on_the_embedded_store() {
 
 #[test]
 fn the_readme_dynamodb_block_and_curl_session_answer_as_shown() {
-    require(
-        "java",
-        "-version",
-        "Java 17 or newer (apt-get install openjdk-17-jre-headless)",
-    );
-    require(
-        "npm",
-        "--version",
-        "Node.js and npm (apt-get install nodejs npm)",
-    );
+    crate::dynamo_local::require_tools("the README's DynamoDB block runs DynamoDB Local");
     let readme = Readme::load();
     let port = free_port();
     let dynamo_port = free_port();
@@ -125,21 +116,6 @@ fn the_readme_dynamodb_block_and_curl_session_answer_as_shown() {
         shell.check(&with_port_in(step, README_PORT, port), SESSION_STEP_TIMEOUT);
     }
     shell.stop();
-}
-
-/// Fails, saying what to install, unless `tool` runs: the DynamoDB block starts DynamoDB
-/// Local, and a test that cannot run fails rather than skips.
-fn require(tool: &str, version_flag: &str, install: &str) {
-    let found = Command::new(tool)
-        .arg(version_flag)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        found,
-        "the README's DynamoDB block runs DynamoDB Local, which needs `{tool}`: install {install}"
-    );
 }
 
 /// The README, and the parts of it that are run.

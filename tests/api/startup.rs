@@ -329,18 +329,7 @@ fn a_process_whose_output_pipes_closed_still_stops_on_sigterm() {
             .status()
             .expect("kill");
         assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let exited = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{subcommand} did not stop on SIGTERM with its pipes closed");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let exited = wait_for_exit(&mut child, Duration::from_secs(20));
         assert!(exited.success(), "{subcommand}: {exited}");
     }
 }
@@ -360,22 +349,27 @@ fn bare_fanline(data_dir: &std::path::Path) -> Command {
     command
 }
 
-/// Runs `command` until it exits (a process still running after 30 s fails the test) and
-/// returns its exit status and stderr.
-fn run_to_exit(mut command: Command) -> (ExitStatus, String) {
-    let mut child = command.spawn().expect("start fanline");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
+/// Waits for `child` to exit; one still running after `within` is killed and fails the test.
+fn wait_for_exit(child: &mut std::process::Child, within: Duration) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
         if let Some(status) = child.try_wait().expect("wait") {
-            break status;
+            return status;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("fanline did not exit within 30 s");
+            panic!("fanline did not exit within {within:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
-    };
+    }
+}
+
+/// Runs `command` until it exits (a process still running after 30 s fails the test) and
+/// returns its exit status and stderr.
+fn run_to_exit(mut command: Command) -> (ExitStatus, String) {
+    let mut child = command.spawn().expect("start fanline");
+    let status = wait_for_exit(&mut child, Duration::from_secs(30));
     let mut stderr = String::new();
     child
         .stderr
