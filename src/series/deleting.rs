@@ -17,23 +17,13 @@ use super::reading::Range;
 use super::retention::RETENTION_ROW;
 use super::rollup::hour_index;
 use super::{Series, SeriesName, codec, journal, rollup, rollup_write};
-use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt, Table, Write};
+use crate::store::{Condition, Item, Query, Store, StoreError, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
 /// Rows read (and written) per step.
 const ROWS_PER_STEP: usize = 50;
 /// Rewrites of one page retried when writers keep changing it.
 const MAX_ATTEMPTS: u32 = 8;
-
-/// Applies the committed batches still pending on `series`.
-async fn settle_pending(store: &dyn Store, series: &str) -> DomainResult<()> {
-    let markers = store
-        .query_all(super::layout::markers_query(series))
-        .await?;
-    let batches: Vec<&String> = markers.iter().map(|marker| &marker.row).collect();
-    journal::settle(store, &batches).await?;
-    Ok(())
-}
 
 /// The days `series` has points on within `[first, last]`, a page at a time.
 async fn days_page(
@@ -58,7 +48,7 @@ impl Series {
         if range.from >= range.to {
             return Ok(0);
         }
-        settle_pending(store, name).await?;
+        journal::settle(store, name).await?;
         let (first_day, last_day) = (
             super::layout::day_of(range.from),
             super::layout::day_of(range.to - 1),
@@ -87,7 +77,7 @@ impl Series {
         if !self.exists(series).await? {
             return Err(DomainError::NotFound(format!("no series {name:?}")));
         }
-        settle_pending(store, name).await?;
+        journal::settle(store, name).await?;
         loop {
             let days = store
                 .query(Query::partition(

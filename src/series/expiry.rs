@@ -18,8 +18,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::deleting::delete_rows;
-use super::journal::Prepared;
-use super::latest::WriteHead;
 use super::layout::{NAMES_PARTITION, bucket_of, day_of, parse_day, partition, row_key};
 use super::layout::{days_partition, days_query};
 use super::retention::{Retention, effective, retention_key};
@@ -38,30 +36,27 @@ const SWEEP_ROW: &str = "last-sweep";
 const KIND: &str = "series_retention";
 
 /// The points of a write that lie within their series' retention, if any do not (`None`:
-/// all do). `heads` are the series' in the order of `prepared`.
+/// all do). `floors` are the series' retention floors, in the order of `series`.
 pub fn drop_expired(
-    prepared: &[Prepared],
-    heads: &[WriteHead],
+    series: &[(SeriesName, Vec<Point>)],
+    floors: &[u64],
 ) -> Option<Vec<(SeriesName, Vec<Point>)>> {
-    let expired = |one: &Prepared, head: &WriteHead| {
-        one.points
-            .first()
-            .is_some_and(|first| first.at < head.floor)
-    };
-    if !prepared
+    let expired =
+        |points: &[Point], floor: u64| points.first().is_some_and(|first| first.at < floor);
+    if !series
         .iter()
-        .zip(heads)
-        .any(|(one, head)| expired(one, head))
+        .zip(floors)
+        .any(|((_, points), floor)| expired(points, *floor))
     {
         return None;
     }
     Some(
-        prepared
+        series
             .iter()
-            .zip(heads)
-            .map(|(one, head)| {
-                let kept = one.points.iter().filter(|point| point.at >= head.floor);
-                (one.series.clone(), kept.copied().collect::<Vec<Point>>())
+            .zip(floors)
+            .map(|((name, points), floor)| {
+                let kept = points.iter().filter(|point| point.at >= *floor);
+                (name.clone(), kept.copied().collect::<Vec<Point>>())
             })
             .filter(|(_, points)| !points.is_empty())
             .collect(),

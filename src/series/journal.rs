@@ -1,24 +1,29 @@
-//! Writes too large for one transaction, kept all-or-nothing on any backend.
+//! Writes too large for one transaction, kept all-or-nothing on any backend, and folded
+//! into their series' rows many at a time.
 //!
-//! 1. **Stage.** The points of every series of the write go to `seriesBatches` under a new
-//!    batch id, with one row per series (its name and its `readings` event), and a marker
-//!    per series in `seriesPending`. Nothing reads staged rows yet: a marker counts only once
-//!    its batch has committed.
+//! 1. **Stage.** Each series of the write gets one marker row (more for a series of over
+//!    4,096 points) in `seriesPending[series]`, keyed `{batch}/{chunk}` and holding the
+//!    series' points; the batch's partition of `seriesBatches` lists the series. Nothing
+//!    reads a marker yet: it counts only once its batch has committed.
 //! 2. **Commit.** One transaction creates the batch's `state` row and enqueues the job that
 //!    applies it. This is the instant the whole write happens: from here on every read of a
-//!    series with a marker overlays the batch's points (reads pick them over the rows), so
-//!    all of the write is visible at once; before it, none is. The write is acknowledged now.
-//! 3. **Apply.** The job (with the fan-out's leases, retries and dead letters) merges each
-//!    series' points into its rows, then posts its event and drops its marker in one
-//!    transaction. Points are upserts, so a retried apply writes the same result. Last, the
-//!    staged rows go.
+//!    series overlays its committed markers' points (they win over the rows), so all of the
+//!    write is visible at once; before it, none is. The write is acknowledged now.
+//! 3. **Fold.** The job (with the fan-out's leases, retries and dead letters) folds each of
+//!    its series: every committed marker of the series, oldest first, up to
+//!    [`FOLDED_ROWS`], merged into one read-modify-write of its rows however many requests
+//!    brought them; then one transaction posts one `readings` event for the fold and drops
+//!    its markers. Later batches' jobs find their markers gone. Points are upserts and the
+//!    event's id comes from the fold's first batch, so a retried or concurrent fold writes
+//!    the same result and posts its event once. Last, the batch's list and state go.
 //!
 //! A write whose commit fails marks the batch aborted (create-if-absent on the same `state`
 //! row the commit creates, so exactly one of them wins) and drops what it staged. A writer
-//! that dies before its commit leaves staged rows and markers that no read counts; the first
-//! read to meet such a marker ten minutes on abandons the batch the same way.
+//! that dies before its commit leaves markers that no read counts; the first read or fold
+//! to meet one ten minutes on abandons the batch the same way.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -26,61 +31,55 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::layout::{day_of, markers_query};
+use super::layout::{day_of, markers_query, read_all};
 use super::plan::{self, merge};
+use super::readings::{batch_time, folded_event_id, readings_event};
 use super::retention::Retention;
 use super::rollup_write;
-use super::{Point, codec};
-use super::{SeriesName, latest};
+use super::{Point, SeriesName, codec, latest};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{
-    Condition, Item, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table, Write,
+    Condition, Item, Key, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table, Write,
 };
 use crate::timeline::posting::event_writes;
-use crate::timeline::{DomainError, DomainResult, Event, SubjectId};
+use crate::timeline::{DomainError, DomainResult};
 
-/// Points per staged row: under 74 KB each, far within the store's
+/// Points per marker row: under 74 KB each, far within the store's
 /// [`MAX_ITEM_BYTES`](crate::store::MAX_ITEM_BYTES).
-const STAGED_POINTS_PER_ROW: usize = 4096;
-/// Committed batches of one series folded into one write of its rows, at most.
-const FOLDED_BATCHES: usize = 8;
-/// Series of a batch applied at once.
-const SERIES_APPLIED_AT_ONCE: usize = 16;
-/// Row writes per apply transaction.
-const APPLY_WRITES_PER_TRANSACTION: usize = 50;
-/// Plans an apply retries when writers keep changing the rows.
-const APPLY_ATTEMPTS: u32 = 20;
+const POINTS_PER_MARKER_ROW: usize = 4096;
+/// Marker rows one fold takes at most: their deletes and the fold's event (three writes)
+/// fit one transaction.
+const FOLDED_ROWS: usize = MAX_TRANSACTION_WRITES - 10;
+/// Bytes of series names per row of a batch's list.
+const LIST_ROW_BYTES: usize = 64 * 1024;
+/// Series of a batch folded at once.
+const SERIES_FOLDED_AT_ONCE: usize = 16;
+/// Row writes per transaction of a fold.
+const FOLD_WRITES_PER_TRANSACTION: usize = 50;
+/// Folds of one series lost to other writers of its rows before a job gives up (and is
+/// retried by the job runner).
+const FOLD_ATTEMPTS: u32 = 20;
 const STATE_ROW: &str = "state";
+const LIST_PREFIX: &str = "n.";
 const COMMITTED: &[u8] = b"committed";
 const ABORTED: &[u8] = b"aborted";
 /// A staged batch with no state after this long belongs to a writer that died before its
-/// commit: the next read of one of its series abandons it.
+/// commit: the next read or fold of one of its series abandons it.
 const ABANDON_AFTER_MS: u64 = 10 * 60 * 1000;
 
-/// One series of a staged batch.
+/// The row of chunk `chunk` of `batch`'s points in a series' markers.
+fn marker_row(batch: &str, chunk: usize) -> String {
+    format!("{batch}/{chunk:05}")
+}
+
+/// The batch a marker row belongs to.
+fn batch_of(row: &str) -> &str {
+    row.split_once('/').map_or(row, |(batch, _)| batch)
+}
+
+/// One series of a batch's list: its name and how many marker rows it has.
 #[derive(Serialize, Deserialize)]
-struct StagedSeries {
-    series: String,
-    event_row_key: String,
-    /// The stored body of the series' `readings` event.
-    event_body: String,
-}
-
-fn series_row(index: usize) -> String {
-    format!("s.{index:05}")
-}
-
-fn points_prefix(index: usize) -> String {
-    format!("p.{index:05}.")
-}
-
-/// One series of a write, ready to go: its points in time order, no time twice, and the
-/// event that announces them.
-pub struct Prepared {
-    pub series: SeriesName,
-    pub points: Vec<Point>,
-    pub event: Event,
-}
+struct Listed(String, usize);
 
 /// The job kind.
 const KIND: &str = "series_batch";
@@ -119,36 +118,44 @@ impl Handler for ApplyBatchHandler {
     }
 }
 
-/// Stages `prepared` under a new batch id and commits it (steps 1 and 2).
-pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> DomainResult<()> {
+/// Stages `series` (each one's points in time order, no time twice) under a new batch id
+/// and commits it (steps 1 and 2).
+pub async fn stage_and_commit(
+    store: &dyn Store,
+    series: &[(SeriesName, Vec<Point>)],
+) -> DomainResult<()> {
     let batch = Uuid::now_v7();
     let batch_id = batch.as_hyphenated().to_string();
-    let mut staged = Vec::new();
-    for (index, one) in prepared.iter().enumerate() {
-        let entry = StagedSeries {
-            series: one.series.as_str().to_owned(),
-            event_row_key: one.event.row_key.clone(),
-            event_body: String::from_utf8_lossy(&one.event.encode()).into_owned(),
-        };
-        let body =
-            serde_json::to_vec(&entry).map_err(|err| DomainError::Corrupt(err.to_string()))?;
-        staged.push(Write::put(
-            Table::SeriesBatches,
-            Item::new(&batch_id, series_row(index), body),
-        ));
-        for (chunk_index, chunk) in one.points.chunks(STAGED_POINTS_PER_ROW).enumerate() {
+    let mut staged = Vec::with_capacity(series.len() + 1);
+    let mut lists: Vec<Vec<Listed>> = vec![Vec::new()];
+    let mut list_bytes = 0;
+    for (name, points) in series {
+        let chunks = points.chunks(POINTS_PER_MARKER_ROW);
+        let count = chunks.len();
+        for (chunk_index, chunk) in chunks.enumerate() {
             staged.push(Write::put(
-                Table::SeriesBatches,
+                Table::SeriesPending,
                 Item::new(
-                    &batch_id,
-                    format!("{}{chunk_index:05}", points_prefix(index)),
+                    name.as_str(),
+                    marker_row(&batch_id, chunk_index),
                     codec::encode(0, chunk),
                 ),
             ));
         }
+        list_bytes += name.as_str().len() + 8;
+        if list_bytes > LIST_ROW_BYTES {
+            lists.push(Vec::new());
+            list_bytes = 0;
+        }
+        if let Some(list) = lists.last_mut() {
+            list.push(Listed(name.as_str().to_owned(), count));
+        }
+    }
+    for (index, list) in lists.iter().enumerate() {
+        let body = serde_json::to_vec(list).map_err(|err| DomainError::Corrupt(err.to_string()))?;
         staged.push(Write::put(
-            Table::SeriesPending,
-            Item::new(one.series.as_str(), &batch_id, index.to_string()),
+            Table::SeriesBatches,
+            Item::new(&batch_id, format!("{LIST_PREFIX}{index:05}"), body),
         ));
     }
     store.batch_write(staged).await?;
@@ -172,8 +179,48 @@ pub async fn stage_and_commit(store: &dyn Store, prepared: &[Prepared]) -> Domai
     Ok(())
 }
 
-/// Marks `batch` aborted unless it committed; once aborted, drops its markers and staged
-/// rows. Returns whether it is aborted.
+/// The series `batch` lists.
+async fn listed(store: &dyn Store, batch: &str) -> DomainResult<Vec<Listed>> {
+    let rows = store
+        .query_all(
+            Query::partition(Table::SeriesBatches, batch, 64)
+                .range(Some(LIST_PREFIX.into()), Some("n/".into())),
+        )
+        .await?;
+    let mut series = Vec::new();
+    for row in rows {
+        let list: Vec<Listed> = serde_json::from_slice(&row.value)
+            .map_err(|err| DomainError::Corrupt(format!("series batch list: {err}")))?;
+        series.extend(list);
+    }
+    Ok(series)
+}
+
+/// Drops the list rows and then the state row of `batch`.
+async fn drop_batch_rows(store: &dyn Store, batch: &str, state: bool) -> DomainResult<()> {
+    let rows = store
+        .query_all(
+            Query::partition(Table::SeriesBatches, batch, 64)
+                .range(Some(LIST_PREFIX.into()), Some("n/".into())),
+        )
+        .await?;
+    store
+        .batch_write(
+            rows.into_iter()
+                .map(|row| Write::delete(Table::SeriesBatches, batch, row.row))
+                .collect(),
+        )
+        .await?;
+    if state {
+        store
+            .batch_write(vec![Write::delete(Table::SeriesBatches, batch, STATE_ROW)])
+            .await?;
+    }
+    Ok(())
+}
+
+/// Marks `batch` aborted unless it committed; once aborted, drops its markers and list.
+/// Returns whether it is aborted.
 async fn abandon(store: &dyn Store, batch: &str) -> DomainResult<bool> {
     let claimed = store
         .put(
@@ -192,66 +239,165 @@ async fn abandon(store: &dyn Store, batch: &str) -> DomainResult<bool> {
         }
         Err(err) => return Err(err.into()),
     }
-    let rows = store
-        .query_all(Query::partition(Table::SeriesBatches, batch, 1000))
-        .await?;
     let mut drops = Vec::new();
-    for row in rows {
-        if row.row.starts_with("s.")
-            && let Ok(staged) = serde_json::from_slice::<StagedSeries>(&row.value)
-        {
-            drops.push(Write::delete(Table::SeriesPending, staged.series, batch));
-        }
-        if row.row != STATE_ROW {
-            drops.push(Write::delete(Table::SeriesBatches, batch, row.row));
+    for Listed(series, chunks) in listed(store, batch).await? {
+        for chunk in 0..chunks {
+            drops.push(Write::delete(
+                Table::SeriesPending,
+                &series,
+                marker_row(batch, chunk),
+            ));
         }
     }
     store.batch_write(drops).await?;
+    // The aborted state stays: a commit arriving late must still fail.
+    drop_batch_rows(store, batch, false).await?;
     Ok(true)
 }
 
-/// Whether `batch` has committed.
-async fn is_committed(store: &dyn Store, batch: &str) -> DomainResult<bool> {
-    let state = store.get(Table::SeriesBatches, batch, STATE_ROW).await?;
-    Ok(state.as_deref() == Some(COMMITTED))
+/// Where a batch stands.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum BatchState {
+    /// Staged, not (yet) committed.
+    Open,
+    Committed,
+    Aborted,
 }
 
-/// The staged points of series `index` of `batch`.
-async fn staged_points(store: &dyn Store, batch: &str, index: usize) -> DomainResult<Vec<Point>> {
-    let prefix = points_prefix(index);
-    let end = format!("p.{index:05}/");
-    let rows = store
-        .query_all(Query::partition(Table::SeriesBatches, batch, 64).range(Some(prefix), Some(end)))
-        .await?;
-    let mut points = Vec::new();
+/// The states of batches, remembering those seen committed (a committed batch stays so
+/// until its markers are gone): a job's folds over thousands of series meet the same few
+/// batches.
+#[derive(Default)]
+struct States {
+    committed: Mutex<HashSet<String>>,
+}
+
+impl States {
+    async fn of(&self, store: &dyn Store, batches: &[&str]) -> DomainResult<Vec<BatchState>> {
+        let mut states: Vec<Option<BatchState>> = {
+            let committed = self.committed.lock().unwrap_or_else(|err| err.into_inner());
+            batches
+                .iter()
+                .map(|batch| committed.contains(*batch).then_some(BatchState::Committed))
+                .collect()
+        };
+        let unknown: Vec<usize> = (0..batches.len())
+            .filter(|index| states[*index].is_none())
+            .collect();
+        if !unknown.is_empty() {
+            let keys = unknown
+                .iter()
+                .map(|index| Key::new(Table::SeriesBatches, batches[*index], STATE_ROW))
+                .collect();
+            let answers = store.get_many(keys).await?;
+            let mut committed = self.committed.lock().unwrap_or_else(|err| err.into_inner());
+            for (index, answer) in unknown.into_iter().zip(answers) {
+                let state = match answer.as_deref() {
+                    Some(COMMITTED) => {
+                        committed.insert(batches[index].to_owned());
+                        BatchState::Committed
+                    }
+                    Some(_) => BatchState::Aborted,
+                    None => BatchState::Open,
+                };
+                states[index] = Some(state);
+            }
+        }
+        Ok(states
+            .into_iter()
+            .map(|state| state.unwrap_or(BatchState::Open))
+            .collect())
+    }
+}
+
+/// A series' marker rows of one batch.
+struct Group {
+    batch: String,
+    rows: Vec<Item>,
+    state: BatchState,
+}
+
+/// Every marker row of `series`, by batch, oldest first, with each batch's state; markers
+/// of aborted batches and of writers long dead are dropped on the way.
+async fn groups(
+    store: &dyn Store,
+    states: &States,
+    series: &str,
+    first_page: Option<Vec<Item>>,
+) -> DomainResult<Vec<Group>> {
+    let rows = match first_page {
+        Some(page) if page.len() < markers_query(series).limit => page,
+        _ => read_all(store, vec![markers_query(series)])
+            .await?
+            .pop()
+            .unwrap_or_default(),
+    };
+    let mut groups: Vec<Group> = Vec::new();
     for row in rows {
+        let batch = batch_of(&row.row);
+        match groups.last_mut() {
+            Some(group) if group.batch == batch => group.rows.push(row),
+            _ => groups.push(Group {
+                batch: batch.to_owned(),
+                rows: vec![row],
+                state: BatchState::Open,
+            }),
+        }
+    }
+    let batches: Vec<&str> = groups.iter().map(|group| group.batch.as_str()).collect();
+    let found = states.of(store, &batches).await?;
+    let mut kept = Vec::with_capacity(groups.len());
+    for (mut group, state) in groups.into_iter().zip(found) {
+        group.state = state;
+        let dead = match state {
+            BatchState::Committed => false,
+            BatchState::Aborted => true,
+            BatchState::Open => is_stale(&group.batch) && abandon(store, &group.batch).await?,
+        };
+        if dead {
+            // Whatever the batch's list says, these rows go (a writer may have died between
+            // staging its markers and its list).
+            store
+                .batch_write(
+                    group
+                        .rows
+                        .iter()
+                        .map(|row| Write::delete(Table::SeriesPending, series, &row.row))
+                        .collect(),
+                )
+                .await?;
+        } else {
+            kept.push(group);
+        }
+    }
+    Ok(kept)
+}
+
+/// The points of a group's rows, in time order.
+fn group_points(group: &Group) -> DomainResult<Vec<Point>> {
+    let mut points = Vec::new();
+    for row in &group.rows {
         points.extend(codec::decode(0, &row.value).map_err(DomainError::Corrupt)?);
     }
     Ok(points)
 }
 
 /// The points of committed, not yet applied batches of `series` in `[from, to)`, in time
-/// order; of two batches writing one time, the later wins.
+/// order; of two batches writing one time, the later wins. `markers` is the first page of
+/// its markers, read with the rest of a scan's first round.
 pub async fn pending_points(
     store: &dyn Store,
+    series: &str,
     markers: Vec<Item>,
     from: u64,
     to: u64,
 ) -> DomainResult<Vec<Point>> {
     let mut overlay: Vec<Point> = Vec::new();
-    // Markers are keyed by batch id, a UUIDv7: they come oldest first.
-    for marker in markers {
-        if !is_committed(store, &marker.row).await? {
-            if is_stale(&marker.row) {
-                abandon(store, &marker.row).await?;
-            }
+    for group in groups(store, &States::default(), series, Some(markers)).await? {
+        if group.state != BatchState::Committed {
             continue;
         }
-        let Ok(index) = String::from_utf8_lossy(&marker.value).parse::<usize>() else {
-            continue;
-        };
-        let points: Vec<Point> = staged_points(store, &marker.row, index)
-            .await?
+        let points: Vec<Point> = group_points(&group)?
             .into_iter()
             .filter(|point| point.at >= from && point.at < to)
             .collect();
@@ -260,19 +406,10 @@ pub async fn pending_points(
     Ok(overlay)
 }
 
-/// Applies those of `batches` that committed, and abandons stale uncommitted ones; returns
-/// whether any was applied (so the series' rows changed).
-pub async fn settle(store: &dyn Store, batches: &[&String]) -> DomainResult<bool> {
-    let mut applied = false;
-    for batch in batches {
-        if is_committed(store, batch).await? {
-            apply(store, batch).await?;
-            applied = true;
-        } else if is_stale(batch) {
-            abandon(store, batch).await?;
-        }
-    }
-    Ok(applied)
+/// Applies every batch committed to `series` so far, so that a write or delete made next
+/// comes after them; returns whether any was applied (so the series' rows changed).
+pub async fn settle(store: &dyn Store, series: &str) -> DomainResult<bool> {
+    Ok(fold_series(store, &States::default(), series, None).await? > 0)
 }
 
 /// Whether a batch id (a UUIDv7) is older than [`ABANDON_AFTER_MS`].
@@ -280,179 +417,159 @@ fn is_stale(batch: &str) -> bool {
     let Ok(id) = Uuid::parse_str(batch) else {
         return false;
     };
-    let Some((seconds, nanos)) = id.get_timestamp().map(|stamp| stamp.to_unix()) else {
-        return false;
-    };
-    let created_ms = seconds * 1000 + u64::from(nanos) / 1_000_000;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |now| now.as_millis() as u64);
-    now_ms.saturating_sub(created_ms) > ABANDON_AFTER_MS
+    let created_ms = batch_time(id).unix_millis();
+    let now_ms = crate::keys::Ticks::now().unix_millis();
+    now_ms.saturating_sub(created_ms) > ABANDON_AFTER_MS as i64
 }
 
-/// Applies committed `batch` (step 3); returns the points applied. Safe to run again.
+/// Applies committed `batch` (step 3); returns the points folded. Safe to run again.
 pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
-    if !is_committed(store, batch).await? {
+    let states = States::default();
+    if states.of(store, &[batch]).await?[0] != BatchState::Committed {
         return Ok(0);
     }
-    let entries = store
-        .query_all(
-            Query::partition(Table::SeriesBatches, batch, 500)
-                .range(Some("s.".into()), Some("s/".into())),
-        )
-        .await?;
-    // Series of one batch touch rows of their own: applied side by side. Collected first:
-    // a lazy `map` closure here makes callers' futures not `Send` for every lifetime
-    // (rustc's higher-ranked `FnOnce` limitation).
-    let applies: Vec<_> = entries
+    let series = listed(store, batch).await?;
+    // Series touch rows of their own: folded side by side. Collected first: a lazy `map`
+    // closure here makes callers' futures not `Send` for every lifetime (rustc's
+    // higher-ranked `FnOnce` limitation).
+    let folds: Vec<_> = series
         .iter()
-        .map(|entry| apply_series(store, batch, entry))
+        .map(|Listed(name, _)| fold_series(store, &states, name, Some(batch)))
         .collect();
-    let applied: Vec<u64> = futures::stream::iter(applies)
-        .buffer_unordered(SERIES_APPLIED_AT_ONCE)
+    let folded: Vec<u64> = futures::stream::iter(folds)
+        .buffer_unordered(SERIES_FOLDED_AT_ONCE)
         .try_collect()
         .await?;
-    let applied = applied.into_iter().sum();
-    let rows = store
-        .query_all(Query::partition(Table::SeriesBatches, batch, 1000))
-        .await?;
-    let (state, staged): (Vec<Item>, Vec<Item>) =
-        rows.into_iter().partition(|row| row.row == STATE_ROW);
-    store
-        .batch_write(
-            staged
-                .into_iter()
-                .map(|row| Write::delete(Table::SeriesBatches, batch, row.row))
-                .collect(),
-        )
-        .await?;
-    if !state.is_empty() {
-        store
-            .batch_write(vec![Write::delete(Table::SeriesBatches, batch, STATE_ROW)])
-            .await?;
-    }
-    Ok(applied)
+    // Every marker of the batch is gone: its list and state can go.
+    drop_batch_rows(store, batch, true).await?;
+    Ok(folded.into_iter().sum())
 }
 
-/// Applies series `entry` of committed `batch`, unless an earlier run did (its marker is
-/// gone); returns the points applied.
+/// Folds the committed batches of `series` into its rows until none is left up to `until`
+/// (the newest committed when `None`); returns the points folded.
 ///
-/// Batches of one series are applied oldest first, as reads overlay them (a later batch's
-/// value of a time wins): up to [`FOLDED_BATCHES`] of the oldest committed ones at a time,
-/// newer ones than `batch` too, their points merged and written in one read-modify-write of
-/// the rows however many requests brought them, until `batch` is among them. Each batch's `readings` event is then
-/// posted and its marker dropped, as its own job would; their jobs find the markers gone.
-/// Two jobs folding one series at once write the same rows (each a compare-and-swap) and the
-/// same events (each create-if-absent).
-async fn apply_series(store: &dyn Store, batch: &str, entry: &Item) -> DomainResult<u64> {
-    let staged: StagedSeries = serde_json::from_slice(&entry.value)
-        .map_err(|err| DomainError::Corrupt(format!("staged series: {err}")))?;
-    let series = staged.series;
-    let mut applied = 0;
+/// Each round reads the markers, takes the committed ones oldest first (whole batches, up to
+/// [`FOLDED_ROWS`] rows, newer ones than `until` too), merges their points into the rows,
+/// then posts one `readings` event for them and drops their markers in one transaction.
+/// A round that loses a race (another fold or writer changed a row, or posted the event)
+/// reads the markers again: rows are written before markers go, so what it reads covers
+/// every point another writer put in the rows since, and folding a batch twice rewrites the
+/// same values in the same order.
+async fn fold_series(
+    store: &dyn Store,
+    states: &States,
+    series: &str,
+    until: Option<&str>,
+) -> DomainResult<u64> {
+    let mut until = until.map(str::to_owned);
+    let mut folded_points = 0u64;
+    let mut lost = 0;
     loop {
-        if store
-            .get(Table::SeriesPending, &series, batch)
-            .await?
-            .is_none()
-        {
-            return Ok(applied);
+        let groups = groups(store, states, series, None).await?;
+        let committed: Vec<Group> = groups
+            .into_iter()
+            .filter(|group| group.state == BatchState::Committed)
+            .collect();
+        let (Some(first), Some(newest)) = (committed.first(), committed.last()) else {
+            return Ok(folded_points);
+        };
+        let until = until.get_or_insert_with(|| newest.batch.clone());
+        if first.batch.as_str() > until.as_str() {
+            return Ok(folded_points);
         }
-        let mut oldest: Vec<Item> = Vec::new();
-        for marker in store.query(markers_query(&series)).await? {
-            if oldest.len() == FOLDED_BATCHES {
+        let mut folded: Vec<Group> = Vec::new();
+        let mut rows = 0;
+        for group in committed {
+            if !folded.is_empty() && rows + group.rows.len() > FOLDED_ROWS {
                 break;
             }
-            if marker.row == batch || is_committed(store, &marker.row).await? {
-                oldest.push(marker);
+            rows += group.rows.len();
+            folded.push(group);
+        }
+        let mut points: Vec<Point> = Vec::new();
+        for group in &folded {
+            points = merge(&points, &group_points(group)?);
+        }
+        let done = write_rows(store, series, &points).await?
+            && post_fold(store, series, &folded, &points).await?;
+        if done {
+            folded_points += points.len() as u64;
+        } else {
+            lost += 1;
+            if lost >= FOLD_ATTEMPTS {
+                return Err(DomainError::Conflict(
+                    "series rows kept changing while a batch was applied".into(),
+                ));
             }
         }
-        applied += fold(store, &series, &oldest).await?;
     }
 }
 
-/// Applies committed batches `markers` (oldest first) of `series` in one write of its rows,
-/// then posts each one's event and drops its marker; returns the points written.
-async fn fold(store: &dyn Store, series: &str, markers: &[Item]) -> DomainResult<u64> {
-    let mut batches = Vec::with_capacity(markers.len());
-    let mut points: Vec<Point> = Vec::new();
-    for marker in markers {
-        let Ok(index) = String::from_utf8_lossy(&marker.value).parse::<usize>() else {
-            continue;
-        };
-        let Some(entry) = store
-            .get(Table::SeriesBatches, &marker.row, &series_row(index))
-            .await?
-        else {
-            continue; // applied and cleaned up by another job meanwhile
-        };
-        let staged: StagedSeries = serde_json::from_slice(&entry)
-            .map_err(|err| DomainError::Corrupt(format!("staged series: {err}")))?;
-        points = merge(&points, &staged_points(store, &marker.row, index).await?);
-        batches.push((marker.row.clone(), staged));
+/// Posts the `readings` event of a fold and drops its markers, in one transaction; `false`
+/// if another fold posted it first.
+async fn post_fold(
+    store: &dyn Store,
+    series: &str,
+    folded: &[Group],
+    points: &[Point],
+) -> DomainResult<bool> {
+    let first = Uuid::parse_str(&folded[0].batch)
+        .map_err(|err| DomainError::Corrupt(format!("series batch id: {err}")))?;
+    let event = readings_event(
+        series,
+        points,
+        batch_time(first),
+        folded_event_id(series, first),
+    )?;
+    let mut writes = event_writes(&event, event.at);
+    for group in folded {
+        writes.extend(
+            group
+                .rows
+                .iter()
+                .map(|row| Write::delete(Table::SeriesPending, series, &row.row)),
+        );
     }
-    write_rows(store, series, &points).await?;
+    match store.transact(writes).await {
+        Ok(()) => Ok(true),
+        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
 
-    let author = SubjectId::parse(series).map_err(DomainError::Corrupt)?;
-    for (folded_batch, staged) in batches {
-        let event = Event::decode(&author, &staged.event_row_key, staged.event_body.as_bytes())
-            .map_err(DomainError::Corrupt)?;
-        let drop_marker = Write::delete(Table::SeriesPending, series, &folded_batch);
-        let mut writes = event_writes(&event, event.at);
-        writes.push(drop_marker.clone());
-        match store.transact(writes).await {
+/// Merges `points` into `series`' rows in transactions of a few rows each; `false` when
+/// another writer changed a row first. Index rows go first, so no row is ever unreachable.
+/// The latest record is written with them (reads overlay a committed batch, so its newest
+/// point is already visible).
+async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> DomainResult<bool> {
+    let names = [series];
+    let (plan, heads) = futures::try_join!(
+        plan::plan(store, series, points, plan::Markers::Skip),
+        // Only its latest record matters here: the write dropped expired points already.
+        latest::read_heads(store, &names, Retention::Forever),
+    )?;
+    let mut planned = plan.writes;
+    planned.extend(
+        heads
+            .first()
+            .map(|head| latest::write_after(series, head, points)),
+    );
+    planned.sort_by_key(|write| write.table() != Table::SeriesIndex);
+    for group in planned.chunks(FOLD_WRITES_PER_TRANSACTION.min(MAX_TRANSACTION_WRITES)) {
+        match store.transact(group.to_vec()).await {
             Ok(()) => {}
-            // An earlier run, or another job folding this series, posted the event already.
-            Err(StoreError::ConditionFailed) => store.transact(vec![drop_marker]).await?,
+            Err(StoreError::ConditionFailed) => return Ok(false),
             Err(err) => return Err(err.into()),
         }
     }
-    Ok(points.len() as u64)
-}
-
-/// Merges `points` into `series`' rows in transactions of a few rows each, planning again
-/// when another writer changed a row first. Index rows go first, so no row is ever
-/// unreachable. The latest record is written with them (reads overlay a committed batch, so
-/// its newest point is already visible).
-pub async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> DomainResult<()> {
-    let names = [series];
-    for _ in 0..APPLY_ATTEMPTS {
-        let (plan, heads) = futures::try_join!(
-            plan::plan(store, series, points),
-            // Only its latest record matters here: the write dropped expired points already.
-            latest::read_heads(store, &names, Retention::Forever),
-        )?;
-        let mut planned = plan.writes;
-        planned.extend(
-            heads
-                .first()
-                .map(|head| latest::write_after(series, head, points)),
-        );
-        planned.sort_by_key(|write| write.table() != Table::SeriesIndex);
-        let mut conflict = false;
-        for group in planned.chunks(APPLY_WRITES_PER_TRANSACTION.min(MAX_TRANSACTION_WRITES)) {
-            match store.transact(group.to_vec()).await {
-                Ok(()) => {}
-                Err(StoreError::ConditionFailed) => {
-                    conflict = true;
-                    break;
-                }
-                Err(err) => return Err(err.into()),
-            }
-        }
-        if !conflict {
-            // Days whose rollups were unknown (written before rollups existed, or found
-            // half-written by a conflicting plan) are recomputed now.
-            let mut days: Vec<u64> = points.iter().map(|point| day_of(point.at)).collect();
-            days.dedup();
-            for day in days {
-                rollup_write::repair_day(store, series, day).await?;
-            }
-            return Ok(());
-        }
+    // Days whose rollups were unknown (written before rollups existed, or found
+    // half-written by a conflicting plan) are recomputed now.
+    let mut days: Vec<u64> = points.iter().map(|point| day_of(point.at)).collect();
+    days.dedup();
+    for day in days {
+        rollup_write::repair_day(store, series, day).await?;
     }
-    Err(DomainError::Conflict(
-        "series rows kept changing while a batch was applied".into(),
-    ))
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -460,36 +577,25 @@ mod tests {
     use uuid::{NoContext, Timestamp};
 
     use super::*;
-    use crate::keys::{Ticks, event_row_key};
     use crate::store::EmbeddedStore;
 
-    /// Stages one series of a batch (its row, points and marker) without committing it.
+    /// Stages one point of `series` under `batch` (its marker and list) without committing.
     async fn stage(store: &dyn Store, batch: &str, series: &str) {
-        let entry = StagedSeries {
-            series: series.to_owned(),
-            event_row_key: "unused".into(),
-            event_body: "{}".into(),
-        };
-        let points = [Point { at: 5, value: 1.0 }];
+        let list = serde_json::to_vec(&[Listed(series.to_owned(), 1)]).expect("json");
         store
             .batch_write(vec![
                 Write::put(
-                    Table::SeriesBatches,
+                    Table::SeriesPending,
                     Item::new(
-                        batch,
-                        series_row(0),
-                        serde_json::to_vec(&entry).expect("json"),
+                        series,
+                        marker_row(batch, 0),
+                        codec::encode(0, &[Point { at: 5, value: 1.0 }]),
                     ),
                 ),
                 Write::put(
                     Table::SeriesBatches,
-                    Item::new(
-                        batch,
-                        format!("{}00000", points_prefix(0)),
-                        codec::encode(0, &points),
-                    ),
+                    Item::new(batch, format!("{LIST_PREFIX}00000"), list),
                 ),
-                Write::put(Table::SeriesPending, Item::new(series, batch, "0")),
             ])
             .await
             .expect("stage");
@@ -514,16 +620,16 @@ mod tests {
 
         let seen = markers(&store, "s").await;
         assert_eq!(seen.len(), 2);
-        let overlay = pending_points(&store, seen, 0, u64::MAX)
+        let overlay = pending_points(&store, "s", seen, 0, u64::MAX)
             .await
             .expect("read");
         assert!(overlay.is_empty(), "uncommitted points are never shown");
 
-        // The old batch is abandoned: its marker and staging go, and it can no longer commit.
+        // The old batch is abandoned: its marker and list go, and it can no longer commit.
         let left: Vec<String> = markers(&store, "s")
             .await
             .into_iter()
-            .map(|m| m.row)
+            .map(|m| batch_of(&m.row).to_owned())
             .collect();
         assert_eq!(left, [fresh], "the fresh batch is left alone");
         let staged = store
@@ -542,37 +648,28 @@ mod tests {
             .await;
         assert!(matches!(late_commit, Err(StoreError::ConditionFailed)));
         assert!(
-            !settle(&store, &[&old]).await.expect("settle"),
+            !settle(&store, "s").await.expect("settle"),
             "nothing to apply"
         );
     }
 
-    /// One committed batch of `series` holding `points`, with its `readings` event.
+    /// One committed batch of `series` holding `points`.
     async fn commit(store: &dyn Store, series: &str, points: Vec<Point>) -> Uuid {
-        let at = Ticks::now();
-        let event_id = Uuid::now_v7();
-        let event = Event {
-            event_id,
-            author: SubjectId::parse(series).expect("subject"),
-            kind: "readings".into(),
-            payload: serde_json::value::RawValue::from_string(format!(
-                r#"{{"count":{}}}"#,
-                points.len()
-            ))
-            .expect("json"),
-            at,
-            row_key: event_row_key(at, event_id),
-            version: 1,
-            edited_at: None,
-        };
-        let prepared = [Prepared {
-            series: SeriesName::parse(series).expect("name"),
-            points,
-            event,
-        }];
-        stage_and_commit(store, &prepared).await.expect("commit");
-        let marker = markers(store, series).await.pop().expect("a marker");
-        Uuid::parse_str(&marker.row).expect("batch id")
+        let before: HashSet<String> = markers(store, series)
+            .await
+            .into_iter()
+            .map(|marker| marker.row)
+            .collect();
+        let name = SeriesName::parse(series).expect("name");
+        stage_and_commit(store, &[(name, points)])
+            .await
+            .expect("commit");
+        let marker = markers(store, series)
+            .await
+            .into_iter()
+            .find(|marker| !before.contains(&marker.row))
+            .expect("a new marker");
+        Uuid::parse_str(batch_of(&marker.row)).expect("batch id")
     }
 
     /// The points in `series`' rows of day 0 (applied, not overlaid).
@@ -591,6 +688,21 @@ mod tests {
             points.extend(codec::decode(key, &row.value).expect("row"));
         }
         points
+    }
+
+    async fn events(store: &dyn Store, series: &str) -> Vec<serde_json::Value> {
+        store
+            .query_all(Query::partition(Table::Events, series, 100))
+            .await
+            .expect("events")
+            .iter()
+            .map(|row| {
+                let author = crate::timeline::SubjectId::parse(series).expect("author");
+                let event =
+                    crate::timeline::Event::decode(&author, &row.row, &row.value).expect("event");
+                serde_json::from_str(event.payload.get()).expect("payload")
+            })
+            .collect()
     }
 
     #[tokio::test]
@@ -618,13 +730,21 @@ mod tests {
                 point(40, 3.0)
             ]
         );
-        let events = store
-            .query_all(Query::partition(Table::Events, "s", 100))
-            .await
-            .expect("events");
-        assert_eq!(events.len(), 3, "one readings event per batch, each once");
-        // The second batch's own job finds nothing left to apply.
+        let events = events(&store, "s").await;
+        assert_eq!(events.len(), 1, "one readings event for the fold");
+        assert_eq!(events[0]["count"], 4);
+        assert_eq!(events[0]["last_value"], 3.0);
+        // The second batch's own job finds nothing left to apply, and its list is gone.
         assert_eq!(apply(&store, &second.to_string()).await.expect("apply"), 0);
+        let left = store
+            .query_all(Query::partition(
+                Table::SeriesBatches,
+                first.to_string(),
+                10,
+            ))
+            .await
+            .expect("rows");
+        assert!(left.is_empty(), "an applied batch leaves nothing: {left:?}");
     }
 
     #[tokio::test]
@@ -633,7 +753,7 @@ mod tests {
         let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
         // More batches than one fold takes, each writing time 7 again.
         let mut batches = Vec::new();
-        for value in 0..FOLDED_BATCHES + 2 {
+        for value in 0..FOLDED_ROWS + 2 {
             let point = Point {
                 at: 7,
                 value: value as f64,
@@ -644,17 +764,66 @@ mod tests {
         // The newest batch's job runs first: it must not leave an older batch to land after.
         let newest = batches.last().expect("batches").to_string();
         apply(&store, &newest).await.expect("apply");
+        assert!(markers(&store, "s").await.is_empty());
         for batch in &batches {
             apply(&store, &batch.to_string()).await.expect("apply");
         }
 
-        assert!(markers(&store, "s").await.is_empty());
         let stored = applied_points(&store, "s").await;
-        let last = (FOLDED_BATCHES + 1) as f64;
+        let last = (FOLDED_ROWS + 1) as f64;
         assert_eq!(
             stored,
             [Point { at: 7, value: last }],
             "the newest batch's value"
         );
+        let counts: Vec<u64> = events(&store, "s")
+            .await
+            .iter()
+            .map(|event| event["count"].as_u64().expect("count"))
+            .collect();
+        assert_eq!(counts.len(), 2, "two folds: {counts:?}");
+    }
+
+    #[tokio::test]
+    async fn concurrent_folds_of_one_series_apply_each_batch_once_and_the_newest_value_last() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        for round in 0..20u64 {
+            let series = format!("s{round}");
+            let mut batches = Vec::new();
+            let count = 3 + round as usize % 5;
+            for value in 0..count {
+                let points = vec![
+                    Point {
+                        at: 7,
+                        value: value as f64,
+                    },
+                    Point {
+                        at: 100 + value as u64,
+                        value: 1.0,
+                    },
+                ];
+                batches.push(commit(&store, &series, points).await.to_string());
+            }
+            // Every batch's job at once, in an order that varies by round.
+            batches.rotate_left(round as usize % count);
+            let jobs = batches.iter().map(|batch| apply(&store, batch));
+            futures::future::try_join_all(jobs).await.expect("apply");
+
+            let stored = applied_points(&store, &series).await;
+            assert_eq!(stored.len(), count + 1, "{series}: {stored:?}");
+            assert_eq!(stored[0].value, (count - 1) as f64, "{series}: newest wins");
+            let folded: u64 = events(&store, &series)
+                .await
+                .iter()
+                .map(|event| event["count"].as_u64().expect("count"))
+                .sum();
+            // Each batch brings one new time and rewrites time 7: counted once per fold.
+            assert!(
+                folded >= count as u64 + 1 && folded <= 2 * count as u64,
+                "{series}: {folded}"
+            );
+            assert!(markers(&store, &series).await.is_empty());
+        }
     }
 }

@@ -25,10 +25,10 @@ use crate::timeline::DomainResult;
 /// The index partition listing every series.
 pub const NAMES_PARTITION: &str = "names";
 
-/// The query of a series' markers of committed, not yet applied batches (few: one per
-/// batch in flight).
+/// The query of a series' journal markers: the points of batches not yet folded into its
+/// rows (few: one row per batch in flight).
 pub fn markers_query(series: &str) -> Query {
-    Query::partition(Table::SeriesPending, series, 100)
+    Query::partition(Table::SeriesPending, series, 200)
 }
 
 pub const TICKS_PER_SECOND: u64 = 10_000_000;

@@ -4,8 +4,10 @@
 //! - [`layout`]: partitions of one day, rows of one 10-minute bucket
 //! - [`codec`]: the bytes of a row
 //! - [`plan`]: which row writes put a set of points into a series (read, merge, split)
-//! - [`writing`]: one-transaction writes, and the event each write posts
-//! - [`journal`]: writes too large for one transaction, staged, committed, then applied
+//! - [`writing`]: one-transaction writes, or else the journal
+//! - [`readings`]: the `readings` event that announces what a write brought
+//! - [`journal`]: writes too large for one transaction (or contended), staged, committed,
+//!   then folded into their series many at a time
 //! - [`scan`]: the points of a range, in time order, with committed batches overlaid
 //! - [`reading`]: raw pages, step aggregates, aligned series
 //! - [`deleting`]: range and whole-series deletes, a page at a time
@@ -28,6 +30,7 @@ pub mod line_protocol;
 pub(crate) mod live;
 mod plan;
 pub(crate) mod reading;
+pub mod readings;
 pub mod retention;
 pub mod rollup;
 mod rollup_read;

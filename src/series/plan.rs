@@ -22,9 +22,17 @@ use crate::timeline::{DomainError, DomainResult};
 #[derive(Debug, Default)]
 pub struct Plan {
     pub writes: Vec<Write>,
-    /// Batches committed to the series but not yet applied: a write must wait for them
-    /// (apply them) to come after them.
-    pub pending_batches: Vec<String>,
+    /// Whether the series has journaled batches not yet applied (read with
+    /// [`Markers::Read`]): a write must apply them first to come after them.
+    pub pending: bool,
+}
+
+/// Whether a plan reads the series' journal markers too.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Markers {
+    Read,
+    /// The journal's own folds, which apply the markers.
+    Skip,
 }
 
 impl Plan {
@@ -42,7 +50,12 @@ struct Row {
 }
 
 /// Plans writing `points` (sorted by time, no time twice) into `series`.
-pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainResult<Plan> {
+pub async fn plan(
+    store: &dyn Store,
+    series: &str,
+    points: &[Point],
+    markers: Markers,
+) -> DomainResult<Plan> {
     let mut plan = Plan::default();
     let (Some(first), Some(last)) = (points.first(), points.last()) else {
         return Ok(plan);
@@ -67,7 +80,11 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainRe
         last_day,
         (last_day - first_day + 1) as usize,
     )];
-    queries.push(super::layout::markers_query(series));
+    if markers == Markers::Read {
+        let mut one = super::layout::markers_query(series);
+        one.limit = 1;
+        queries.push(one);
+    }
     let rollup_reads = RollupReads::new(points);
     queries.extend(rollup_reads.queries(series));
     queries.extend(runs.iter().map(|(start, end)| {
@@ -81,12 +98,9 @@ pub async fn plan(store: &dyn Store, series: &str, points: &[Point]) -> DomainRe
         .iter()
         .filter_map(|item| parse_day(&item.row))
         .collect();
-    plan.pending_batches = answers
-        .next()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|marker| marker.row)
-        .collect();
+    if markers == Markers::Read {
+        plan.pending = !answers.next().unwrap_or_default().is_empty();
+    }
     let rollup_answers: Vec<Vec<Item>> =
         answers.by_ref().take(rollup_reads.query_count()).collect();
 

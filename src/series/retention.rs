@@ -29,8 +29,8 @@ use bytes::Bytes;
 use super::catalogue::{meta_partition, register};
 use super::layout::{NAMES_PARTITION, TICKS_PER_SECOND};
 use super::{Series, SeriesName};
-use crate::keys::MAX_TICKS;
-use crate::store::{Item, Key, Query, Table, Write};
+use crate::keys::{MAX_TICKS, Ticks};
+use crate::store::{Item, Key, Query, Store, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
 /// The row of a series' own retention, in its `meta/{series}` partition.
@@ -135,6 +135,22 @@ pub fn decode(stored: Option<&[u8]>) -> DomainResult<Option<Retention>> {
 /// The retention in force: the series' own, else `default`.
 pub fn effective(stored: Option<&[u8]>, default: Retention) -> DomainResult<Retention> {
     Ok(decode(stored)?.unwrap_or(default))
+}
+
+/// The retention floor of each of `series` now: its oldest time kept.
+pub async fn floors(
+    store: &dyn Store,
+    series: &[&str],
+    default: Retention,
+) -> DomainResult<Vec<u64>> {
+    let keys = series.iter().map(|name| retention_key(name)).collect();
+    let now = Ticks::now().get();
+    store
+        .get_many(keys)
+        .await?
+        .iter()
+        .map(|stored| Ok(effective(stored.as_deref(), default)?.floor(now)))
+        .collect()
 }
 
 /// A series' retention and where it comes from.

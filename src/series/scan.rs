@@ -80,7 +80,7 @@ impl Scan {
         }
         scan.take_days(days);
         if !markers.is_empty() {
-            scan.overlay = journal::pending_points(store, markers, scan.from, to)
+            scan.overlay = journal::pending_points(store, series, markers, scan.from, to)
                 .await?
                 .into();
         }
