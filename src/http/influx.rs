@@ -15,7 +15,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures::{StreamExt as _, TryStreamExt as _};
 use http_body_util::BodyExt as _;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -29,13 +28,11 @@ use crate::auth::Principal;
 use crate::keys::Ticks;
 use crate::metrics::PointSource;
 use crate::series::line_protocol::{self, LineError, LineSeries, Precision};
-use crate::series::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, NewPoints};
+use crate::series::{MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, NewPoints, SeriesName};
 
 /// Largest body, compressed and (for gzip) again after decompression: as large as a series
 /// batch, about 200,000 points of 80 bytes.
 pub const MAX_LINE_PROTOCOL_BYTES: usize = 16 * 1024 * 1024;
-/// Series whose tags are read (and added to) at once.
-const TAG_UPDATES_IN_FLIGHT: usize = 32;
 /// Longest quote of a bad line in an error message, in bytes.
 const MAX_QUOTED_LINE_BYTES: usize = 100;
 
@@ -170,16 +167,11 @@ async fn write_line_protocol(
     }
     // Tags first: if the points then fail, the request fails and a retry writes them; the
     // tags alone are harmless. Tags set otherwise (PUT .../tags) are kept.
-    // Collected first: a lazy `map` closure here makes the handler's future not `Send` for
-    // every lifetime (rustc's higher-ranked `FnOnce` limitation).
-    let tag_updates: Vec<_> = series
+    let tags: Vec<(&SeriesName, &[String])> = series
         .iter()
-        .map(|one| state.series.add_tags(&one.name, &one.tags))
+        .map(|one| (&one.name, one.tags.as_slice()))
         .collect();
-    futures::stream::iter(tag_updates)
-        .buffer_unordered(TAG_UPDATES_IN_FLIGHT)
-        .try_collect::<()>()
-        .await?;
+    state.series.add_tags_to_many(&tags).await?;
     let batch = series
         .into_iter()
         .map(|one| NewPoints {

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt as _, TryStreamExt as _};
 use rumqttc::{
     AsyncClient, Event, EventLoop, MqttOptions, Outgoing, Packet, Publish, QoS, SubscribeReasonCode,
 };
@@ -538,21 +537,13 @@ fn chunks<'m>(messages: &[&'m Message]) -> Vec<Vec<&'m Message>> {
 /// a `readings` event each, so a write stays one transaction.
 const SERIES_PER_WRITE: usize = 16;
 
-/// Series tagged at once, at most, when a write adds tags.
-const TAG_UPDATES_IN_FLIGHT: usize = 32;
-
-/// Adds `tags` to their series (each one read, and written only when it lacks some).
+/// Adds `tags` to their series (read in one round, written only when one lacks some).
 async fn add_tags(series: &Series, tags: &BTreeMap<SeriesName, Vec<String>>) -> DomainResult<()> {
-    // Collected first: a lazy `map` closure here makes the future not `Send` for every
-    // lifetime (rustc's higher-ranked `FnOnce` limitation).
-    let updates: Vec<_> = tags
+    let tags: Vec<(&SeriesName, &[String])> = tags
         .iter()
-        .map(|(name, tags)| series.add_tags(name, tags))
+        .map(|(name, tags)| (name, tags.as_slice()))
         .collect();
-    futures::stream::iter(updates)
-        .buffer_unordered(TAG_UPDATES_IN_FLIGHT)
-        .try_collect::<()>()
-        .await
+    series.add_tags_to_many(&tags).await
 }
 
 /// Fires `grace` after `token` does.

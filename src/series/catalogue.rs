@@ -10,7 +10,9 @@ use bytes::Bytes;
 
 use super::layout::NAMES_PARTITION;
 use super::{MAX_TAG_BYTES, MAX_TAGS, Series, SeriesName};
-use crate::store::{Condition, Item, Query, StoreError, Table, Write};
+use futures::{StreamExt as _, TryStreamExt as _};
+
+use crate::store::{Condition, Item, Key, Query, StoreError, Table, Write};
 use crate::timeline::{DomainError, DomainResult, check_printable};
 
 /// Most names in one listing page, and the default.
@@ -18,6 +20,8 @@ pub const MAX_LIST_PAGE: usize = 1000;
 pub const DEFAULT_LIST_PAGE: usize = 100;
 const TAGS_ROW: &str = "tags";
 const MAX_ATTEMPTS: u32 = 8;
+/// Series tagged at once, at most, when a write adds tags.
+const TAG_UPDATES_IN_FLIGHT: usize = 32;
 
 pub fn meta_partition(series: &str) -> String {
     format!("meta/{series}")
@@ -104,6 +108,27 @@ impl Series {
             (!missing.is_empty()).then(|| old.iter().chain(missing).cloned().collect())
         })
         .await
+    }
+
+    /// [`add_tags`](Self::add_tags) for many series: their tags read in one round, and only
+    /// those lacking some written.
+    pub async fn add_tags_to_many(&self, tags: &[(&SeriesName, &[String])]) -> DomainResult<()> {
+        let keys = tags
+            .iter()
+            .map(|(name, _)| Key::new(Table::SeriesIndex, meta_partition(name.as_str()), TAGS_ROW))
+            .collect();
+        let stored = self.store.get_many(keys).await?;
+        let mut lacking = Vec::new();
+        for ((name, wanted), stored) in tags.iter().zip(stored) {
+            let old = stored.map_or(Ok(Vec::new()), |body| decode_tags(&body))?;
+            if wanted.iter().any(|tag| !old.contains(tag)) {
+                lacking.push(self.add_tags(name, wanted));
+            }
+        }
+        futures::stream::iter(lacking)
+            .buffer_unordered(TAG_UPDATES_IN_FLIGHT)
+            .try_collect::<()>()
+            .await
     }
 
     /// Sets the tags of `series` to `change(old tags)`, unless that is `None`, under a

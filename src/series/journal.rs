@@ -39,7 +39,8 @@ use super::rollup_write;
 use super::{Point, SeriesName, codec, latest};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{
-    Condition, Item, Key, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table, Write,
+    Condition, Item, Key, MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError,
+    StoreExt, Table, Write, write_bytes,
 };
 use crate::timeline::posting::event_writes;
 use crate::timeline::{DomainError, DomainResult};
@@ -53,7 +54,7 @@ const FOLDED_ROWS: usize = MAX_TRANSACTION_WRITES - 10;
 /// Bytes of series names per row of a batch's list.
 const LIST_ROW_BYTES: usize = 64 * 1024;
 /// Series of a batch folded at once.
-const SERIES_FOLDED_AT_ONCE: usize = 16;
+const SERIES_FOLDED_AT_ONCE: usize = 64;
 /// Row writes per transaction of a fold.
 const FOLD_WRITES_PER_TRANSACTION: usize = 50;
 /// Folds of one series lost to other writers of its rows before a job gives up (and is
@@ -429,12 +430,21 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
         return Ok(0);
     }
     let series = listed(store, batch).await?;
+    // Most of a batch's series were folded already by an earlier batch's job, which took
+    // this batch's markers along: which are left is one read of them all.
+    let markers = series
+        .iter()
+        .map(|Listed(name, _)| Key::new(Table::SeriesPending, name, marker_row(batch, 0)))
+        .collect();
+    let left = store.get_many(markers).await?;
     // Series touch rows of their own: folded side by side. Collected first: a lazy `map`
     // closure here makes callers' futures not `Send` for every lifetime (rustc's
     // higher-ranked `FnOnce` limitation).
     let folds: Vec<_> = series
         .iter()
-        .map(|Listed(name, _)| fold_series(store, &states, name, Some(batch)))
+        .zip(left)
+        .filter(|(_, marker)| marker.is_some())
+        .map(|(Listed(name, _), _)| fold_series(store, &states, name, Some(batch)))
         .collect();
     let folded: Vec<u64> = futures::stream::iter(folds)
         .buffer_unordered(SERIES_FOLDED_AT_ONCE)
@@ -465,6 +475,16 @@ async fn fold_series(
     let mut folded_points = 0u64;
     let mut lost = 0;
     loop {
+        // A batch's job mostly finds its series folded by an earlier job: one point read
+        // says so, where reading the markers would step over every one deleted lately.
+        if let Some(own) = &until
+            && store
+                .get(Table::SeriesPending, series, &marker_row(own, 0))
+                .await?
+                .is_none()
+        {
+            return Ok(folded_points);
+        }
         let groups = groups(store, states, series, None).await?;
         let committed: Vec<Group> = groups
             .into_iter()
@@ -490,10 +510,11 @@ async fn fold_series(
         for group in &folded {
             points = merge(&points, &group_points(group)?);
         }
-        let done = write_rows(store, series, &points).await?
-            && post_fold(store, series, &folded, &points).await?;
-        if done {
+        if write_fold(store, series, &folded, &points).await? {
             folded_points += points.len() as u64;
+            if folded.iter().any(|group| group.batch == *until) {
+                return Ok(folded_points);
+            }
         } else {
             lost += 1;
             if lost >= FOLD_ATTEMPTS {
@@ -505,14 +526,8 @@ async fn fold_series(
     }
 }
 
-/// Posts the `readings` event of a fold and drops its markers, in one transaction; `false`
-/// if another fold posted it first.
-async fn post_fold(
-    store: &dyn Store,
-    series: &str,
-    folded: &[Group],
-    points: &[Point],
-) -> DomainResult<bool> {
+/// The writes that post the `readings` event of a fold and drop its markers.
+fn post_fold(series: &str, folded: &[Group], points: &[Point]) -> DomainResult<Vec<Write>> {
     let first = Uuid::parse_str(&folded[0].batch)
         .map_err(|err| DomainError::Corrupt(format!("series batch id: {err}")))?;
     let event = readings_event(
@@ -530,33 +545,51 @@ async fn post_fold(
                 .map(|row| Write::delete(Table::SeriesPending, series, &row.row)),
         );
     }
-    match store.transact(writes).await {
-        Ok(()) => Ok(true),
-        Err(StoreError::ConditionFailed) => Ok(false),
-        Err(err) => Err(err.into()),
-    }
+    Ok(writes)
 }
 
-/// Merges `points` into `series`' rows in transactions of a few rows each; `false` when
-/// another writer changed a row first. Index rows go first, so no row is ever unreachable.
-/// The latest record is written with them (reads overlay a committed batch, so its newest
-/// point is already visible).
-async fn write_rows(store: &dyn Store, series: &str, points: &[Point]) -> DomainResult<bool> {
+/// Merges the points of `folded` (`points`) into `series`' rows, posts the fold's event and
+/// drops its markers; `false` when another writer changed a row or posted the event first.
+///
+/// One transaction when it all fits, which is the common case. Otherwise the rows go in
+/// transactions of a few each, index rows first (so no row is ever unreachable), and the
+/// event and markers last. The latest record is written with the rows (reads overlay a
+/// committed batch, so its newest point is already visible).
+async fn write_fold(
+    store: &dyn Store,
+    series: &str,
+    folded: &[Group],
+    points: &[Point],
+) -> DomainResult<bool> {
     let names = [series];
     let (plan, heads) = futures::try_join!(
         plan::plan(store, series, points, plan::Markers::Skip),
         // Only its latest record matters here: the write dropped expired points already.
         latest::read_heads(store, &names, Retention::Forever),
     )?;
-    let mut planned = plan.writes;
-    planned.extend(
+    let mut rows = plan.writes;
+    rows.extend(
         heads
             .first()
             .map(|head| latest::write_after(series, head, points)),
     );
-    planned.sort_by_key(|write| write.table() != Table::SeriesIndex);
-    for group in planned.chunks(FOLD_WRITES_PER_TRANSACTION.min(MAX_TRANSACTION_WRITES)) {
-        match store.transact(group.to_vec()).await {
+    rows.sort_by_key(|write| write.table() != Table::SeriesIndex);
+    let post = post_fold(series, folded, points)?;
+    let bytes: usize = rows.iter().chain(&post).map(write_bytes).sum();
+    let transactions: Vec<Vec<Write>> =
+        if rows.len() + post.len() <= MAX_TRANSACTION_WRITES && bytes <= MAX_TRANSACTION_BYTES {
+            rows.extend(post);
+            vec![rows]
+        } else {
+            let mut split: Vec<Vec<Write>> = rows
+                .chunks(FOLD_WRITES_PER_TRANSACTION)
+                .map(<[Write]>::to_vec)
+                .collect();
+            split.push(post);
+            split
+        };
+    for writes in transactions {
+        match store.transact(writes).await {
             Ok(()) => {}
             Err(StoreError::ConditionFailed) => return Ok(false),
             Err(err) => return Err(err.into()),
