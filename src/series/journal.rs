@@ -853,7 +853,7 @@ mod tests {
                 .sum();
             // Each batch brings one new time and rewrites time 7: counted once per fold.
             assert!(
-                folded >= count as u64 + 1 && folded <= 2 * count as u64,
+                (count as u64 + 1..=2 * count as u64).contains(&folded),
                 "{series}: {folded}"
             );
             assert!(markers(&store, &series).await.is_empty());

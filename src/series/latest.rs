@@ -11,9 +11,9 @@
 //!
 //! A range delete covering the latest point recomputes it from the newest remaining row (the
 //! days index read backwards, then that day's last row); the retention sweep empties a record
-//! whose point expired, and reads hide an expired point before the sweep comes. Writes too
-//! large for one transaction (see [`super::journal`]) update the record when their batch is
-//! applied, so a latest read may lag such a write by the moment the job takes.
+//! whose point expired, and reads hide an expired point before the sweep comes. Journaled
+//! writes (see [`super::journal`]) update the record when their batch is folded; until then
+//! latest reads overlay their points ([`super::latest_read`]).
 //!
 //! Why beside the tags (`meta/{series}`) and not in each tag's index row: a series carries up
 //! to 32 tags, and rewriting 32 index rows per points write would multiply the write's cost;
@@ -22,11 +22,11 @@
 
 use bytes::Bytes;
 
-use super::catalogue::{SeriesList, meta_partition};
+use super::catalogue::meta_partition;
 use super::layout::days_partition;
-use super::layout::{NAMES_PARTITION, parse_day, parse_ticks, partition};
+use super::layout::{parse_day, parse_ticks, partition};
 use super::retention::{self, Retention, retention_key};
-use super::{Point, Series, SeriesName, codec};
+use super::{Point, codec};
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, Key, Query, Store, StoreError, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
@@ -264,82 +264,9 @@ pub async fn expire(store: &dyn Store, series: &str, floor: u64) -> DomainResult
     correct(store, series, Correction::Expired { floor }).await
 }
 
-/// The latest value of one series, or of one of a listing.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Latest {
-    pub series: String,
-    /// `None` when the series has no point, or none within its retention.
-    pub point: Option<Point>,
-}
-
-/// A page of latest values, in name order.
-#[derive(Debug)]
-pub struct LatestPage {
-    pub items: Vec<Latest>,
-    pub next_cursor: Option<String>,
-}
-
-impl Series {
-    /// The latest point of `series` within its retention; 404 for an unknown series. One
-    /// batch read.
-    pub async fn latest(&self, series: &SeriesName) -> DomainResult<Latest> {
-        let name = series.as_str();
-        let answers = self
-            .store
-            .get_many(vec![
-                Key::new(Table::SeriesIndex, NAMES_PARTITION, name),
-                latest_key(name),
-                retention_key(name),
-            ])
-            .await?;
-        let [listed, latest, own] = answers.as_slice() else {
-            return Err(DomainError::Corrupt("a short batch read".into()));
-        };
-        if listed.is_none() {
-            return Err(DomainError::NotFound(format!("no series {series}")));
-        }
-        Ok(Latest {
-            series: name.to_owned(),
-            point: self.visible(latest.as_deref(), own.as_deref())?,
-        })
-    }
-
-    /// The latest points of the series of one listing page (`start`, `tag`, `limit` and
-    /// `cursor` as [`Series::list`] takes them): the page, then one batch read.
-    pub async fn latest_listed(
-        &self,
-        start: Option<&str>,
-        tag: Option<&str>,
-        limit: usize,
-        cursor: Option<&str>,
-    ) -> DomainResult<LatestPage> {
-        let SeriesList { items, next_cursor } = self.list(start, tag, limit, cursor).await?;
-        let keys = items
-            .iter()
-            .flat_map(|name| [latest_key(name), retention_key(name)])
-            .collect();
-        let answers = self.store.get_many(keys).await?;
-        let items = items
-            .into_iter()
-            .zip(answers.chunks_exact(2))
-            .map(|(series, pair)| {
-                Ok(Latest {
-                    point: self.visible(pair[0].as_deref(), pair[1].as_deref())?,
-                    series,
-                })
-            })
-            .collect::<DomainResult<Vec<_>>>()?;
-        Ok(LatestPage { items, next_cursor })
-    }
-
-    /// The point of a stored latest record, unless it expired under the retention in force.
-    fn visible(&self, latest: Option<&[u8]>, own: Option<&[u8]>) -> DomainResult<Option<Point>> {
-        let Some(bytes) = latest else {
-            return Ok(None);
-        };
-        let floor = retention::effective(own, self.default_retention)?.floor(Ticks::now().get());
-        Ok(Head::decode(bytes)?.point.filter(|point| point.at >= floor))
-    }
+/// The point of a stored latest record (`None`: no record, or no point).
+pub fn stored_point(latest: Option<&[u8]>) -> DomainResult<Option<Point>> {
+    latest.map_or(Ok(None), |bytes| Ok(Head::decode(bytes)?.point))
 }
 
 #[cfg(test)]

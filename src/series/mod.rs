@@ -15,6 +15,7 @@
 //! - [`retention`]: how long points are kept
 //! - [`expiry`]: expired points dropped from writes, and the sweep job that deletes them
 //! - [`latest`]: each series' latest point, kept up to date by every write
+//! - [`latest_read`]: latest reads, with journaled points not yet folded overlaid
 //! - [`line_protocol`]: InfluxDB line protocol parsed into series points and tags
 //! - [`rollup`], [`rollup_write`], [`rollup_read`]: minute and hour summaries kept with
 //!   the points, and stepped reads from them
@@ -25,6 +26,7 @@ mod deleting;
 pub mod expiry;
 mod journal;
 pub mod latest;
+mod latest_read;
 pub mod layout;
 pub mod line_protocol;
 pub(crate) mod live;
@@ -48,7 +50,7 @@ use crate::store::Store;
 use crate::timeline::{check_no_dot_segments, check_printable};
 
 pub use expiry::RetentionSettings;
-pub use latest::{Latest, LatestPage};
+pub use latest_read::{Latest, LatestPage};
 pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage, Range, Rollups};
 pub use retention::{Retention, RetentionSetting};
 pub use writing::NewPoints;

@@ -10,15 +10,16 @@
 //!
 //! **When.** [`RollupScan`] serves steps that are whole minutes (so buckets start on
 //! minutes) for `avg`, `min`, `max`, `sum` and `count` (`first` and `last` are not rolled
-//! up), when the series has no pending batch. It reads the day row of each day of the
-//! range (of each day the days index lists, for a long range or a series with points from
-//! before rollups); a clean hour wholly inside its bucket is one piece, an hour cut by the range or a
-//! bucket edge takes its minutes from its hour row, and what remains (the minutes cut by the
-//! range's ends, dirty hours, days without rollups) is read as points.
+//! up). It reads the day row of each day of the range (of each day the days index lists,
+//! for a long range or a series with points from before rollups); a clean hour wholly inside
+//! its bucket is one piece, an hour cut by the range or a bucket edge takes its minutes from
+//! its hour row, and what remains (the minutes cut by the range's ends, dirty hours, hours
+//! with points of journaled batches not yet folded, days without rollups) is read as points.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 use super::Point;
+use super::journal;
 use super::layout::{PARTITION_SPAN, day_start, partition};
 use super::layout::{days_query, read_all};
 use super::retention::{self, Retention};
@@ -182,12 +183,15 @@ pub struct RollupScan {
     /// Every day with points has a day row: a day without one has no points.
     complete: bool,
     days: VecDeque<u64>,
+    /// Starts of the hours holding points of committed batches not yet folded.
+    pending_hours: BTreeSet<u64>,
     segments: VecDeque<Segment>,
 }
 
 impl RollupScan {
-    /// `None` when rollups cannot serve the read: the step is not whole minutes, or the
-    /// series has a batch not yet applied to its rows (and rollups). Starts no earlier than
+    /// `None` when rollups cannot serve the read: the step is not whole minutes. Hours
+    /// holding points of a batch not yet folded into the rows (and rollups) are read as
+    /// points. Starts no earlier than
     /// the series' retention floor (`default` unless it has its own), read in the same round.
     pub async fn open(
         store: &dyn Store,
@@ -208,17 +212,26 @@ impl RollupScan {
             ])
             .await?
             .into_iter();
-        if !answers.next().unwrap_or_default().is_empty() {
-            return Ok(None);
-        }
+        let markers = answers.next().unwrap_or_default();
         let complete = !answers.next().unwrap_or_default().is_empty();
         let own = answers.next().unwrap_or_default();
         let retention = retention::effective(own.first().map(|row| row.value.as_ref()), default)?;
         let from = from.max(retention.floor(Ticks::now().get()));
+        // Hours with points not yet folded into rows and rollups are read as points (the
+        // scan overlays them); the others from rollups as usual.
+        let pending_hours: BTreeSet<u64> = if markers.is_empty() || from >= to {
+            BTreeSet::new()
+        } else {
+            journal::pending_points(store, series, markers, from, to)
+                .await?
+                .iter()
+                .map(|point| point.at - point.at % HOUR)
+                .collect()
+        };
         let first_day = from / PARTITION_SPAN;
         let last_day = (to - 1) / PARTITION_SPAN;
-        let days: VecDeque<u64> = if from >= to {
-            VecDeque::new()
+        let mut days: BTreeSet<u64> = if from >= to {
+            BTreeSet::new()
         } else if complete && last_day - first_day < MAX_LISTED_DAYS {
             (first_day..=last_day).collect()
         } else {
@@ -229,6 +242,7 @@ impl RollupScan {
                 .filter_map(|row| super::layout::parse_day(&row.row))
                 .collect()
         };
+        days.extend(pending_hours.iter().map(|hour| hour / PARTITION_SPAN));
         Ok(Some(RollupScan {
             series: series.to_owned(),
             default,
@@ -236,7 +250,8 @@ impl RollupScan {
             to,
             step,
             complete,
-            days,
+            days: days.into_iter().collect(),
+            pending_hours,
             segments: VecDeque::new(),
         }))
     }
@@ -331,6 +346,19 @@ impl RollupScan {
                 if !self.complete {
                     // Points from before rollups.
                     self.points(low, high);
+                    continue;
+                }
+                // A day with no rows yet, but with points not yet folded.
+                let pending: Vec<u64> = self
+                    .pending_hours
+                    .range(day_start(day)..day_start(day) + PARTITION_SPAN)
+                    .copied()
+                    .collect();
+                for start in pending {
+                    let (hour_low, hour_high) = (low.max(start), high.min(start + HOUR));
+                    if hour_low < hour_high {
+                        self.points(hour_low, hour_high);
+                    }
                 }
                 continue;
             };
@@ -338,6 +366,10 @@ impl RollupScan {
                 let start = day_start(day) + hour as u64 * HOUR;
                 let (hour_low, hour_high) = (low.max(start), high.min(start + HOUR));
                 if hour_low >= hour_high {
+                    continue;
+                }
+                if self.pending_hours.contains(&start) {
+                    self.points(hour_low, hour_high);
                     continue;
                 }
                 match &row.hours[hour] {

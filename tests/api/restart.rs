@@ -307,8 +307,25 @@ async fn journaled_series_writes_answered_before_a_sigkill_are_applied_once_afte
                 .collect::<Vec<_>>()
         }
     };
-    // Answered means visible, before any worker applied anything.
+    // Answered means visible, before any worker applied anything: in raw reads, in
+    // stepped reads (which rollups serve otherwise) and in the latest value.
     assert_eq!(points(&api, name(0)).await, expected);
+    let stepped = api
+        .get(&format!(
+            "/v1/series/{}/points?from=2026-11-21T00:00:00Z&to=2026-11-22T00:00:00Z&step=1h&agg=max",
+            name(0)
+        ))
+        .await;
+    assert_eq!(stepped.status, StatusCode::OK, "{stepped:?}");
+    assert_eq!(
+        stepped.body["items"],
+        json!([{"at": "2026-11-21T10:00:00.0000000Z", "value": (WRITES - 1) as f64}])
+    );
+    let latest = api.get(&format!("/v1/series/{}/latest", name(0))).await;
+    assert_eq!(latest.status, StatusCode::OK, "{latest:?}");
+    let (at, value) = expected.last().expect("points");
+    assert_eq!(latest.body["at"], json!(at));
+    assert_eq!(latest.body["value"], json!(value));
     server.kill();
 
     let (restarted, api) = serve(&store, 2);
