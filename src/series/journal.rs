@@ -180,44 +180,39 @@ pub async fn stage_and_commit(
     Ok(())
 }
 
-/// The series `batch` lists.
-async fn listed(store: &dyn Store, batch: &str) -> DomainResult<Vec<Listed>> {
-    let rows = store
-        .query_all(
-            Query::partition(Table::SeriesBatches, batch, 64)
-                .range(Some(LIST_PREFIX.into()), Some("n/".into())),
-        )
-        .await?;
-    let mut series = Vec::new();
-    for row in rows {
-        let list: Vec<Listed> = serde_json::from_slice(&row.value)
-            .map_err(|err| DomainError::Corrupt(format!("series batch list: {err}")))?;
-        series.extend(list);
-    }
-    Ok(series)
+/// A batch's list of its series, as read, with the keys of the rows it came from.
+struct BatchList {
+    rows: Vec<String>,
+    series: Vec<Listed>,
 }
 
-/// Drops the list rows and then the state row of `batch`.
-async fn drop_batch_rows(store: &dyn Store, batch: &str, state: bool) -> DomainResult<()> {
-    let rows = store
-        .query_all(
-            Query::partition(Table::SeriesBatches, batch, 64)
-                .range(Some(LIST_PREFIX.into()), Some("n/".into())),
-        )
-        .await?;
-    store
-        .batch_write(
-            rows.into_iter()
-                .map(|row| Write::delete(Table::SeriesBatches, batch, row.row))
-                .collect(),
-        )
-        .await?;
-    if state {
-        store
-            .batch_write(vec![Write::delete(Table::SeriesBatches, batch, STATE_ROW)])
+impl BatchList {
+    async fn read(store: &dyn Store, batch: &str) -> DomainResult<BatchList> {
+        let rows = store
+            .query_all(
+                Query::partition(Table::SeriesBatches, batch, 64)
+                    .range(Some(LIST_PREFIX.into()), Some("n/".into())),
+            )
             .await?;
+        let mut list = BatchList {
+            rows: Vec::with_capacity(rows.len()),
+            series: Vec::new(),
+        };
+        for row in rows {
+            let listed: Vec<Listed> = serde_json::from_slice(&row.value)
+                .map_err(|err| DomainError::Corrupt(format!("series batch list: {err}")))?;
+            list.series.extend(listed);
+            list.rows.push(row.row);
+        }
+        Ok(list)
     }
-    Ok(())
+
+    /// The deletes of the list's rows.
+    fn drops(&self, batch: &str) -> impl Iterator<Item = Write> {
+        self.rows
+            .iter()
+            .map(move |row| Write::delete(Table::SeriesBatches, batch, row))
+    }
 }
 
 /// Marks `batch` aborted unless it committed; once aborted, drops its markers and list.
@@ -240,19 +235,20 @@ async fn abandon(store: &dyn Store, batch: &str) -> DomainResult<bool> {
         }
         Err(err) => return Err(err.into()),
     }
+    let list = BatchList::read(store, batch).await?;
     let mut drops = Vec::new();
-    for Listed(series, chunks) in listed(store, batch).await? {
-        for chunk in 0..chunks {
+    for Listed(series, chunks) in &list.series {
+        for chunk in 0..*chunks {
             drops.push(Write::delete(
                 Table::SeriesPending,
-                &series,
+                series,
                 marker_row(batch, chunk),
             ));
         }
     }
-    store.batch_write(drops).await?;
     // The aborted state stays: a commit arriving late must still fail.
-    drop_batch_rows(store, batch, false).await?;
+    drops.extend(list.drops(batch));
+    store.batch_write(drops).await?;
     Ok(true)
 }
 
@@ -429,7 +425,8 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
     if states.of(store, &[batch]).await?[0] != BatchState::Committed {
         return Ok(0);
     }
-    let series = listed(store, batch).await?;
+    let list = BatchList::read(store, batch).await?;
+    let series = &list.series;
     // Most of a batch's series were folded already by an earlier batch's job, which took
     // this batch's markers along: which are left is one read of them all.
     let markers = series
@@ -450,8 +447,11 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
         .buffer_unordered(SERIES_FOLDED_AT_ONCE)
         .try_collect()
         .await?;
-    // Every marker of the batch is gone: its list and state can go.
-    drop_batch_rows(store, batch, true).await?;
+    // Every marker of the batch is gone: its list can go, then its state.
+    store.batch_write(list.drops(batch).collect()).await?;
+    store
+        .batch_write(vec![Write::delete(Table::SeriesBatches, batch, STATE_ROW)])
+        .await?;
     Ok(folded.into_iter().sum())
 }
 
