@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::layout::{day_of, markers_query, read_all};
-use super::plan::{self, merge};
+use super::plan::{self, merge_in_order};
 use super::readings::{batch_time, folded_event_id, readings_event};
 use super::retention::Retention;
 use super::rollup_write;
@@ -389,18 +389,15 @@ pub async fn pending_points(
     from: u64,
     to: u64,
 ) -> DomainResult<Vec<Point>> {
-    let mut overlay: Vec<Point> = Vec::new();
+    let mut lists = Vec::new();
     for group in groups(store, &States::default(), series, Some(markers)).await? {
-        if group.state != BatchState::Committed {
-            continue;
+        if group.state == BatchState::Committed {
+            let mut points = group_points(&group)?;
+            points.retain(|point| point.at >= from && point.at < to);
+            lists.push(points);
         }
-        let points: Vec<Point> = group_points(&group)?
-            .into_iter()
-            .filter(|point| point.at >= from && point.at < to)
-            .collect();
-        overlay = merge(&overlay, &points);
     }
-    Ok(overlay)
+    Ok(merge_in_order(lists))
 }
 
 /// Applies every batch committed to `series` so far, so that a write or delete made next
@@ -506,10 +503,12 @@ async fn fold_series(
             rows += group.rows.len();
             folded.push(group);
         }
-        let mut points: Vec<Point> = Vec::new();
-        for group in &folded {
-            points = merge(&points, &group_points(group)?);
-        }
+        let points = merge_in_order(
+            folded
+                .iter()
+                .map(group_points)
+                .collect::<DomainResult<Vec<_>>>()?,
+        );
         if write_fold(store, series, &folded, &points).await? {
             folded_points += points.len() as u64;
             if folded.iter().any(|group| group.batch == *until) {

@@ -204,6 +204,26 @@ fn touched_buckets(rows: &BTreeMap<u64, Row>) -> BTreeMap<u64, Vec<Point>> {
     buckets
 }
 
+/// `points` in time order, one per time: of points of one time, the last in `points`.
+pub fn last_of_each_time(mut points: Vec<Point>) -> Vec<Point> {
+    // Stable: points of one time keep their order.
+    points.sort_by_key(|point| point.at);
+    let mut unique: Vec<Point> = Vec::with_capacity(points.len());
+    for point in points {
+        match unique.last_mut() {
+            Some(last) if last.at == point.at => *last = point,
+            _ => unique.push(point),
+        }
+    }
+    unique
+}
+
+/// Merges point lists, oldest first, in one sort: of points of one time, the one of the
+/// latest list wins.
+pub fn merge_in_order(lists: impl IntoIterator<Item = Vec<Point>>) -> Vec<Point> {
+    last_of_each_time(lists.into_iter().flatten().collect())
+}
+
 /// Merges two sorted point lists; on equal times the new point replaces the old one.
 pub fn merge(old: &[Point], new: &[Point]) -> Vec<Point> {
     let mut merged = Vec::with_capacity(old.len() + new.len());
@@ -240,5 +260,16 @@ mod tests {
         assert_eq!(times, [1, 2, 3, 5, 6]);
         assert_eq!(merged[2].value, 1.0);
         assert_eq!(merged[3].value, 0.0);
+    }
+
+    #[test]
+    fn merging_lists_in_order_keeps_the_latest_lists_value_of_a_time() {
+        let merged = merge_in_order([
+            points(&[1, 3, 5], 0.0),
+            points(&[3, 4], 1.0),
+            points(&[5, 3], 2.0),
+        ]);
+        let pairs: Vec<(u64, f64)> = merged.iter().map(|point| (point.at, point.value)).collect();
+        assert_eq!(pairs, [(1, 0.0), (3, 2.0), (4, 1.0), (5, 2.0)]);
     }
 }

@@ -75,18 +75,8 @@ pub fn normalise(batch: Vec<NewPoints>) -> DomainResult<Vec<(SeriesName, Vec<Poi
     Ok(by_series
         .into_iter()
         .filter(|(_, points)| !points.is_empty())
-        .map(|(series, mut points)| {
-            // Stable: of two points at one time, the later in the request wins.
-            points.sort_by_key(|point| point.at);
-            let mut unique: Vec<Point> = Vec::with_capacity(points.len());
-            for point in points {
-                match unique.last_mut() {
-                    Some(last) if last.at == point.at => *last = point,
-                    _ => unique.push(point),
-                }
-            }
-            (series, unique)
-        })
+        // Of two points at one time, the later in the request wins.
+        .map(|(series, points)| (series, plan::last_of_each_time(points)))
         .collect())
 }
 
