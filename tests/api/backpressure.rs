@@ -124,12 +124,16 @@ async fn a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothin
         app.follow("farmer", "probe-0").await.status,
         StatusCode::NO_CONTENT
     );
+    // The follow's own job must be gone before the writes fill the backlog: otherwise it
+    // counts as one of the three, and the third write is refused.
+    app.wait_for_idle().await;
     let point = |second: u64| json!({"points": [{"at": format!("2026-11-21T10:00:{second:02}Z"), "value": 1.0}]});
     for n in 0..LIMIT {
         let written = app
             .post_json(&format!("/v1/series/probe-{n}/points"), &point(n))
             .await;
         assert_eq!(written.status, StatusCode::CREATED, "{written:?}");
+        wait_for_backlog(&app, "counted", |backlog| backlog["pending"] == n + 1).await;
     }
     wait_for_backlog(&app, "full", |backlog| backlog["full"] == true).await;
 
