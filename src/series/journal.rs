@@ -31,7 +31,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::layout::{day_of, markers_query, read_all};
+use super::layout::{day_of, markers_query};
 use super::plan::{self, merge_in_order};
 use super::readings::{batch_time, folded_event_id, readings_event};
 use super::retention::Retention;
@@ -314,21 +314,71 @@ struct Group {
     state: BatchState,
 }
 
-/// Every marker row of `series`, by batch, oldest first, with each batch's state; markers
-/// of aborted batches and of writers long dead are dropped on the way.
+/// How far to read a series' markers.
+#[derive(Clone, Copy)]
+enum Reach {
+    /// Every marker: a read overlays every pending point.
+    All,
+    /// The oldest whole batches holding at least this many rows (or all there are): a fold
+    /// takes no more, and under a backlog of thousands of batches reading them all, for each
+    /// fold of a few, made folding quadratic in the backlog.
+    Oldest(usize),
+}
+
+/// `series`' marker rows from the oldest, as far as `reach` asks: whole batches only; and
+/// whether more are left unread. `first_page` is a first page read already.
+async fn read_markers(
+    store: &dyn Store,
+    series: &str,
+    first_page: Option<Vec<Item>>,
+    reach: Reach,
+) -> DomainResult<(Vec<Item>, bool)> {
+    let mut query = markers_query(series);
+    if let Reach::Oldest(wanted) = reach {
+        // One row more than wanted tells whether the last batch read goes on.
+        query.limit = query.limit.min(wanted + 1);
+    }
+    let mut rows = match first_page {
+        Some(page) => page,
+        None => store.query(query.clone()).await?,
+    };
+    let mut full = rows.len() >= query.limit;
+    while full {
+        if let Reach::Oldest(wanted) = reach
+            && rows.len() > wanted
+        {
+            // The last batch read may go on past this page: it waits for a later fold,
+            // unless it is the only one (then it is read to its end).
+            let last = batch_of(&rows[rows.len() - 1].row).to_owned();
+            let whole = rows
+                .iter()
+                .rposition(|row| batch_of(&row.row) != last)
+                .map_or(0, |end| end + 1);
+            if whole > 0 {
+                rows.truncate(whole);
+                return Ok((rows, true));
+            }
+        }
+        let page = store
+            .query(query.clone().after(rows.last().map(|row| row.row.clone())))
+            .await?;
+        full = page.len() >= query.limit;
+        rows.extend(page);
+    }
+    Ok((rows, false))
+}
+
+/// `series`' marker rows by batch, oldest first, as far as `reach` asks, with each batch's
+/// state, and whether more are left unread; markers of aborted batches and of writers long
+/// dead are dropped on the way.
 async fn groups(
     store: &dyn Store,
     states: &States,
     series: &str,
     first_page: Option<Vec<Item>>,
-) -> DomainResult<Vec<Group>> {
-    let rows = match first_page {
-        Some(page) if page.len() < markers_query(series).limit => page,
-        _ => read_all(store, vec![markers_query(series)])
-            .await?
-            .pop()
-            .unwrap_or_default(),
-    };
+    reach: Reach,
+) -> DomainResult<(Vec<Group>, bool)> {
+    let (rows, more) = read_markers(store, series, first_page, reach).await?;
     let mut groups: Vec<Group> = Vec::new();
     for row in rows {
         let batch = batch_of(&row.row);
@@ -367,7 +417,7 @@ async fn groups(
             kept.push(group);
         }
     }
-    Ok(kept)
+    Ok((kept, more))
 }
 
 /// The points of a group's rows, in time order.
@@ -390,7 +440,8 @@ pub async fn pending_points(
     to: u64,
 ) -> DomainResult<Vec<Point>> {
     let mut lists = Vec::new();
-    for group in groups(store, &States::default(), series, Some(markers)).await? {
+    let (groups, _) = groups(store, &States::default(), series, Some(markers), Reach::All).await?;
+    for group in groups {
         if group.state == BatchState::Committed {
             let mut points = group_points(&group)?;
             points.retain(|point| point.at >= from && point.at < to);
@@ -403,7 +454,18 @@ pub async fn pending_points(
 /// Applies every batch committed to `series` so far, so that a write or delete made next
 /// comes after them; returns whether any was applied (so the series' rows changed).
 pub async fn settle(store: &dyn Store, series: &str) -> DomainResult<bool> {
-    Ok(fold_series(store, &States::default(), series, None).await? > 0)
+    // Folds read the oldest markers only: the newest batch staged says how far to go.
+    let newest = store
+        .query(Query {
+            limit: 1,
+            ..markers_query(series).reverse()
+        })
+        .await?;
+    let Some(newest) = newest.first() else {
+        return Ok(false);
+    };
+    let batch = batch_of(&newest.row).to_owned();
+    Ok(fold_series(store, &States::default(), series, &batch).await? > 0)
 }
 
 /// Whether a batch id (a UUIDv7) is older than [`ABANDON_AFTER_MS`].
@@ -438,7 +500,7 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
         .iter()
         .zip(left)
         .filter(|(_, marker)| marker.is_some())
-        .map(|(Listed(name, _), _)| fold_series(store, &states, name, Some(batch)))
+        .map(|(Listed(name, _), _)| fold_series(store, &states, name, batch))
         .collect();
     let folded: Vec<u64> = futures::stream::iter(folds)
         .buffer_unordered(SERIES_FOLDED_AT_ONCE)
@@ -452,10 +514,10 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
     Ok(folded.into_iter().sum())
 }
 
-/// Folds the committed batches of `series` into its rows until none is left up to `until`
-/// (the newest committed when `None`); returns the points folded.
+/// Folds the committed batches of `series` into its rows until none is left up to batch
+/// `until`; returns the points folded.
 ///
-/// Each round reads the markers, takes the committed ones oldest first (whole batches, up to
+/// Each round reads the oldest markers, takes the committed ones (whole batches, up to
 /// [`FOLDED_ROWS`] rows, newer ones than `until` too), merges their points into the rows,
 /// then posts one `readings` event for them and drops their markers in one transaction.
 /// A round that loses a race (another fold or writer changed a row, or posted the event)
@@ -466,32 +528,36 @@ async fn fold_series(
     store: &dyn Store,
     states: &States,
     series: &str,
-    until: Option<&str>,
+    until: &str,
 ) -> DomainResult<u64> {
-    let mut until = until.map(str::to_owned);
     let mut folded_points = 0u64;
     let mut lost = 0;
+    let mut reach = Reach::Oldest(FOLDED_ROWS);
     loop {
         // A batch's job mostly finds its series folded by an earlier job: one point read
         // says so, where reading the markers would step over every one deleted lately.
-        if let Some(own) = &until
-            && store
-                .get(Table::SeriesPending, series, &marker_row(own, 0))
-                .await?
-                .is_none()
+        if store
+            .get(Table::SeriesPending, series, &marker_row(until, 0))
+            .await?
+            .is_none()
         {
             return Ok(folded_points);
         }
-        let groups = groups(store, states, series, None).await?;
+        let (groups, more) = groups(store, states, series, None, reach).await?;
         let committed: Vec<Group> = groups
             .into_iter()
             .filter(|group| group.state == BatchState::Committed)
             .collect();
-        let (Some(first), Some(newest)) = (committed.first(), committed.last()) else {
+        let Some(first) = committed.first() else {
+            if more {
+                // The oldest batches are all still open: the committed ones are further on.
+                reach = Reach::All;
+                continue;
+            }
             return Ok(folded_points);
         };
-        let until = until.get_or_insert_with(|| newest.batch.clone());
-        if first.batch.as_str() > until.as_str() {
+        reach = Reach::Oldest(FOLDED_ROWS);
+        if first.batch.as_str() > until {
             return Ok(folded_points);
         }
         let mut folded: Vec<Group> = Vec::new();
@@ -511,7 +577,7 @@ async fn fold_series(
         );
         if write_fold(store, series, &folded, &points).await? {
             folded_points += points.len() as u64;
-            if folded.iter().any(|group| group.batch == *until) {
+            if folded.iter().any(|group| group.batch == until) {
                 return Ok(folded_points);
             }
         } else {
@@ -777,6 +843,47 @@ mod tests {
             .await
             .expect("rows");
         assert!(left.is_empty(), "an applied batch leaves nothing: {left:?}");
+    }
+
+    #[tokio::test]
+    async fn a_fold_reaches_committed_batches_behind_a_page_of_open_ones() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        // Writers between staging and commit: more batches than a fold reads at first.
+        for _ in 0..FOLDED_ROWS + 5 {
+            stage(&store, &Uuid::now_v7().to_string(), "s").await;
+        }
+        let point = Point { at: 9, value: 4.0 };
+        let committed = commit(&store, "s", vec![point]).await;
+
+        let applied = apply(&store, &committed.to_string()).await.expect("apply");
+
+        assert_eq!(applied, 1, "the committed batch is folded");
+        assert_eq!(applied_points(&store, "s").await, [point]);
+        assert_eq!(
+            markers(&store, "s").await.len(),
+            FOLDED_ROWS + 5,
+            "open batches stay staged"
+        );
+    }
+
+    #[tokio::test]
+    async fn settling_folds_every_committed_batch_however_many_pages_they_take() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let batches = markers_query("s").limit + FOLDED_ROWS;
+        for at in 0..batches {
+            let point = Point {
+                at: at as u64,
+                value: 1.0,
+            };
+            commit(&store, "s", vec![point]).await;
+        }
+
+        assert!(settle(&store, "s").await.expect("settle"));
+
+        assert!(markers(&store, "s").await.is_empty(), "every batch folded");
+        assert_eq!(applied_points(&store, "s").await.len(), batches);
     }
 
     #[tokio::test]
