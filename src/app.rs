@@ -23,7 +23,7 @@ use crate::jobs::{self, Backlog, Worker};
 use crate::metrics::Metrics;
 use crate::mqtt::{MqttSettings, Subscriber};
 use crate::notices::Notices;
-use crate::series::Series;
+use crate::series::{self, Series};
 use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
 use crate::timeline::{Timelines, cursor_key};
 
@@ -376,7 +376,7 @@ impl Application {
         let notices = notices_for(&config, &store, &shutdown);
         let metrics = Arc::new(Metrics::new(stats).with_notices(&notices));
         let admin_token = resolve_admin_token(&config)?;
-        let backlog = Backlog::new(config.max_backlog);
+        let backlog = Backlog::counting_suffix(config.max_backlog, series::BATCH_JOB_SUFFIX);
         let shared = Shared {
             store: &store,
             wake: &wake,

@@ -186,6 +186,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// Age of the oldest job in the queue, as the backlog was last counted.
     pub backlog_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Journaled series writes waiting for their fold, as the backlog was last counted.
+    pub series_batches: Gauge,
 }
 
 impl Metrics {
@@ -229,6 +231,12 @@ impl Metrics {
             "Age of the oldest job in the queue (0 when empty), as last counted",
             backlog_age_seconds.clone(),
         );
+        let series_batches = Gauge::default();
+        registry.register(
+            "fanline_series_batches_pending",
+            "Journaled series writes waiting for their fold, as the backlog was last counted",
+            series_batches.clone(),
+        );
         registry.register_collector(Box::new(StoreCollector(store_stats)));
         Metrics {
             registry,
@@ -241,6 +249,7 @@ impl Metrics {
             intake,
             queue_depth,
             backlog_age_seconds,
+            series_batches,
         }
     }
 

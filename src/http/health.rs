@@ -34,6 +34,9 @@ struct BacklogHealth {
     /// How long the oldest waiting job has waited; absent when none waits.
     #[serde(skip_serializing_if = "Option::is_none")]
     oldest_age_ms: Option<u64>,
+    /// Of `pending`, the journaled series writes waiting for their fold. New ones are held
+    /// back (up to 1 s each) while more than 256 wait.
+    series_batches: u64,
 }
 
 /// Whether this process can reach its store.
@@ -62,6 +65,7 @@ async fn check_health(State(state): State<AppState>) -> Result<Json<Health>, Api
             oldest_age_ms: backlog
                 .oldest_age
                 .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+            series_batches: backlog.suffixed,
         },
     }))
 }

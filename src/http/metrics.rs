@@ -39,8 +39,13 @@ async fn get_metrics(State(state): State<AppState>) -> Response {
         // Still answer: the other metrics matter most when the store is in trouble.
         Err(err) => tracing::warn!(error = %err, "could not count the fan-out queue"),
     }
-    let oldest = state.timelines.backlog().oldest_age.unwrap_or_default();
+    let backlog = state.timelines.backlog();
+    let oldest = backlog.oldest_age.unwrap_or_default();
     state.metrics.backlog_age_seconds.set(oldest.as_secs_f64());
+    state
+        .metrics
+        .series_batches
+        .set(i64::try_from(backlog.suffixed).unwrap_or(i64::MAX));
     (
         [(
             header::CONTENT_TYPE,

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -47,6 +48,12 @@ pub struct Backlog {
     counted: AtomicBool,
     /// Where each shard's jobs start, so a count does not read through every job deleted.
     floors: Mutex<Floors>,
+    /// The jobs whose ids end so are counted apart too ([`Backlog::wait_for_fewer_suffixed`]).
+    suffix: Option<&'static str>,
+    /// Jobs counted whose ids end in `suffix`.
+    suffixed: AtomicU64,
+    /// Told after every count.
+    counted_again: Notify,
 }
 
 /// The backlog as reported (`/healthz`, metrics).
@@ -58,18 +65,55 @@ pub struct BacklogView {
     pub full: bool,
     /// Age of the oldest waiting job.
     pub oldest_age: Option<Duration>,
+    /// Of `pending`, the jobs whose ids end in the counted suffix (0 when none is counted).
+    pub suffixed: u64,
 }
 
 impl Backlog {
     /// A backlog bounded at `limit` pending jobs (0: no bound).
     pub fn new(limit: u64) -> Arc<Backlog> {
-        Arc::new(Backlog {
+        Arc::new(Backlog::with(limit, None))
+    }
+
+    /// A backlog bounded at `limit` pending jobs (0: no bound) that also counts apart the jobs
+    /// whose ids end in `suffix`.
+    pub fn counting_suffix(limit: u64, suffix: &'static str) -> Arc<Backlog> {
+        Arc::new(Backlog::with(limit, Some(suffix)))
+    }
+
+    fn with(limit: u64, suffix: Option<&'static str>) -> Backlog {
+        Backlog {
             limit,
             pending: AtomicU64::new(0),
             oldest_ms: AtomicI64::new(0),
             counted: AtomicBool::new(false),
             floors: Mutex::new(Floors::new(FULL_COUNT_EVERY)),
-        })
+            suffix,
+            suffixed: AtomicU64::new(0),
+            counted_again: Notify::new(),
+        }
+    }
+
+    /// Waits until the last count saw at most `most` jobs ending in the counted suffix, or
+    /// `at_most` has passed, whichever comes first. Producers of work that the workers may
+    /// fall behind on wait here, so that the queue stays flat and its work fresh, with a
+    /// bounded delay instead of a refusal.
+    pub async fn wait_for_fewer_suffixed(&self, most: u64, at_most: Duration) {
+        let deadline = tokio::time::Instant::now() + at_most;
+        loop {
+            let counted = self.counted_again.notified();
+            if self.suffixed.load(Ordering::Relaxed) <= most {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, counted).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Jobs counted whose ids end in the counted suffix.
+    pub fn suffixed(&self) -> u64 {
+        self.suffixed.load(Ordering::Relaxed)
     }
 
     /// Whether new work must wait: the last count reached the bound.
@@ -86,6 +130,7 @@ impl Backlog {
             oldest_age: (oldest_ms > 0).then(|| {
                 Duration::from_millis(u64::try_from(now_ms() - oldest_ms).unwrap_or_default())
             }),
+            suffixed: self.suffixed(),
         }
     }
 
@@ -105,19 +150,21 @@ impl Backlog {
             u64::try_from(COUNT_PAGE).unwrap_or(u64::MAX) * u64::from(SHARDS)
         };
         let mut counted = 0u64;
+        let mut suffixed = 0u64;
         let mut oldest: Option<i64> = None;
         for shard in 0..SHARDS {
             let room = budget.saturating_sub(counted);
             let from = self.lock_floors().from(shard, Instant::now());
-            let mut count = count_shard(store, shard, from.clone(), room).await?;
+            let mut count = count_shard(store, shard, from.clone(), room, self.suffix).await?;
             self.lock_floors()
                 .polled(shard, from.is_none(), count.first.clone(), Instant::now());
             if from.is_some() && count.jobs == 0 && room > 0 {
-                count = count_shard(store, shard, None, room).await?;
+                count = count_shard(store, shard, None, room, self.suffix).await?;
                 self.lock_floors()
                     .polled(shard, true, count.first.clone(), Instant::now());
             }
             counted += count.jobs;
+            suffixed += count.suffixed;
             // Ids start with a UUIDv7, so a shard's first row is its oldest job.
             if let Some(created) = count.first.as_deref().and_then(created_ms) {
                 oldest = Some(oldest.map_or(created, |seen| seen.min(created)));
@@ -129,8 +176,10 @@ impl Backlog {
             counted
         };
         self.pending.store(shown, Ordering::Relaxed);
+        self.suffixed.store(suffixed, Ordering::Relaxed);
         self.oldest_ms.store(oldest.unwrap_or(0), Ordering::Relaxed);
         self.counted.store(true, Ordering::Relaxed);
+        self.counted_again.notify_waiters();
         Ok(shown)
     }
 
@@ -183,6 +232,8 @@ impl Backlog {
 /// What one count of a shard read.
 struct ShardCount {
     jobs: u64,
+    /// Of `jobs`, those whose ids end in the counted suffix.
+    suffixed: u64,
     /// The first job read: every job before it (from where the count started) is gone.
     first: Option<String>,
 }
@@ -193,9 +244,11 @@ async fn count_shard(
     shard: u32,
     from: Option<String>,
     room: u64,
+    suffix: Option<&str>,
 ) -> StoreResult<ShardCount> {
     let mut count = ShardCount {
         jobs: 0,
+        suffixed: 0,
         first: None,
     };
     let mut after = None;
@@ -216,6 +269,9 @@ async fn count_shard(
             count.first = page.first().map(|item| item.row.clone());
         }
         count.jobs += page.len() as u64;
+        if let Some(suffix) = suffix {
+            count.suffixed += page.iter().filter(|job| job.row.ends_with(suffix)).count() as u64;
+        }
         if page.len() < page_size {
             return Ok(count);
         }
@@ -267,6 +323,48 @@ mod tests {
         unbounded.refresh(&store).await.expect("count");
         assert_eq!(unbounded.view().pending, 7);
         assert!(!unbounded.is_full(), "no bound, never full");
+    }
+
+    #[tokio::test]
+    async fn producers_wait_while_suffixed_jobs_are_many_and_go_on_when_a_count_finds_fewer() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let backlog = Backlog::counting_suffix(0, ".x");
+        let keys: Vec<JobKey> = (0..3).map(|_| JobKey::new(Uuid::now_v7(), ".x")).collect();
+        let mut writes: Vec<Write> = keys
+            .iter()
+            .map(|key| NewJob::new(key.clone(), "demo", &0).write())
+            .collect();
+        writes.push(NewJob::new(JobKey::new(Uuid::now_v7(), ""), "demo", &0).write());
+        store.transact(writes).await.expect("enqueue");
+        backlog.refresh(&store).await.expect("count");
+        assert_eq!(backlog.view().pending, 4);
+        assert_eq!(backlog.suffixed(), 3, "only the jobs with the suffix");
+
+        // Too many: the wait lasts its whole bound.
+        let started = tokio::time::Instant::now();
+        backlog
+            .wait_for_fewer_suffixed(2, Duration::from_millis(200))
+            .await;
+        assert!(started.elapsed() >= Duration::from_millis(200));
+
+        // A count that finds fewer ends the wait at once, however long its bound.
+        let waiting = tokio::spawn({
+            let backlog = backlog.clone();
+            async move {
+                backlog
+                    .wait_for_fewer_suffixed(2, Duration::from_secs(3600))
+                    .await;
+            }
+        });
+        let drop_one = Write::delete(Table::Jobs, keys[0].shard_name(), &keys[0].id);
+        store.transact(vec![drop_one]).await.expect("end a job");
+        backlog.refresh(&store).await.expect("count");
+        tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("the wait ended with the count")
+            .expect("joined");
+        assert_eq!(backlog.suffixed(), 2);
     }
 
     #[tokio::test]

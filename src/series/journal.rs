@@ -84,6 +84,8 @@ struct Listed(String, usize);
 
 /// The job kind.
 const KIND: &str = "series_batch";
+/// How the ids of batch jobs end, for the backlog to count them apart.
+pub const JOB_SUFFIX: &str = ".b";
 
 /// The payload of the job that applies a committed batch.
 #[derive(Debug, Serialize, Deserialize)]
@@ -97,7 +99,7 @@ fn batch_job(batch: Uuid) -> Write {
     let payload = BatchJob {
         batch: batch.as_hyphenated().to_string(),
     };
-    NewJob::new(JobKey::new(batch, ".b"), KIND, &payload).write()
+    NewJob::new(JobKey::new(batch, JOB_SUFFIX), KIND, &payload).write()
 }
 
 /// Runs the jobs that apply committed batches (step 3).

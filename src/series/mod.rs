@@ -50,6 +50,7 @@ use crate::store::Store;
 use crate::timeline::{check_no_dot_segments, check_printable};
 
 pub use expiry::RetentionSettings;
+pub use journal::JOB_SUFFIX as BATCH_JOB_SUFFIX;
 pub use latest_read::{Latest, LatestPage};
 pub use reading::{Aggregate, AggregatePage, AlignedPage, PointsPage, Range, Rollups};
 pub use retention::{Retention, RetentionSetting};

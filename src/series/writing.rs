@@ -23,6 +23,13 @@ const CONFLICTS_BEFORE_STAGING: u32 = 2;
 /// Writes a series adds to a transaction at least: a row, its latest value, and its event
 /// (the event, its id and its fan-out job).
 const MIN_WRITES_PER_SERIES: usize = 5;
+/// Journaled batches waiting for their fold past which new ones are held back, for at most
+/// [`MAX_PACE`] each: enough for folds to take many batches at once, few enough that a
+/// read overlays them quickly.
+const PACE_ABOVE_BATCHES: u64 = 256;
+/// Longest a journaled write is held back: far within clients' timeouts (Telegraf's is
+/// 5 s); past it the write goes on, and the backlog's bound refuses writes if it fills.
+const MAX_PACE: Duration = Duration::from_secs(1);
 
 /// The points one request writes to one series.
 #[derive(Clone, Debug)]
@@ -190,6 +197,11 @@ impl Series {
         if series.is_empty() {
             return Ok(0);
         }
+        // Folds that fall behind are caught up with by holding new batches back a while:
+        // the backlog stays flat and reads overlay few batches, at a bounded delay.
+        self.backlog
+            .wait_for_fewer_suffixed(PACE_ABOVE_BATCHES, MAX_PACE)
+            .await;
         journal::stage_and_commit(self.store.as_ref(), series).await?;
         self.wake_workers.enqueued();
         self.tell_tails(series);

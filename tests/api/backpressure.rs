@@ -14,6 +14,7 @@ use crate::helpers::{Backend, TestApp, TestStore, spawn_app_with};
 on_both_backends!(
     a_full_backlog_refuses_posts_until_the_workers_catch_up_and_a_retry_makes_one_event,
     a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothing,
+    journaled_writes_waiting_for_their_fold_are_counted_in_health_and_metrics,
 );
 
 const LIMIT: u64 = 3;
@@ -178,4 +179,45 @@ async fn a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothin
     assert_eq!(taken.status, StatusCode::CREATED, "{taken:?}");
     let influx = write_lines().await;
     assert_eq!(influx.status, StatusCode::NO_CONTENT, "{influx:?}");
+}
+
+async fn journaled_writes_waiting_for_their_fold_are_counted_in_health_and_metrics(
+    backend: Backend,
+) {
+    // No workers: the journal's batches wait for their folds.
+    let app = spawn_app_with(TestStore::new(backend).await, |config| config.workers = 0).await;
+    let lines: String = (0..30)
+        .map(|n| format!("probe,device=d{n} value={n} 1763719200000000000\n"))
+        .collect();
+    for _ in 0..2 {
+        let written = app
+            .send(
+                app.client
+                    .post(app.url("/api/v2/write?bucket=b"))
+                    .body(lines.clone()),
+            )
+            .await;
+        assert_eq!(written.status, StatusCode::NO_CONTENT, "{written:?}");
+    }
+    let backlog = wait_for_backlog(&app, "counting both batches", |backlog| {
+        backlog["series_batches"] == 2
+    })
+    .await;
+    // Other jobs (expiry's, for one) may wait too: the batches are among the pending.
+    assert!(backlog["pending"].as_u64() >= Some(2), "{backlog}");
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics text");
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "fanline_series_batches_pending 2"),
+        "{metrics}"
+    );
 }
