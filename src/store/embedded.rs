@@ -226,6 +226,20 @@ impl EmbeddedStore {
         .await
     }
 
+    /// Bytes a table takes on disk once flushed and compacted whole: what its live rows
+    /// take, without the versions and tombstones compaction drops (for the benchmark).
+    pub(crate) async fn compacted_disk_space(&self, table: Table) -> StoreResult<u64> {
+        let keyspace = self.inner.keyspaces.of(table)?.clone();
+        blocking(move || {
+            keyspace
+                .rotate_memtable_and_wait()
+                .and_then(|()| keyspace.major_compact())
+                .map_err(map_fjall_error)?;
+            Ok(keyspace.disk_space())
+        })
+        .await
+    }
+
     async fn submit(&self, writes: Vec<Write>, atomic: bool) -> StoreResult<()> {
         let (reply, answer) = oneshot::channel();
         self.inner

@@ -6,12 +6,14 @@
 //! InfluxDB, so the figures compare.
 //!
 //! Reported per shape: points/s accepted (answered 204) and applied (until the job queue is
-//! empty again), request p50, p99 and max, the answers by status, and the queue's peak.
-//! Answers of 429 or 503 are retried after their `Retry-After`, as Telegraf does.
+//! empty again), request p50, p99 and max, the answers by status, the queue's peak, and on
+//! the embedded store the bytes a point added to the series tables (compacted). Answers of
+//! 429 or 503 are retried after their `Retry-After`, as Telegraf does. Each client builds
+//! the body it sends next, so the bench holds eight bodies however long the run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -20,6 +22,7 @@ use tokio::sync::Mutex;
 
 use super::server::{BenchServer, metrics_text};
 use super::{millis, percentile};
+use crate::store::{EmbeddedStore, Table};
 
 #[derive(Clone, Debug, Args)]
 pub struct FleetBenchArgs {
@@ -62,14 +65,25 @@ fn body(batch: usize, series: usize, lines: usize) -> Vec<u8> {
     text.into_bytes()
 }
 
-pub(super) async fn run(args: &FleetBenchArgs, server: &BenchServer) -> anyhow::Result<()> {
+/// The tables a series' points end up in.
+const SERIES_TABLES: [Table; 3] = [
+    Table::SeriesPoints,
+    Table::SeriesRollups,
+    Table::SeriesIndex,
+];
+
+pub(super) async fn run(
+    args: &FleetBenchArgs,
+    server: &BenchServer,
+    embedded: Option<&EmbeddedStore>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.fleet_batches > 0 && args.fleet_lines > 0 && args.fleet_clients > 0,
         "--fleet-batches, --fleet-lines and --fleet-clients must be at least 1"
     );
     for &series in &args.fleet_series {
         anyhow::ensure!(series > 0, "--fleet-series values must be at least 1");
-        shape(args, server, series).await?;
+        shape(args, server, series, embedded).await?;
     }
     Ok(())
 }
@@ -82,11 +96,26 @@ struct Answers {
     retries: u64,
 }
 
-async fn shape(args: &FleetBenchArgs, server: &BenchServer, series: usize) -> anyhow::Result<()> {
-    let bodies: Vec<Vec<u8>> = (0..args.fleet_batches)
-        .map(|batch| body(batch, series, args.fleet_lines))
-        .collect();
-    let queue = Arc::new(Mutex::new(bodies.into_iter()));
+/// Bytes the series tables take on disk, compacted.
+async fn series_bytes(embedded: &EmbeddedStore) -> anyhow::Result<u64> {
+    let mut bytes = 0;
+    for table in SERIES_TABLES {
+        bytes += embedded.compacted_disk_space(table).await?;
+    }
+    Ok(bytes)
+}
+
+async fn shape(
+    args: &FleetBenchArgs,
+    server: &BenchServer,
+    series: usize,
+    embedded: Option<&EmbeddedStore>,
+) -> anyhow::Result<()> {
+    let bytes_before = match embedded {
+        Some(store) => Some(series_bytes(store).await?),
+        None => None,
+    };
+    let next_batch = Arc::new(AtomicUsize::new(0));
     let answers = Arc::new(Mutex::new(Answers::default()));
     let peak = Arc::new(AtomicU64::new(0));
     let url = format!("{}/api/v2/write?bucket=bench&precision=ns", server.base);
@@ -101,18 +130,20 @@ async fn shape(args: &FleetBenchArgs, server: &BenchServer, series: usize) -> an
     let started = Instant::now();
     let mut senders = Vec::with_capacity(args.fleet_clients);
     for _ in 0..args.fleet_clients {
-        let (client, url, queue, answers) = (
+        let (client, url, next_batch, answers) = (
             server.client.clone(),
             url.clone(),
-            queue.clone(),
+            next_batch.clone(),
             answers.clone(),
         );
+        let (batches, lines) = (args.fleet_batches, args.fleet_lines);
         senders.push(tokio::spawn(async move {
             loop {
-                let Some(body) = queue.lock().await.next() else {
+                let batch = next_batch.fetch_add(1, Ordering::Relaxed);
+                if batch >= batches {
                     return anyhow::Ok(());
-                };
-                post(&client, &url, body, &answers).await?;
+                }
+                post(&client, &url, body(batch, series, lines), &answers).await?;
             }
         }));
     }
@@ -143,6 +174,13 @@ async fn shape(args: &FleetBenchArgs, server: &BenchServer, series: usize) -> an
         answers.retries,
         peak.load(Ordering::Relaxed),
     );
+    if let (Some(store), Some(before)) = (embedded, bytes_before) {
+        let added = series_bytes(store).await?.saturating_sub(before);
+        println!(
+            "fleet disk, {series} series: {added} bytes added to the series tables (points, rollups, index; compacted) = {:.1} bytes/point",
+            added as f64 / points
+        );
+    }
     Ok(())
 }
 

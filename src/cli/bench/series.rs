@@ -116,7 +116,8 @@ pub async fn run(args: SeriesBenchArgs) -> anyhow::Result<()> {
         http_ingest(&args, &server, start).await?;
     }
     super::line_protocol::run(&args.line_protocol, &server, start).await?;
-    super::fleet::run(&args.fleet, &server).await?;
+    let embedded = bench_store.embedded.as_ref().map(|(store, _)| store);
+    super::fleet::run(&args.fleet, &server, embedded).await?;
     if args.read_samples > 0 {
         one_day_reads(&args, &server, &bench_store, start).await?;
     }
