@@ -205,15 +205,7 @@ async fn journaled_writes_waiting_for_their_fold_are_counted_in_health_and_metri
     .await;
     // Other jobs (expiry's, for one) may wait too: the batches are among the pending.
     assert!(backlog["pending"].as_u64() >= Some(2), "{backlog}");
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = app.metrics_text().await;
     assert!(
         metrics
             .lines()

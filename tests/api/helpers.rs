@@ -361,17 +361,21 @@ impl Api {
         }
     }
 
-    /// Jobs in the queue, as `/metrics` counts them.
-    pub async fn queue_depth(&self) -> u64 {
-        let text = self
-            .client
+    /// The text of `/metrics`.
+    pub async fn metrics_text(&self) -> String {
+        self.client
             .get(self.url("/metrics"))
             .send()
             .await
             .expect("scrape")
             .text()
             .await
-            .expect("metrics text");
+            .expect("metrics text")
+    }
+
+    /// Jobs in the queue, as `/metrics` counts them.
+    pub async fn queue_depth(&self) -> u64 {
+        let text = self.metrics_text().await;
         text.lines()
             .find_map(|line| line.strip_prefix("fanline_jobs_queue_depth "))
             .and_then(|depth| depth.trim().parse().ok())
