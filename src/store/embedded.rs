@@ -783,20 +783,20 @@ impl Compactor {
         if self.busy.load(Ordering::Acquire) {
             return;
         }
-        let compacted = self
-            .compacted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let due = self
-            .deletes
-            .iter()
-            .filter(|(table, deletes)| {
-                let held = compacted.get(table).copied().unwrap_or(0);
-                **deletes >= held.max(MIN_DELETES_TO_COMPACT)
-            })
-            .max_by_key(|(_, deletes)| **deletes)
-            .map(|(table, _)| *table);
+        let due = {
+            let compacted = self
+                .compacted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.deletes
+                .iter()
+                .filter(|(table, deletes)| {
+                    let held = compacted.get(table).copied().unwrap_or(0);
+                    **deletes >= held.max(MIN_DELETES_TO_COMPACT)
+                })
+                .max_by_key(|(_, deletes)| **deletes)
+                .map(|(table, _)| *table)
+        };
         let Some(table) = due else {
             return;
         };
