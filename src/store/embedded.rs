@@ -19,7 +19,7 @@
 //! thread keeps the tables' memtables (writes not yet flushed to disk) within the write
 //! buffer by having the biggest one sealed and flushed whenever they outgrow it (fjall 3.1
 //! takes a `max_write_buffer_size` but does not enforce it; its own bound is 64 MiB per
-//! table, and there are 21 tables). The sealing runs on a thread of its own (`Sealer`), so
+//! table, and there are 21 tables). The sealing runs on a thread of its own (`start_sealer`), so
 //! that commits go on meanwhile.
 
 use std::collections::{HashMap, HashSet};
@@ -163,7 +163,7 @@ impl EmbeddedStore {
         let (sender, receiver) = mpsc::channel();
         let writer_keyspaces = keyspaces.clone();
         let write_buffer = WriteBuffer::new(settings.write_buffer_bytes);
-        let sealer = Sealer::start()?;
+        let sealer = start_sealer()?;
         let compactor = Compactor::start()?;
         let writer_db = db.clone();
         let writer_thread = std::thread::Builder::new()
@@ -627,8 +627,8 @@ impl WriteBuffer {
 
     /// Has the biggest memtable sealed and flushed if the memtables are over the bound, unless
     /// a seal is already under way.
-    fn enforce(&mut self, db: &Database, keyspaces: &Keyspaces, sealer: &Sealer) {
-        if sealer.busy.load(Ordering::Acquire) {
+    fn enforce(&mut self, db: &Database, keyspaces: &Keyspaces, sealer: &TableWorker) {
+        if sealer.is_busy() {
             return;
         }
         let waiting = |table: Table| {
@@ -640,15 +640,71 @@ impl WriteBuffer {
             return;
         };
         match keyspaces.of(table) {
-            Ok(keyspace) => {
-                sealer.busy.store(true, Ordering::Release);
-                if sealer.requests.send((table, keyspace.clone())).is_err() {
-                    sealer.busy.store(false, Ordering::Release);
-                }
-            }
+            Ok(keyspace) => sealer.ask(table, keyspace),
             Err(err) => {
                 tracing::warn!(%table, error = %err, "failed to flush a memtable over the write buffer");
             }
+        }
+    }
+}
+
+/// A thread of the store's own that does slow housekeeping on one table at a time for the
+/// writer thread, which asks and goes on committing: one job at a time, the next asked for
+/// only once the last is done.
+struct TableWorker {
+    requests: mpsc::Sender<(Table, Keyspace)>,
+    /// Set from a request until its work is done.
+    busy: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    name: &'static str,
+}
+
+impl Drop for TableWorker {
+    /// Ends the worker's loop and waits for the work under way, which holds a table of the
+    /// database (see [`Inner`]'s drop).
+    fn drop(&mut self) {
+        stop_thread(&mut self.requests, &mut self.thread, self.name);
+    }
+}
+
+impl TableWorker {
+    /// Starts a thread `fanline-{name}` doing `work` on each table asked for. It ends when
+    /// the writer thread does (the `TableWorker` dropped).
+    fn start(
+        name: &'static str,
+        mut work: impl FnMut(Table, &Keyspace) + Send + 'static,
+    ) -> StoreResult<TableWorker> {
+        let (requests, receiver) = mpsc::channel::<(Table, Keyspace)>();
+        let busy = Arc::new(AtomicBool::new(false));
+        let done = busy.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("fanline-{name}"))
+            .spawn(move || {
+                for (table, keyspace) in receiver {
+                    work(table, &keyspace);
+                    done.store(false, Ordering::Release);
+                }
+            })
+            .map_err(|err| {
+                StoreError::Other(format!("failed to start the {name} thread: {err}"))
+            })?;
+        Ok(TableWorker {
+            requests,
+            busy,
+            thread: Some(thread),
+            name,
+        })
+    }
+
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    /// Asks for `table`'s work.
+    fn ask(&self, table: Table, keyspace: &Keyspace) {
+        self.busy.store(true, Ordering::Release);
+        if self.requests.send((table, keyspace.clone())).is_err() {
+            self.busy.store(false, Ordering::Release);
         }
     }
 }
@@ -657,46 +713,14 @@ impl WriteBuffer {
 /// `rotate_memtable` does housekeeping (it collects the old versions of every table and
 /// maintains the journal) that took 10 to 117 ms under load, and on the writer thread no
 /// write could commit meanwhile: every fan-out's lag rose at each flush. Sealing queues the
-/// flush on fjall's background thread.
-struct Sealer {
-    requests: mpsc::Sender<(Table, Keyspace)>,
-    /// Set while a seal is under way: the writer asks for no other meanwhile, as fjall's
-    /// count of the bytes in memtables drops only once a seal is done.
-    busy: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Sealer {
-    /// Ends the sealer's loop and waits for a seal under way, which holds a table of the
-    /// database (see [`Inner`]'s drop).
-    fn drop(&mut self) {
-        stop_thread(&mut self.requests, &mut self.thread, "sealer");
-    }
-}
-
-impl Sealer {
-    fn start() -> StoreResult<Sealer> {
-        let (requests, receiver) = mpsc::channel::<(Table, Keyspace)>();
-        let busy = Arc::new(AtomicBool::new(false));
-        let done = busy.clone();
-        // Ends when the writer thread does (its `Sealer` dropped).
-        let thread = std::thread::Builder::new()
-            .name("fanline-sealer".into())
-            .spawn(move || {
-                for (table, keyspace) in receiver {
-                    if let Err(err) = keyspace.rotate_memtable() {
-                        tracing::warn!(%table, error = %err, "failed to flush a memtable over the write buffer");
-                    }
-                    done.store(false, Ordering::Release);
-                }
-            })
-            .map_err(|err| StoreError::Other(format!("failed to start the sealer thread: {err}")))?;
-        Ok(Sealer {
-            requests,
-            busy,
-            thread: Some(thread),
-        })
-    }
+/// flush on fjall's background thread. Busy until a seal is done, as fjall's count of the
+/// bytes in memtables drops only then.
+fn start_sealer() -> StoreResult<TableWorker> {
+    TableWorker::start("sealer", |table, keyspace| {
+        if let Err(err) = keyspace.rotate_memtable() {
+            tracing::warn!(%table, error = %err, "failed to flush a memtable over the write buffer");
+        }
+    })
 }
 
 /// Deletes a table must have taken since its last compaction before it is compacted whole.
@@ -713,61 +737,37 @@ const MIN_DELETES_TO_COMPACT: u64 = 50_000;
 /// [`MIN_DELETES_TO_COMPACT`]), so compacting costs at most about what the deletes wrote, and
 /// a big table with few deletes is never rewritten for them.
 struct Compactor {
-    requests: mpsc::Sender<(Table, Keyspace)>,
-    /// Set while a compaction is under way: the writer asks for no other meanwhile.
-    busy: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    worker: TableWorker,
     /// Deletes each table has taken since its last compaction.
     deletes: HashMap<Table, u64>,
     /// Items each table held after its last compaction, as the compactor thread found them.
     compacted: Arc<std::sync::Mutex<HashMap<Table, u64>>>,
 }
 
-impl Drop for Compactor {
-    /// Ends the compactor's loop and waits for a compaction under way.
-    fn drop(&mut self) {
-        stop_thread(&mut self.requests, &mut self.thread, "compactor");
-    }
-}
-
 impl Compactor {
     fn start() -> StoreResult<Compactor> {
-        let (requests, receiver) = mpsc::channel::<(Table, Keyspace)>();
-        let busy = Arc::new(AtomicBool::new(false));
-        let done = busy.clone();
         let compacted = Arc::new(std::sync::Mutex::new(HashMap::new()));
         let sizes = compacted.clone();
-        // Ends when the writer thread does (its `Compactor` dropped).
-        let thread = std::thread::Builder::new()
-            .name("fanline-compactor".into())
-            .spawn(move || {
-                for (table, keyspace) in receiver {
-                    // The memtable's tombstones too: flushed first, then compacted with the rest.
-                    let compacted = keyspace
-                        .rotate_memtable_and_wait()
-                        .and_then(|()| keyspace.major_compact());
-                    match compacted {
-                        Ok(()) => {
-                            let items = keyspace.approximate_len() as u64;
-                            sizes
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .insert(table, items);
-                        }
-                        Err(err) => {
-                            tracing::warn!(%table, error = %err, "failed to compact a table's tombstones away");
-                        }
-                    }
-                    done.store(false, Ordering::Release);
+        let worker = TableWorker::start("compactor", move |table, keyspace| {
+            // The memtable's tombstones too: flushed first, then compacted with the rest.
+            let done = keyspace
+                .rotate_memtable_and_wait()
+                .and_then(|()| keyspace.major_compact());
+            match done {
+                Ok(()) => {
+                    let items = keyspace.approximate_len() as u64;
+                    sizes
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(table, items);
                 }
-            })
-            .map_err(|err| {
-                StoreError::Other(format!("failed to start the compactor thread: {err}"))
-            })?;
+                Err(err) => {
+                    tracing::warn!(%table, error = %err, "failed to compact a table's tombstones away");
+                }
+            }
+        })?;
         Ok(Compactor {
-            requests,
-            busy,
-            thread: Some(thread),
+            worker,
             deletes: HashMap::new(),
             compacted,
         })
@@ -780,7 +780,7 @@ impl Compactor {
     /// Has the table with the most deletes compacted, if it has taken enough of them and no
     /// compaction is under way.
     fn enforce(&mut self, keyspaces: &Keyspaces) {
-        if self.busy.load(Ordering::Acquire) {
+        if self.worker.is_busy() {
             return;
         }
         let due = {
@@ -804,10 +804,7 @@ impl Compactor {
             return;
         };
         self.deletes.insert(table, 0);
-        self.busy.store(true, Ordering::Release);
-        if self.requests.send((table, keyspace.clone())).is_err() {
-            self.busy.store(false, Ordering::Release);
-        }
+        self.worker.ask(table, keyspace);
     }
 }
 
@@ -818,7 +815,7 @@ fn run_writer(
     db: &Database,
     keyspaces: &Keyspaces,
     mut write_buffer: WriteBuffer,
-    sealer: &Sealer,
+    sealer: &TableWorker,
     mut compactor: Compactor,
     requests: &mpsc::Receiver<WriteRequest>,
 ) {
