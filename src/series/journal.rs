@@ -467,7 +467,7 @@ pub async fn settle(store: &dyn Store, series: &str) -> DomainResult<bool> {
         return Ok(false);
     };
     let batch = batch_of(&newest.row).to_owned();
-    Ok(fold_series(store, &States::default(), series, &batch).await? > 0)
+    Ok(fold_series(store, &States::default(), series, &batch, true).await? > 0)
 }
 
 /// Whether a batch id (a UUIDv7) is older than [`ABANDON_AFTER_MS`].
@@ -502,7 +502,7 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
         .iter()
         .zip(left)
         .filter(|(_, marker)| marker.is_some())
-        .map(|(Listed(name, _), _)| fold_series(store, &states, name, batch))
+        .map(|(Listed(name, _), _)| fold_series(store, &states, name, batch, true))
         .collect();
     let folded: Vec<u64> = futures::stream::iter(folds)
         .buffer_unordered(SERIES_FOLDED_AT_ONCE)
@@ -517,7 +517,8 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
 }
 
 /// Folds the committed batches of `series` into its rows until none is left up to batch
-/// `until`; returns the points folded.
+/// `until`; returns the points folded. `until_seen`: the caller has just read `until`'s
+/// marker, so the first round need not.
 ///
 /// Each round reads the oldest markers, takes the committed ones (whole batches, up to
 /// [`FOLDED_ROWS`] rows, newer ones than `until` too), merges their points into the rows,
@@ -531,6 +532,7 @@ async fn fold_series(
     states: &States,
     series: &str,
     until: &str,
+    mut until_seen: bool,
 ) -> DomainResult<u64> {
     let mut folded_points = 0u64;
     let mut lost = 0;
@@ -538,10 +540,11 @@ async fn fold_series(
     loop {
         // A batch's job mostly finds its series folded by an earlier job: one point read
         // says so, where reading the markers would step over every one deleted lately.
-        if store
-            .get(Table::SeriesPending, series, &marker_row(until, 0))
-            .await?
-            .is_none()
+        if !std::mem::take(&mut until_seen)
+            && store
+                .get(Table::SeriesPending, series, &marker_row(until, 0))
+                .await?
+                .is_none()
         {
             return Ok(folded_points);
         }
