@@ -30,17 +30,23 @@ pub struct LatestPage {
 
 impl Series {
     /// The latest point of `series` within its retention; 404 for an unknown series. One
-    /// batch read and one query of its journal markers, at once.
+    /// query of its journal markers, then one batch read.
+    ///
+    /// Markers first: a fold deletes them in the transaction that writes the latest record,
+    /// so a record read after them holds whatever they no longer show. Read at once (on a
+    /// store without snapshots across reads), a fold landing between the two could hide its
+    /// points from both.
     pub async fn latest(&self, series: &SeriesName) -> DomainResult<Latest> {
         let name = series.as_str();
-        let (answers, markers) = futures::try_join!(
-            self.store.get_many(vec![
+        let markers = self.store.query(markers_query(name)).await?;
+        let answers = self
+            .store
+            .get_many(vec![
                 Key::new(Table::SeriesIndex, NAMES_PARTITION, name),
                 latest_key(name),
                 retention_key(name),
-            ]),
-            self.store.query(markers_query(name)),
-        )?;
+            ])
+            .await?;
         let [listed, latest, own] = answers.as_slice() else {
             return Err(DomainError::Corrupt("a short batch read".into()));
         };
@@ -72,8 +78,9 @@ impl Series {
             .flat_map(|name| [latest_key(name), retention_key(name)])
             .collect();
         let markers = items.iter().map(|name| markers_query(name)).collect();
-        let (answers, markers) =
-            futures::try_join!(self.store.get_many(keys), self.store.query_many(markers),)?;
+        // Markers first, as for one series.
+        let markers = self.store.query_many(markers).await?;
+        let answers = self.store.get_many(keys).await?;
         let mut latest = Vec::with_capacity(items.len());
         for ((series, pair), markers) in items.into_iter().zip(answers.chunks_exact(2)).zip(markers)
         {

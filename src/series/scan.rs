@@ -38,8 +38,8 @@ pub struct Scan {
 }
 
 impl Scan {
-    /// Opens a scan: the days index, the pending-batch markers and the series' retention in
-    /// one round. The scan starts no earlier than the retention's floor, so it never returns
+    /// Opens a scan: the pending-batch markers and the series' retention in one round, then
+    /// the days index. The scan starts no earlier than the retention's floor, so it never returns
     /// an expired point, swept or not.
     pub async fn open(
         store: &dyn Store,
@@ -62,17 +62,20 @@ impl Scan {
         if from >= to {
             return Ok(scan);
         }
+        // Markers before the days index: a fold writes index and rows before it deletes
+        // markers, so an index read after the markers holds whatever they no longer show.
+        // Read at once (on a store without snapshots across reads), a fold landing between
+        // the two could hide its points from both.
         let mut answers = store
             .query_many(vec![
-                scan.days_query(day_of(from)),
                 super::layout::markers_query(series),
                 retention::retention_query(series),
             ])
             .await?
             .into_iter();
-        let days = answers.next().unwrap_or_default();
         let markers = answers.next().unwrap_or_default();
         let own = answers.next().unwrap_or_default();
+        let days = store.query(scan.days_query(day_of(from))).await?;
         let retention = retention::effective(own.first().map(|row| row.value.as_ref()), default)?;
         scan.from = from.max(retention.floor(Ticks::now().get()));
         if scan.from >= scan.to {
