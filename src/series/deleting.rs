@@ -116,6 +116,11 @@ impl Series {
         writes.push(Write::delete(Table::SeriesIndex, &meta, "tags"));
         writes.push(Write::delete(Table::SeriesIndex, &meta, LATEST_ROW));
         writes.push(Write::delete(Table::SeriesIndex, &meta, RETENTION_ROW));
+        writes.push(Write::delete(
+            Table::SeriesIndex,
+            &meta,
+            journal::FOLDED_ROW,
+        ));
         writes.push(Write::delete(Table::SeriesIndex, NAMES_PARTITION, name));
         writes.push(rollup::complete_delete(name));
         store.batch_write(writes).await?;

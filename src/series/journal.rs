@@ -1,28 +1,39 @@
 //! Writes too large for one transaction, kept all-or-nothing on any backend, and folded
 //! into their series' rows many at a time.
 //!
-//! 1. **Stage.** Each series of the write gets one marker row (more for a series of over
-//!    4,096 points) in `seriesPending[series]`, keyed `{batch}/{chunk}` and holding the
-//!    series' points; the batch's partition of `seriesBatches` lists the series. Nothing
-//!    reads a marker yet: it counts only once its batch has committed.
+//! 1. **Stage.** The write's series are hashed to the journal's shards
+//!    ([`PENDING_SHARDS`](super::layout::PENDING_SHARDS) partitions of `seriesPending`), and
+//!    the batch appends one row to each shard it touches (more for a shard's share over
+//!    [`ROW_BYTES`]), keyed `{batch}/{chunk}` and holding the points of its series there
+//!    ([`pending_row`]). A write spanning 5,000 series is so a few dozen appends. The batch's
+//!    partition of `seriesBatches` lists the shards. Nothing reads a row yet: it counts only
+//!    once its batch has committed.
 //! 2. **Commit.** One transaction creates the batch's `state` row and enqueues the job that
 //!    applies it. This is the instant the whole write happens: from here on every read of a
-//!    series overlays its committed markers' points (they win over the rows), so all of the
-//!    write is visible at once; before it, none is. The write is acknowledged now.
+//!    series overlays the points its shard's committed rows hold for it (they win over the
+//!    rows), so all of the write is visible at once; before it, none is. The write is
+//!    acknowledged now.
 //! 3. **Fold.** The job (with the fan-out's leases, retries and dead letters) folds each of
-//!    its series: every committed marker of the series, oldest first, up to
-//!    [`FOLDED_ROWS`], merged into one read-modify-write of its rows however many requests
-//!    brought them; then one transaction posts one `readings` event for the fold and drops
-//!    its markers. Later batches' jobs find their markers gone. Points are upserts and the
-//!    event's id comes from the fold's first batch, so a retried or concurrent fold writes
-//!    the same result and posts its event once. Last, the batch's list and state go.
+//!    its shards: the shard's committed rows, oldest first, up to [`FOLDED_ROWS`], whatever
+//!    requests brought them. Each series found there gets one read-modify-write of its rows
+//!    for all of them, in one transaction with one `readings` event and its **fold cursor**
+//!    (`meta/{series}` `folded` in `seriesIndex`): the batches already folded into it. Once
+//!    every series is folded, the shard's rows go; later batches' jobs find them gone. Last,
+//!    the batch's list and state go.
+//!
+//! The cursor makes each batch land in each series once, whichever folds run at once or
+//! die half way: a fold skips the batches the cursor names and writes it conditioned on the
+//! value it read, so of two folds only one commits. It names only batches whose rows are
+//! still there (their first row is the witness, deleted last), and is read *before* checking
+//! which rows are: a batch missing from it is then one no fold has committed, not one folded
+//! and forgotten.
 //!
 //! A write whose commit fails marks the batch aborted (create-if-absent on the same `state`
 //! row the commit creates, so exactly one of them wins) and drops what it staged. A writer
-//! that dies before its commit leaves markers that no read counts; the first read or fold
-//! to meet one ten minutes on abandons the batch the same way.
+//! that dies before its commit leaves rows that no read counts; the first read or fold to
+//! meet one ten minutes on abandons the batch the same way.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -31,12 +42,12 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::layout::{day_of, markers_query};
+use super::catalogue::meta_partition;
+use super::layout::{day_of, markers_query, pending_shard};
 use super::plan::{self, merge_in_order};
 use super::readings::{batch_time, folded_event_id, readings_event};
 use super::retention::Retention;
-use super::rollup_write;
-use super::{Point, SeriesName, codec, latest};
+use super::{Point, SeriesName, latest, pending_row, rollup_write};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{
     Condition, Item, Key, MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError,
@@ -45,16 +56,17 @@ use crate::store::{
 use crate::timeline::posting::event_writes;
 use crate::timeline::{DomainError, DomainResult};
 
-/// Points per marker row: under 74 KB each, far within the store's
+/// Bytes of one journal row at most (worst case): far within the store's
 /// [`MAX_ITEM_BYTES`](crate::store::MAX_ITEM_BYTES).
-const POINTS_PER_MARKER_ROW: usize = 4096;
-/// Marker rows one fold takes at most: their deletes and the fold's event (three writes)
-/// fit one transaction.
-const FOLDED_ROWS: usize = MAX_TRANSACTION_WRITES - 10;
-/// Bytes of series names per row of a batch's list.
+const ROW_BYTES: usize = 96 * 1024;
+/// Journal rows one fold takes at most: bounds its memory to a few MB.
+const FOLDED_ROWS: usize = 90;
+/// Bytes of shard names per row of a batch's list.
 const LIST_ROW_BYTES: usize = 64 * 1024;
-/// Series of a batch folded at once.
-const SERIES_FOLDED_AT_ONCE: usize = 64;
+/// Shards of a batch folded at once.
+const SHARDS_FOLDED_AT_ONCE: usize = 4;
+/// Series of a shard folded at once.
+const SERIES_FOLDED_AT_ONCE: usize = 32;
 /// Row writes per transaction of a fold.
 const FOLD_WRITES_PER_TRANSACTION: usize = 50;
 /// Folds of one series lost to other writers of its rows before a job gives up (and is
@@ -64,21 +76,31 @@ const STATE_ROW: &str = "state";
 const LIST_PREFIX: &str = "n.";
 const COMMITTED: &[u8] = b"committed";
 const ABORTED: &[u8] = b"aborted";
+/// The row of a series' fold cursor, in its `meta/` partition of `seriesIndex`.
+pub const FOLDED_ROW: &str = "folded";
 /// A staged batch with no state after this long belongs to a writer that died before its
-/// commit: the next read or fold of one of its series abandons it.
+/// commit: the next read or fold of one of its shards abandons it.
 const ABANDON_AFTER_MS: u64 = 10 * 60 * 1000;
+/// Bytes of a batch id in a fold cursor (a hyphenated UUID).
+const BATCH_ID_BYTES: usize = 36;
 
-/// The row of chunk `chunk` of `batch`'s points in a series' markers.
+/// The row of chunk `chunk` of `batch`'s points in a shard.
 fn marker_row(batch: &str, chunk: usize) -> String {
     format!("{batch}/{chunk:05}")
 }
 
-/// The batch a marker row belongs to.
+/// The batch a journal row belongs to.
 fn batch_of(row: &str) -> &str {
     row.split_once('/').map_or(row, |(batch, _)| batch)
 }
 
-/// One series of a batch's list: its name and how many marker rows it has.
+/// Whether a journal row is its batch's first in the shard: the one deleted last, whose
+/// presence says the batch is not yet folded for every series there.
+fn is_first_chunk(row: &str) -> bool {
+    row.ends_with("/00000")
+}
+
+/// One shard of a batch's list: its name and how many rows the batch wrote there.
 #[derive(Serialize, Deserialize)]
 struct Listed(String, usize);
 
@@ -129,29 +151,32 @@ pub async fn stage_and_commit(
 ) -> DomainResult<()> {
     let batch = Uuid::now_v7();
     let batch_id = batch.as_hyphenated().to_string();
-    let mut staged = Vec::with_capacity(series.len() + 1);
+    let mut shards: BTreeMap<String, Vec<(&str, &[Point])>> = BTreeMap::new();
+    for (name, points) in series {
+        shards
+            .entry(pending_shard(name.as_str()))
+            .or_default()
+            .push((name.as_str(), points.as_slice()));
+    }
+    let mut staged = Vec::with_capacity(shards.len() + 1);
     let mut lists: Vec<Vec<Listed>> = vec![Vec::new()];
     let mut list_bytes = 0;
-    for (name, points) in series {
-        let chunks = points.chunks(POINTS_PER_MARKER_ROW);
-        let count = chunks.len();
-        for (chunk_index, chunk) in chunks.enumerate() {
+    for (shard, entries) in shards {
+        let rows = pending_row::encode_rows(entries, ROW_BYTES);
+        let count = rows.len();
+        for (chunk, row) in rows.into_iter().enumerate() {
             staged.push(Write::put(
                 Table::SeriesPending,
-                Item::new(
-                    name.as_str(),
-                    marker_row(&batch_id, chunk_index),
-                    codec::encode(0, chunk),
-                ),
+                Item::new(&shard, marker_row(&batch_id, chunk), row),
             ));
         }
-        list_bytes += name.as_str().len() + 8;
+        list_bytes += shard.len() + 8;
         if list_bytes > LIST_ROW_BYTES {
             lists.push(Vec::new());
             list_bytes = 0;
         }
         if let Some(list) = lists.last_mut() {
-            list.push(Listed(name.as_str().to_owned(), count));
+            list.push(Listed(shard, count));
         }
     }
     for (index, list) in lists.iter().enumerate() {
@@ -182,10 +207,10 @@ pub async fn stage_and_commit(
     Ok(())
 }
 
-/// A batch's list of its series, as read, with the keys of the rows it came from.
+/// A batch's list of its shards, as read, with the keys of the rows it came from.
 struct BatchList {
     rows: Vec<String>,
-    series: Vec<Listed>,
+    shards: Vec<Listed>,
 }
 
 impl BatchList {
@@ -198,12 +223,12 @@ impl BatchList {
             .await?;
         let mut list = BatchList {
             rows: Vec::with_capacity(rows.len()),
-            series: Vec::new(),
+            shards: Vec::new(),
         };
         for row in rows {
             let listed: Vec<Listed> = serde_json::from_slice(&row.value)
                 .map_err(|err| DomainError::Corrupt(format!("series batch list: {err}")))?;
-            list.series.extend(listed);
+            list.shards.extend(listed);
             list.rows.push(row.row);
         }
         Ok(list)
@@ -217,7 +242,7 @@ impl BatchList {
     }
 }
 
-/// Marks `batch` aborted unless it committed; once aborted, drops its markers and list.
+/// Marks `batch` aborted unless it committed; once aborted, drops its rows and list.
 /// Returns whether it is aborted.
 async fn abandon(store: &dyn Store, batch: &str) -> DomainResult<bool> {
     let claimed = store
@@ -239,11 +264,11 @@ async fn abandon(store: &dyn Store, batch: &str) -> DomainResult<bool> {
     }
     let list = BatchList::read(store, batch).await?;
     let mut drops = Vec::new();
-    for Listed(series, chunks) in &list.series {
+    for Listed(shard, chunks) in &list.shards {
         for chunk in 0..*chunks {
             drops.push(Write::delete(
                 Table::SeriesPending,
-                series,
+                shard,
                 marker_row(batch, chunk),
             ));
         }
@@ -264,8 +289,7 @@ enum BatchState {
 }
 
 /// The states of batches, remembering those seen committed (a committed batch stays so
-/// until its markers are gone): a job's folds over thousands of series meet the same few
-/// batches.
+/// until its rows are gone): a job's folds over many shards meet the same few batches.
 #[derive(Default)]
 struct States {
     committed: Mutex<HashSet<String>>,
@@ -309,17 +333,17 @@ impl States {
     }
 }
 
-/// A series' marker rows of one batch.
+/// A shard's journal rows of one batch.
 struct Group {
     batch: String,
     rows: Vec<Item>,
     state: BatchState,
 }
 
-/// How far to read a series' markers.
+/// How far to read a shard's rows.
 #[derive(Clone, Copy)]
 enum Reach {
-    /// Every marker: a read overlays every pending point.
+    /// Every row: a read overlays every pending point.
     All,
     /// The oldest whole batches holding at least this many rows (or all there are): a fold
     /// takes no more, and under a backlog of thousands of batches reading them all, for each
@@ -327,15 +351,15 @@ enum Reach {
     Oldest(usize),
 }
 
-/// `series`' marker rows from the oldest, as far as `reach` asks: whole batches only; and
+/// `shard`'s journal rows from the oldest, as far as `reach` asks: whole batches only; and
 /// whether more are left unread. `first_page` is a first page read already.
-async fn read_markers(
+async fn read_rows(
     store: &dyn Store,
-    series: &str,
+    shard: &str,
     first_page: Option<Vec<Item>>,
     reach: Reach,
 ) -> DomainResult<(Vec<Item>, bool)> {
-    let mut query = markers_query(series);
+    let mut query = Query::partition(Table::SeriesPending, shard, 200);
     if let Reach::Oldest(wanted) = reach {
         // One row more than wanted tells whether the last batch read goes on.
         query.limit = query.limit.min(wanted + 1);
@@ -370,17 +394,14 @@ async fn read_markers(
     Ok((rows, false))
 }
 
-/// `series`' marker rows by batch, oldest first, as far as `reach` asks, with each batch's
-/// state, and whether more are left unread; markers of aborted batches and of writers long
-/// dead are dropped on the way.
+/// `rows` of `shard` by batch, oldest first, with each batch's state; rows of aborted
+/// batches and of writers long dead are dropped on the way.
 async fn groups(
     store: &dyn Store,
     states: &States,
-    series: &str,
-    first_page: Option<Vec<Item>>,
-    reach: Reach,
-) -> DomainResult<(Vec<Group>, bool)> {
-    let (rows, more) = read_markers(store, series, first_page, reach).await?;
+    shard: &str,
+    rows: Vec<Item>,
+) -> DomainResult<Vec<Group>> {
     let mut groups: Vec<Group> = Vec::new();
     for row in rows {
         let batch = batch_of(&row.row);
@@ -405,13 +426,13 @@ async fn groups(
         };
         if dead {
             // Whatever the batch's list says, these rows go (a writer may have died between
-            // staging its markers and its list).
+            // staging its rows and its list).
             store
                 .batch_write(
                     group
                         .rows
                         .iter()
-                        .map(|row| Write::delete(Table::SeriesPending, series, &row.row))
+                        .map(|row| Write::delete(Table::SeriesPending, shard, &row.row))
                         .collect(),
                 )
                 .await?;
@@ -419,21 +440,12 @@ async fn groups(
             kept.push(group);
         }
     }
-    Ok((kept, more))
-}
-
-/// The points of a group's rows, in time order.
-fn group_points(group: &Group) -> DomainResult<Vec<Point>> {
-    let mut points = Vec::new();
-    for row in &group.rows {
-        points.extend(codec::decode(0, &row.value).map_err(DomainError::Corrupt)?);
-    }
-    Ok(points)
+    Ok(kept)
 }
 
 /// The points of committed, not yet applied batches of `series` in `[from, to)`, in time
 /// order; of two batches writing one time, the later wins. `markers` is the first page of
-/// its markers, read with the rest of a scan's first round.
+/// its shard's rows, read with the rest of a scan's first round.
 pub async fn pending_points(
     store: &dyn Store,
     series: &str,
@@ -441,11 +453,28 @@ pub async fn pending_points(
     from: u64,
     to: u64,
 ) -> DomainResult<Vec<Point>> {
+    let shard = pending_shard(series);
+    let (mut rows, _) = read_rows(store, &shard, Some(markers), Reach::All).await?;
+    // Only the batches that wrote to this series matter (a batch's first row names every
+    // series it wrote here, or the row goes on in the next).
+    let mentioning: HashSet<String> = rows
+        .iter()
+        .filter(|row| pending_row::mentions(&row.value, series))
+        .map(|row| batch_of(&row.row).to_owned())
+        .collect();
+    if mentioning.is_empty() {
+        return Ok(Vec::new());
+    }
+    rows.retain(|row| mentioning.contains(batch_of(&row.row)));
     let mut lists = Vec::new();
-    let (groups, _) = groups(store, &States::default(), series, Some(markers), Reach::All).await?;
-    for group in groups {
+    for group in groups(store, &States::default(), &shard, rows).await? {
         if group.state == BatchState::Committed {
-            let mut points = group_points(&group)?;
+            let mut points = Vec::new();
+            for row in &group.rows {
+                points.extend(
+                    pending_row::points_of(&row.value, series).map_err(DomainError::Corrupt)?,
+                );
+            }
             points.retain(|point| point.at >= from && point.at < to);
             lists.push(points);
         }
@@ -453,10 +482,21 @@ pub async fn pending_points(
     Ok(merge_in_order(lists))
 }
 
-/// Applies every batch committed to `series` so far, so that a write or delete made next
-/// comes after them; returns whether any was applied (so the series' rows changed).
+/// Whether `rows`, a first page of `series`' shard (read with [`markers_query`]), may hold
+/// batches for it not yet applied: a write must apply them first to come after them.
+pub fn may_be_pending(series: &str, rows: &[Item]) -> bool {
+    rows.len() >= markers_query(series).limit
+        || rows
+            .iter()
+            .any(|row| pending_row::mentions(&row.value, series))
+}
+
+/// Applies every batch committed to `series`' shard so far, so that a write or delete made
+/// next comes after them; returns whether any of `series`' points were applied (so its rows
+/// changed).
 pub async fn settle(store: &dyn Store, series: &str) -> DomainResult<bool> {
-    // Folds read the oldest markers only: the newest batch staged says how far to go.
+    let shard = pending_shard(series);
+    // Folds read the oldest rows only: the newest batch staged says how far to go.
     let newest = store
         .query(Query {
             limit: 1,
@@ -467,7 +507,16 @@ pub async fn settle(store: &dyn Store, series: &str) -> DomainResult<bool> {
         return Ok(false);
     };
     let batch = batch_of(&newest.row).to_owned();
-    Ok(fold_series(store, &States::default(), series, &batch, true).await? > 0)
+    let folded = fold_shard(
+        store,
+        &States::default(),
+        &shard,
+        &batch,
+        true,
+        Some(series),
+    )
+    .await?;
+    Ok(folded.watched)
 }
 
 /// Whether a batch id (a UUIDv7) is older than [`ABANDON_AFTER_MS`].
@@ -487,69 +536,75 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
         return Ok(0);
     }
     let list = BatchList::read(store, batch).await?;
-    let series = &list.series;
-    // Most of a batch's series were folded already by an earlier batch's job, which took
-    // this batch's markers along: which are left is one read of them all.
-    let markers = series
+    // Most of a batch's shards were folded already by an earlier batch's job, which took
+    // this batch's rows along: which are left is one read of them all.
+    let firsts = list
+        .shards
         .iter()
-        .map(|Listed(name, _)| Key::new(Table::SeriesPending, name, marker_row(batch, 0)))
+        .map(|Listed(shard, _)| Key::new(Table::SeriesPending, shard, marker_row(batch, 0)))
         .collect();
-    let left = store.get_many(markers).await?;
-    // Series touch rows of their own: folded side by side. Collected first: a lazy `map`
-    // closure here makes callers' futures not `Send` for every lifetime (rustc's
+    let left = store.get_many(firsts).await?;
+    // Shards touch rows of their own series: folded side by side. Collected first: a lazy
+    // `map` closure here makes callers' futures not `Send` for every lifetime (rustc's
     // higher-ranked `FnOnce` limitation).
-    let folds: Vec<_> = series
+    let folds: Vec<_> = list
+        .shards
         .iter()
         .zip(left)
-        .filter(|(_, marker)| marker.is_some())
-        .map(|(Listed(name, _), _)| fold_series(store, &states, name, batch, true))
+        .filter(|(_, first)| first.is_some())
+        .map(|(Listed(shard, _), _)| fold_shard(store, &states, shard, batch, true, None))
         .collect();
-    let folded: Vec<u64> = futures::stream::iter(folds)
-        .buffer_unordered(SERIES_FOLDED_AT_ONCE)
+    let folded: Vec<Folded> = futures::stream::iter(folds)
+        .buffer_unordered(SHARDS_FOLDED_AT_ONCE)
         .try_collect()
         .await?;
-    // Every marker of the batch is gone: its list can go, then its state.
+    // Every row of the batch is gone: its list can go, then its state.
     store.batch_write(list.drops(batch).collect()).await?;
     store
         .batch_write(vec![Write::delete(Table::SeriesBatches, batch, STATE_ROW)])
         .await?;
-    Ok(folded.into_iter().sum())
+    Ok(folded.into_iter().map(|folded| folded.points).sum())
 }
 
-/// Folds the committed batches of `series` into its rows until none is left up to batch
-/// `until`; returns the points folded. `until_seen`: the caller has just read `until`'s
-/// marker, so the first round need not.
+/// What folds of a shard applied.
+#[derive(Default)]
+struct Folded {
+    points: u64,
+    /// Whether points of the series the caller watches were among them.
+    watched: bool,
+}
+
+/// Folds the committed batches of `shard` into its series' rows until none is left up to
+/// batch `until`. `until_seen`: the caller has just read `until`'s first row, so the first
+/// round need not. `watch`: a series to report on.
 ///
-/// Each round reads the oldest markers, takes the committed ones (whole batches, up to
-/// [`FOLDED_ROWS`] rows, newer ones than `until` too), merges their points into the rows,
-/// then posts one `readings` event for them and drops their markers in one transaction.
-/// A round that loses a race (another fold or writer changed a row, or posted the event)
-/// reads the markers again: rows are written before markers go, so what it reads covers
-/// every point another writer put in the rows since, and folding a batch twice rewrites the
-/// same values in the same order.
-async fn fold_series(
+/// Each round reads the oldest rows and takes the committed ones (whole batches, up to
+/// [`FOLDED_ROWS`] rows, newer ones than `until` too); folds each series they hold (see
+/// [`fold_series`]); then drops the rows, the first of each batch last.
+async fn fold_shard(
     store: &dyn Store,
     states: &States,
-    series: &str,
+    shard: &str,
     until: &str,
     mut until_seen: bool,
-) -> DomainResult<u64> {
-    let mut folded_points = 0u64;
-    let mut lost = 0;
+    watch: Option<&str>,
+) -> DomainResult<Folded> {
+    let mut total = Folded::default();
     let mut reach = Reach::Oldest(FOLDED_ROWS);
     loop {
-        // A batch's job mostly finds its series folded by an earlier job: one point read
-        // says so, where reading the markers would step over every one deleted lately.
+        // A batch's job mostly finds its shard folded by an earlier job: one point read
+        // says so, where reading the rows would step over every one deleted lately.
         if !std::mem::take(&mut until_seen)
             && store
-                .get(Table::SeriesPending, series, &marker_row(until, 0))
+                .get(Table::SeriesPending, shard, &marker_row(until, 0))
                 .await?
                 .is_none()
         {
-            return Ok(folded_points);
+            return Ok(total);
         }
-        let (groups, more) = groups(store, states, series, None, reach).await?;
-        let committed: Vec<Group> = groups
+        let (rows, more) = read_rows(store, shard, None, reach).await?;
+        let committed: Vec<Group> = groups(store, states, shard, rows)
+            .await?
             .into_iter()
             .filter(|group| group.state == BatchState::Committed)
             .collect();
@@ -559,11 +614,11 @@ async fn fold_series(
                 reach = Reach::All;
                 continue;
             }
-            return Ok(folded_points);
+            return Ok(total);
         };
         reach = Reach::Oldest(FOLDED_ROWS);
         if first.batch.as_str() > until {
-            return Ok(folded_points);
+            return Ok(total);
         }
         let mut folded: Vec<Group> = Vec::new();
         let mut rows = 0;
@@ -574,62 +629,228 @@ async fn fold_series(
             rows += group.rows.len();
             folded.push(group);
         }
-        let points = merge_in_order(
-            folded
-                .iter()
-                .map(group_points)
-                .collect::<DomainResult<Vec<_>>>()?,
-        );
-        if write_fold(store, series, &folded, &points).await? {
-            folded_points += points.len() as u64;
-            if folded.iter().any(|group| group.batch == until) {
-                return Ok(folded_points);
-            }
-        } else {
-            lost += 1;
-            if lost >= FOLD_ATTEMPTS {
-                return Err(DomainError::Conflict(
-                    "series rows kept changing while a batch was applied".into(),
-                ));
-            }
+        let round = fold_groups(store, shard, &folded, watch).await?;
+        total.points += round.points;
+        total.watched |= round.watched;
+        // Every series of these batches is folded: their rows go, the witnesses last.
+        let (firsts, rest): (Vec<Write>, Vec<Write>) = folded
+            .iter()
+            .flat_map(|group| &group.rows)
+            .map(|row| Write::delete(Table::SeriesPending, shard, &row.row))
+            .partition(|write| match write {
+                Write::Delete { row, .. } => is_first_chunk(row),
+                Write::Put { .. } => false,
+            });
+        if !rest.is_empty() {
+            store.batch_write(rest).await?;
+        }
+        store.batch_write(firsts).await?;
+        if folded.iter().any(|group| group.batch == until) {
+            return Ok(total);
         }
     }
 }
 
-/// The writes that post the `readings` event of a fold and drop its markers.
-fn post_fold(series: &str, folded: &[Group], points: &[Point]) -> DomainResult<Vec<Write>> {
-    let first = Uuid::parse_str(&folded[0].batch)
-        .map_err(|err| DomainError::Corrupt(format!("series batch id: {err}")))?;
-    let event = readings_event(
-        series,
-        points,
-        batch_time(first),
-        folded_event_id(series, first),
-    )?;
-    let mut writes = event_writes(&event, event.at);
+/// One series' share of a fold: each batch's points for it, oldest batch first.
+type Shares<'a> = Vec<(&'a str, Vec<Point>)>;
+
+/// Folds every series `folded` holds points of (see [`fold_series`]). Their cursors are
+/// read in one round, then which of their batches still have rows in another.
+async fn fold_groups(
+    store: &dyn Store,
+    shard: &str,
+    folded: &[Group],
+    watch: Option<&str>,
+) -> DomainResult<Folded> {
+    let mut by_series: BTreeMap<&str, Shares<'_>> = BTreeMap::new();
     for group in folded {
-        writes.extend(
-            group
-                .rows
-                .iter()
-                .map(|row| Write::delete(Table::SeriesPending, series, &row.row)),
-        );
+        for row in &group.rows {
+            for (series, points) in pending_row::decode(&row.value).map_err(DomainError::Corrupt)? {
+                let shares = by_series.entry(series).or_default();
+                match shares.last_mut() {
+                    Some((batch, earlier)) if *batch == group.batch => earlier.extend(points),
+                    _ => shares.push((group.batch.as_str(), points)),
+                }
+            }
+        }
     }
-    Ok(writes)
+    let cursor_keys = by_series.keys().map(|series| cursor_key(series)).collect();
+    let cursors = store
+        .get_many(cursor_keys)
+        .await?
+        .into_iter()
+        .map(Cursor::decode)
+        .collect::<DomainResult<Vec<Cursor>>>()?;
+    let mut witnessed: BTreeSet<&str> = folded.iter().map(|group| group.batch.as_str()).collect();
+    witnessed.extend(cursors.iter().flat_map(|cursor| cursor.batches()));
+    let present = present_batches(store, shard, witnessed).await?;
+    let folds: Vec<_> = by_series
+        .iter()
+        .zip(cursors)
+        .map(|((series, shares), cursor)| {
+            let known = Some((cursor, present.clone()));
+            async move {
+                let points = fold_series(store, shard, series, shares, known).await?;
+                Ok::<_, DomainError>((*series, points))
+            }
+        })
+        .collect();
+    let results: Vec<(&str, u64)> = futures::stream::iter(folds)
+        .buffer_unordered(SERIES_FOLDED_AT_ONCE)
+        .try_collect()
+        .await?;
+    Ok(Folded {
+        points: results.iter().map(|(_, points)| points).sum(),
+        watched: results
+            .iter()
+            .any(|(series, points)| Some(*series) == watch && *points > 0),
+    })
 }
 
-/// Merges the points of `folded` (`points`) into `series`' rows, posts the fold's event and
-/// drops its markers; `false` when another writer changed a row or posted the event first.
+/// Which of `batches` still have their first row in `shard`.
+async fn present_batches(
+    store: &dyn Store,
+    shard: &str,
+    batches: BTreeSet<&str>,
+) -> DomainResult<Arc<HashSet<String>>> {
+    let batches: Vec<&str> = batches.into_iter().collect();
+    let keys = batches
+        .iter()
+        .map(|batch| Key::new(Table::SeriesPending, shard, marker_row(batch, 0)))
+        .collect();
+    let found = store.get_many(keys).await?;
+    Ok(Arc::new(
+        batches
+            .into_iter()
+            .zip(found)
+            .filter(|(_, row)| row.is_some())
+            .map(|(batch, _)| batch.to_owned())
+            .collect(),
+    ))
+}
+
+/// The key of `series`' fold cursor.
+fn cursor_key(series: &str) -> Key {
+    Key::new(Table::SeriesIndex, meta_partition(series), FOLDED_ROW)
+}
+
+/// A series' fold cursor as read: the batches folded into its rows whose journal rows may
+/// still exist, and the bytes its next write is conditioned on.
+struct Cursor {
+    stored: Option<Bytes>,
+}
+
+impl Cursor {
+    fn decode(stored: Option<Bytes>) -> DomainResult<Cursor> {
+        if let Some(bytes) = &stored
+            && (bytes.len() % BATCH_ID_BYTES != 0 || std::str::from_utf8(bytes).is_err())
+        {
+            return Err(DomainError::Corrupt("series fold cursor".into()));
+        }
+        Ok(Cursor { stored })
+    }
+
+    fn batches(&self) -> impl Iterator<Item = &str> {
+        self.stored
+            .as_deref()
+            .unwrap_or_default()
+            .chunks(BATCH_ID_BYTES)
+            .filter_map(|id| std::str::from_utf8(id).ok())
+    }
+
+    fn contains(&self, batch: &str) -> bool {
+        self.batches().any(|folded| folded == batch)
+    }
+
+    /// The write that records `added` folded too, dropping batches whose rows are gone
+    /// (`present` was read after this cursor), if the cursor is still as read.
+    fn advance(&self, series: &str, added: &[&str], present: &HashSet<String>) -> Write {
+        let mut batches: Vec<&str> = self
+            .batches()
+            .filter(|batch| present.contains(*batch))
+            .chain(added.iter().copied())
+            .collect();
+        batches.sort_unstable();
+        batches.dedup();
+        let condition = match &self.stored {
+            Some(bytes) => Condition::Equals(bytes.clone()),
+            None => Condition::Absent,
+        };
+        Write::Put {
+            table: Table::SeriesIndex,
+            item: Item::new(meta_partition(series), FOLDED_ROW, batches.concat()),
+            condition,
+        }
+    }
+}
+
+/// Folds `shares` of `series` into its rows: those of batches its cursor does not name and
+/// whose rows are still there, merged in batch order into one read-modify-write, written in
+/// one transaction with its `readings` event and its cursor advanced. `known`: its cursor
+/// and the batches present, read in that order for it. Returns the points folded.
+///
+/// A fold that loses a race (another fold or writer changed a row or the cursor) reads the
+/// cursor and the rows present again: folding a batch twice is what the cursor prevents,
+/// and the points of a batch are immutable.
+async fn fold_series(
+    store: &dyn Store,
+    shard: &str,
+    series: &str,
+    shares: &[(&str, Vec<Point>)],
+    mut known: Option<(Cursor, Arc<HashSet<String>>)>,
+) -> DomainResult<u64> {
+    for _ in 0..FOLD_ATTEMPTS {
+        let (cursor, present) = match known.take() {
+            Some(known) => known,
+            None => {
+                let stored = store
+                    .get(Table::SeriesIndex, &meta_partition(series), FOLDED_ROW)
+                    .await?;
+                let cursor = Cursor::decode(stored)?;
+                let mut witnessed: BTreeSet<&str> =
+                    shares.iter().map(|(batch, _)| *batch).collect();
+                witnessed.extend(cursor.batches());
+                let present = present_batches(store, shard, witnessed).await?;
+                (cursor, present)
+            }
+        };
+        let todo: Vec<&(&str, Vec<Point>)> = shares
+            .iter()
+            .filter(|(batch, _)| present.contains(*batch) && !cursor.contains(batch))
+            .collect();
+        let Some((first, _)) = todo.first() else {
+            return Ok(0);
+        };
+        let points = merge_in_order(
+            todo.iter()
+                .map(|(_, points)| points.clone())
+                .collect::<Vec<_>>(),
+        );
+        let added: Vec<&str> = todo.iter().map(|(batch, _)| *batch).collect();
+        let advance = cursor.advance(series, &added, &present);
+        if write_fold(store, series, first, &points, advance).await? {
+            return Ok(points.len() as u64);
+        }
+    }
+    Err(DomainError::Conflict(
+        "series rows kept changing while a batch was applied".into(),
+    ))
+}
+
+/// Merges `points` (folded from batches, the first `first`) into `series`' rows, posts the
+/// fold's event and advances its cursor; `false` when another writer changed a row or the
+/// cursor first.
 ///
 /// One transaction when it all fits, which is the common case. Otherwise the rows go in
 /// transactions of a few each, index rows first (so no row is ever unreachable), and the
-/// event and markers last. The latest record is written with the rows (reads overlay a
+/// event and cursor last. The latest record is written with the rows (reads overlay a
 /// committed batch, so its newest point is already visible).
 async fn write_fold(
     store: &dyn Store,
     series: &str,
-    folded: &[Group],
+    first: &str,
     points: &[Point],
+    advance: Write,
 ) -> DomainResult<bool> {
     let names = [series];
     let (plan, heads) = futures::try_join!(
@@ -644,7 +865,16 @@ async fn write_fold(
             .map(|head| latest::write_after(series, head, points)),
     );
     rows.sort_by_key(|write| write.table() != Table::SeriesIndex);
-    let post = post_fold(series, folded, points)?;
+    let first = Uuid::parse_str(first)
+        .map_err(|err| DomainError::Corrupt(format!("series batch id: {err}")))?;
+    let event = readings_event(
+        series,
+        points,
+        batch_time(first),
+        folded_event_id(series, first),
+    )?;
+    let mut post = event_writes(&event, event.at);
+    post.push(advance);
     let bytes: usize = rows.iter().chain(&post).map(write_bytes).sum();
     let transactions: Vec<Vec<Write>> =
         if rows.len() + post.len() <= MAX_TRANSACTION_WRITES && bytes <= MAX_TRANSACTION_BYTES {
@@ -682,18 +912,17 @@ mod tests {
     use super::*;
     use crate::store::EmbeddedStore;
 
-    /// Stages one point of `series` under `batch` (its marker and list) without committing.
+    /// Stages one point of `series` under `batch` (its row and list) without committing.
     async fn stage(store: &dyn Store, batch: &str, series: &str) {
-        let list = serde_json::to_vec(&[Listed(series.to_owned(), 1)]).expect("json");
+        let shard = pending_shard(series);
+        let list = serde_json::to_vec(&[Listed(shard.clone(), 1)]).expect("json");
+        let point = [Point { at: 5, value: 1.0 }];
+        let row = pending_row::encode_rows([(series, &point[..])], ROW_BYTES).remove(0);
         store
             .batch_write(vec![
                 Write::put(
                     Table::SeriesPending,
-                    Item::new(
-                        series,
-                        marker_row(batch, 0),
-                        codec::encode(0, &[Point { at: 5, value: 1.0 }]),
-                    ),
+                    Item::new(shard, marker_row(batch, 0), row),
                 ),
                 Write::put(
                     Table::SeriesBatches,
@@ -788,7 +1017,7 @@ mod tests {
         let mut points = Vec::new();
         for row in rows {
             let key = super::super::layout::parse_ticks(&row.row).expect("row key");
-            points.extend(codec::decode(key, &row.value).expect("row"));
+            points.extend(super::super::codec::decode(key, &row.value).expect("row"));
         }
         points
     }
@@ -968,6 +1197,160 @@ mod tests {
                 "{series}: {folded}"
             );
             assert!(markers(&store, &series).await.is_empty());
+        }
+    }
+
+    /// `count` series names starting `prefix` and sharing one journal shard.
+    fn sharing_a_shard(prefix: &str, count: usize) -> Vec<String> {
+        let shard = pending_shard(&format!("{prefix}0"));
+        (0..)
+            .map(|index| format!("{prefix}{index}"))
+            .filter(|name| pending_shard(name) == shard)
+            .take(count)
+            .collect()
+    }
+
+    /// One committed batch writing `points` to each of `series`.
+    async fn commit_all(store: &dyn Store, series: &[String], points: &[Point]) -> String {
+        let before: HashSet<String> = markers(store, &series[0])
+            .await
+            .into_iter()
+            .map(|marker| marker.row)
+            .collect();
+        let batch: Vec<(SeriesName, Vec<Point>)> = series
+            .iter()
+            .map(|name| (SeriesName::parse(name).expect("name"), points.to_vec()))
+            .collect();
+        stage_and_commit(store, &batch).await.expect("commit");
+        let marker = markers(store, &series[0])
+            .await
+            .into_iter()
+            .find(|marker| !before.contains(&marker.row))
+            .expect("a new row");
+        batch_of(&marker.row).to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_fold_that_read_rows_since_folded_and_dropped_applies_none_of_them_again() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let names = sharing_a_shard("s", 2);
+        let shard = pending_shard(&names[0]);
+        let first = commit_all(&store, &names, &[Point { at: 7, value: 1.0 }]).await;
+        // A fold reads the first batch's rows, then stalls.
+        let (rows, _) = read_rows(&store, &shard, None, Reach::All)
+            .await
+            .expect("rows");
+        let stale = groups(&store, &States::default(), &shard, rows)
+            .await
+            .expect("groups");
+        // Meanwhile the batch is folded and dropped, and a second one writes time 7 again,
+        // which prunes the first from the cursors.
+        apply(&store, &first).await.expect("apply");
+        let second = commit_all(&store, &names, &[Point { at: 7, value: 2.0 }]).await;
+        apply(&store, &second).await.expect("apply");
+
+        let late = fold_groups(&store, &shard, &stale, None)
+            .await
+            .expect("stale fold");
+
+        assert_eq!(late.points, 0, "nothing folded twice");
+        for name in &names {
+            assert_eq!(
+                applied_points(&store, name).await,
+                [Point { at: 7, value: 2.0 }],
+                "{name}: the newer value stays"
+            );
+            assert_eq!(
+                events(&store, name).await.len(),
+                2,
+                "{name}: one event a fold"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_dying_half_way_through_a_shard_leaves_the_rest_to_the_next_and_none_twice() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let names = sharing_a_shard("s", 3);
+        let shard = pending_shard(&names[0]);
+        let point = Point { at: 9, value: 3.0 };
+        let batch = commit_all(&store, &names, &[point]).await;
+        // The job folded the first series, then died before the others and the drops.
+        let shares = vec![(batch.as_str(), vec![point])];
+        let folded = fold_series(&store, &shard, &names[0], &shares, None)
+            .await
+            .expect("fold");
+        assert_eq!(folded, 1);
+        assert_eq!(markers(&store, &names[0]).await.len(), 1, "rows stay");
+
+        // Its retry folds the rest.
+        assert_eq!(apply(&store, &batch).await.expect("apply"), 2);
+
+        assert!(markers(&store, &names[0]).await.is_empty());
+        for name in &names {
+            assert_eq!(applied_points(&store, name).await, [point], "{name}");
+            assert_eq!(events(&store, name).await.len(), 1, "{name}: one event");
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_folds_of_series_sharing_a_shard_apply_each_batch_once_to_each() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        for round in 0..12usize {
+            let names = sharing_a_shard(&format!("r{round}-"), 4);
+            let count = 2 + round % 5;
+            // Batch `value` writes the series whose index it does not skip, each at time 7
+            // (so the newest batch's value must win) and at a time of its own.
+            let writes = |index: usize, value: usize| !(index + value + round).is_multiple_of(3);
+            let mut batches = Vec::new();
+            for value in 0..count {
+                let subset: Vec<String> = (0..names.len())
+                    .filter(|index| writes(*index, value))
+                    .map(|index| names[index].clone())
+                    .collect();
+                let points = [
+                    Point {
+                        at: 7,
+                        value: value as f64,
+                    },
+                    Point {
+                        at: 10 + value as u64,
+                        value: 1.0,
+                    },
+                ];
+                batches.push(commit_all(&store, &subset, &points).await);
+            }
+            // Every batch's job at once, in an order that varies by round.
+            batches.rotate_left(round % count);
+            let jobs = batches.iter().map(|batch| apply(&store, batch));
+            futures::future::try_join_all(jobs).await.expect("apply");
+
+            assert!(markers(&store, &names[0]).await.is_empty(), "round {round}");
+            for (index, name) in names.iter().enumerate() {
+                let values: Vec<usize> = (0..count).filter(|value| writes(index, *value)).collect();
+                let stored = applied_points(&store, name).await;
+                let times: Vec<u64> = stored.iter().map(|point| point.at).collect();
+                let expected: Vec<u64> = std::iter::once(7)
+                    .chain(values.iter().map(|value| 10 + *value as u64))
+                    .collect();
+                assert_eq!(times, expected, "{name}: each batch's point, once");
+                let newest = *values.last().expect("written") as f64;
+                assert_eq!(stored[0].value, newest, "{name}: the newest batch wins");
+                let folded: u64 = events(&store, name)
+                    .await
+                    .iter()
+                    .map(|event| event["count"].as_u64().expect("count"))
+                    .sum();
+                // Each batch brings a new time and rewrites time 7: counted once per fold.
+                let least = values.len() as u64 + 1;
+                assert!(
+                    (least..=2 * values.len() as u64).contains(&folded),
+                    "{name}: {folded}"
+                );
+            }
         }
     }
 }

@@ -25,10 +25,20 @@ use crate::timeline::DomainResult;
 /// The index partition listing every series.
 pub const NAMES_PARTITION: &str = "names";
 
-/// The query of a series' journal markers: the points of batches not yet folded into its
-/// rows (few: one row per batch in flight).
+/// Shards of the journal: a batch writes one row to each shard its series hash to.
+pub const PENDING_SHARDS: u64 = 64;
+
+/// The journal shard (a `seriesPending` partition) holding `series`' points of batches not
+/// yet folded into its rows.
+pub fn pending_shard(series: &str) -> String {
+    let shard = xxhash_rust::xxh3::xxh3_64(series.as_bytes()) % PENDING_SHARDS;
+    format!("shard/{shard:02}")
+}
+
+/// The query of the journal rows of `series`' shard: the points of batches not yet folded
+/// (few: a row or so per batch in flight), of its series and of others sharing the shard.
 pub fn markers_query(series: &str) -> Query {
-    Query::partition(Table::SeriesPending, series, 200)
+    Query::partition(Table::SeriesPending, pending_shard(series), 200)
 }
 
 pub const TICKS_PER_SECOND: u64 = 10_000_000;

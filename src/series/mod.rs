@@ -8,6 +8,7 @@
 //! - [`readings`]: the `readings` event that announces what a write brought
 //! - [`journal`]: writes too large for one transaction (or contended), staged, committed,
 //!   then folded into their series many at a time
+//! - [`pending_row`]: the bytes of a journal row, the points of one batch for many series
 //! - [`scan`]: the points of a range, in time order, with committed batches overlaid
 //! - [`reading`]: raw pages, step aggregates, aligned series
 //! - [`deleting`]: range and whole-series deletes, a page at a time
@@ -30,6 +31,7 @@ mod latest_read;
 pub mod layout;
 pub mod line_protocol;
 pub(crate) mod live;
+mod pending_row;
 mod plan;
 pub(crate) mod reading;
 pub mod readings;

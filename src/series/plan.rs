@@ -80,27 +80,28 @@ pub async fn plan(
         last_day,
         (last_day - first_day + 1) as usize,
     )];
-    if markers == Markers::Read {
-        let mut one = super::layout::markers_query(series);
-        one.limit = 1;
-        queries.push(one);
-    }
     let rollup_reads = RollupReads::new(points);
     queries.extend(rollup_reads.queries(series));
     queries.extend(runs.iter().map(|(start, end)| {
         Query::partition(Table::SeriesPoints, partition(series, day_of(*start)), 1000)
             .range(Some(row_key(*start)), Some(row_key(*end)))
     }));
-    let mut answers = read_all(store, queries).await?.into_iter();
+    // The journal's first page only: a full one counts as pending anyway.
+    let journal = async {
+        DomainResult::Ok(match markers {
+            Markers::Read => Some(store.query(super::layout::markers_query(series)).await?),
+            Markers::Skip => None,
+        })
+    };
+    let (answers, journal) = futures::try_join!(read_all(store, queries), journal)?;
+    plan.pending = journal.is_some_and(|rows| super::journal::may_be_pending(series, &rows));
+    let mut answers = answers.into_iter();
     let known_days: Vec<u64> = answers
         .next()
         .unwrap_or_default()
         .iter()
         .filter_map(|item| parse_day(&item.row))
         .collect();
-    if markers == Markers::Read {
-        plan.pending = !answers.next().unwrap_or_default().is_empty();
-    }
     let rollup_answers: Vec<Vec<Item>> =
         answers.by_ref().take(rollup_reads.query_count()).collect();
 

@@ -131,13 +131,14 @@ pub enum Table {
     /// (see `series::layout`).
     SeriesPoints,
     /// The series catalogue: `names` -> series, `days/{series}` -> day, `meta/{series}` ->
-    /// `tags`, `tag/{tag}` -> series.
+    /// `tags`, `latest`, `retention`, `folded` (the journal batches folded into its rows),
+    /// `tag/{tag}` -> series.
     SeriesIndex,
-    /// Batch id -> `state`, `s.{n}` (one series of the batch), `p.{n}.{chunk}` (its points):
-    /// a points write too large for one transaction, staged before it commits.
+    /// Batch id -> `state`, `n.{n}` (the journal shards it wrote to): a points write too
+    /// large for one transaction, staged before it commits.
     SeriesBatches,
-    /// Series -> batch id: committed batches not yet applied to the series' rows; reads
-    /// overlay their points.
+    /// Journal shard -> `{batch id}/{chunk}`: the points batches bring to the series hashing
+    /// to the shard, until folded into their rows; reads overlay committed ones.
     SeriesPending,
     /// `{series}#{day}` -> `day` (the day's hour summaries) and `hour/{HH}` (that hour's
     /// minute summaries): the rollups of one series-day (see `series::rollup`).
