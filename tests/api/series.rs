@@ -3,6 +3,7 @@
 //! computed here, aligned reads, tags, deletes and the fan-out of `readings` events.
 
 use fanline::keys::Ticks;
+use fanline::series::layout::pending_shard;
 use fanline::store::fault::{Calls, Fault, Op};
 use fanline::store::{Query, Store, Table};
 use reqwest::StatusCode;
@@ -308,7 +309,7 @@ async fn a_write_past_one_transaction_is_visible_whole_or_not_at_all(backend: Ba
     app.faults.clear();
     for name in ["a", "b", "c"] {
         assert!(read_all(&app, name, "").await.is_empty(), "{name}");
-        let markers = stored_rows(&app, Table::SeriesPending, name).await;
+        let markers = stored_rows(&app, Table::SeriesPending, &pending_shard(name)).await;
         assert_eq!(
             markers, 0,
             "{name}: the failed write dropped what it staged"
@@ -326,9 +327,9 @@ async fn a_write_past_one_transaction_is_visible_whole_or_not_at_all(backend: Ba
     for name in ["a", "b", "c"] {
         assert_eq!(read_all(&app, name, "").await.len(), 80, "{name}");
         assert_eq!(
-            stored_rows(&app, Table::SeriesPending, name).await,
+            stored_rows(&app, Table::SeriesPending, &pending_shard(name)).await,
             1,
-            "{name}: one marker, of the committed batch"
+            "{name}: one journal row, of the committed batch"
         );
     }
     let stepped = app
@@ -344,7 +345,7 @@ async fn a_write_past_one_transaction_is_visible_whole_or_not_at_all(backend: Ba
         assert_eq!(all.len(), 80, "{name}");
         assert_eq!(all[79].1, 79.0);
         assert_eq!(
-            stored_rows(&app, Table::SeriesPending, name).await,
+            stored_rows(&app, Table::SeriesPending, &pending_shard(name)).await,
             0,
             "{name}"
         );
@@ -372,7 +373,7 @@ async fn a_write_after_a_batch_not_yet_applied_lands_after_it(backend: Backend) 
     let reply = app.post_json("/v1/series:batch", &batch).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
     assert_eq!(
-        stored_rows(&app, Table::SeriesPending, "s").await,
+        stored_rows(&app, Table::SeriesPending, &pending_shard("s")).await,
         1,
         "not applied yet"
     );
@@ -384,7 +385,10 @@ async fn a_write_after_a_batch_not_yet_applied_lands_after_it(backend: Backend) 
     assert_eq!(all.len(), 120);
     assert_eq!(all[0].1, 2.0, "the write after the batch wins");
     assert!(all[1..].iter().all(|point| point.1 == 1.0));
-    assert_eq!(stored_rows(&app, Table::SeriesPending, "s").await, 0);
+    assert_eq!(
+        stored_rows(&app, Table::SeriesPending, &pending_shard("s")).await,
+        0
+    );
 }
 
 /// The values of `pairs` (in time order) in `[from, to)` by step bucket (aligned to
