@@ -113,16 +113,31 @@ impl Series {
     /// [`add_tags`](Self::add_tags) for many series: their tags read in one round, and only
     /// those lacking some written.
     pub async fn add_tags_to_many(&self, tags: &[(&SeriesName, &[String])]) -> DomainResult<()> {
-        let keys = tags
+        // Series whose tags were read lately and held these already need no read.
+        let unknown: Vec<&(&SeriesName, &[String])> = tags
+            .iter()
+            .filter(|(name, wanted)| {
+                !self
+                    .recent_tags
+                    .get(name.as_str())
+                    .is_some_and(|known| wanted.iter().all(|tag| known.contains(tag)))
+            })
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let keys = unknown
             .iter()
             .map(|(name, _)| Key::new(Table::SeriesIndex, meta_partition(name.as_str()), TAGS_ROW))
             .collect();
         let stored = self.store.get_many(keys).await?;
         let mut lacking = Vec::new();
-        for ((name, wanted), stored) in tags.iter().zip(stored) {
+        for ((name, wanted), stored) in unknown.into_iter().zip(stored) {
             let old = stored.map_or(Ok(Vec::new()), |body| decode_tags(&body))?;
             if wanted.iter().any(|tag| !old.contains(tag)) {
                 lacking.push(self.add_tags(name, wanted));
+            } else {
+                self.recent_tags.put(name.as_str(), old.into());
             }
         }
         futures::stream::iter(lacking)
@@ -140,6 +155,9 @@ impl Series {
     ) -> DomainResult<()> {
         let name = series.as_str();
         let meta = meta_partition(name);
+        // Forgotten before and after: a write path that read the old tags meanwhile must
+        // not have the last word in this process.
+        self.recent_tags.forget(name);
         for _ in 0..MAX_ATTEMPTS {
             let old_body = self.store.get(Table::SeriesIndex, &meta, TAGS_ROW).await?;
             let old = match &old_body {
@@ -169,7 +187,10 @@ impl Series {
                 ));
             }
             match self.store.transact(writes).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.recent_tags.forget(name);
+                    return Ok(());
+                }
                 Err(StoreError::ConditionFailed) => {}
                 Err(err) => return Err(err.into()),
             }

@@ -123,7 +123,11 @@ impl Series {
         ));
         writes.push(Write::delete(Table::SeriesIndex, NAMES_PARTITION, name));
         writes.push(rollup::complete_delete(name));
+        self.recent_tags.forget(name);
+        self.recent_retention.forget(name);
         store.batch_write(writes).await?;
+        self.recent_tags.forget(name);
+        self.recent_retention.forget(name);
         Ok(())
     }
 }

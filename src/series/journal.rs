@@ -738,28 +738,34 @@ fn cursor_key(series: &str) -> Key {
 /// still exist, and the bytes its next write is conditioned on.
 struct Cursor {
     stored: Option<Bytes>,
+    /// Sorted: a fold of tens of batches asks about each.
+    batches: Vec<String>,
 }
 
 impl Cursor {
     fn decode(stored: Option<Bytes>) -> DomainResult<Cursor> {
-        if let Some(bytes) = &stored
-            && (bytes.len() % BATCH_ID_BYTES != 0 || std::str::from_utf8(bytes).is_err())
-        {
-            return Err(DomainError::Corrupt("series fold cursor".into()));
+        let corrupt = || DomainError::Corrupt("series fold cursor".into());
+        let bytes = stored.as_deref().unwrap_or_default();
+        if !bytes.len().is_multiple_of(BATCH_ID_BYTES) {
+            return Err(corrupt());
         }
-        Ok(Cursor { stored })
+        let mut batches = bytes
+            .chunks(BATCH_ID_BYTES)
+            .map(|id| std::str::from_utf8(id).map(str::to_owned))
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(|_| corrupt())?;
+        batches.sort_unstable();
+        Ok(Cursor { stored, batches })
     }
 
     fn batches(&self) -> impl Iterator<Item = &str> {
-        self.stored
-            .as_deref()
-            .unwrap_or_default()
-            .chunks(BATCH_ID_BYTES)
-            .filter_map(|id| std::str::from_utf8(id).ok())
+        self.batches.iter().map(String::as_str)
     }
 
     fn contains(&self, batch: &str) -> bool {
-        self.batches().any(|folded| folded == batch)
+        self.batches
+            .binary_search_by(|folded| folded.as_str().cmp(batch))
+            .is_ok()
     }
 
     /// The write that records `added` folded too, dropping batches whose rows are gone

@@ -14,6 +14,7 @@
 //! - [`deleting`]: range and whole-series deletes, a page at a time
 //! - [`catalogue`]: series names and tags
 //! - [`retention`]: how long points are kept
+//! - [`recent`]: tags and retentions the write path read lately, so it need not again
 //! - [`expiry`]: expired points dropped from writes, and the sweep job that deletes them
 //! - [`latest`]: each series' latest point, kept up to date by every write
 //! - [`latest_read`]: latest reads, with journaled points not yet folded overlaid
@@ -35,6 +36,7 @@ mod pending_row;
 mod plan;
 pub(crate) mod reading;
 pub mod readings;
+mod recent;
 pub mod retention;
 pub mod rollup;
 mod rollup_read;
@@ -114,6 +116,10 @@ pub struct Series {
     /// The job queue's backlog: writes are refused while it is full, as posts are, so
     /// ingest faster than the workers apply meets backpressure rather than a growing queue.
     backlog: Arc<Backlog>,
+    /// Each series' tags as lately read or written, for the tags line protocol names.
+    recent_tags: recent::Recent<Arc<[String]>>,
+    /// Each series' own retention row as lately read, for the floors of writes.
+    recent_retention: recent::Recent<Option<bytes::Bytes>>,
 }
 
 impl Series {
@@ -125,6 +131,8 @@ impl Series {
             notices: Notices::local(),
             default_retention: Retention::Forever,
             backlog: Backlog::new(0),
+            recent_tags: recent::Recent::default(),
+            recent_retention: recent::Recent::default(),
         }
     }
 

@@ -28,6 +28,7 @@ use bytes::Bytes;
 
 use super::catalogue::{meta_partition, register};
 use super::layout::{NAMES_PARTITION, TICKS_PER_SECOND};
+use super::recent::Recent;
 use super::{Series, SeriesName};
 use crate::keys::{MAX_TICKS, Ticks};
 use crate::store::{Item, Key, Query, Store, Table, Write};
@@ -137,19 +138,31 @@ pub fn effective(stored: Option<&[u8]>, default: Retention) -> DomainResult<Rete
     Ok(decode(stored)?.unwrap_or(default))
 }
 
-/// The retention floor of each of `series` now: its oldest time kept.
+/// The retention floor of each of `series` now: its oldest time kept, from retentions read
+/// within [`recent::FRESH_FOR`](super::recent::FRESH_FOR) where known.
 pub async fn floors(
     store: &dyn Store,
+    recent: &Recent<Option<Bytes>>,
     series: &[&str],
     default: Retention,
 ) -> DomainResult<Vec<u64>> {
-    let keys = series.iter().map(|name| retention_key(name)).collect();
+    let mut rows: Vec<Option<Option<Bytes>>> = series.iter().map(|name| recent.get(name)).collect();
+    let unknown: Vec<usize> = (0..series.len())
+        .filter(|index| rows[*index].is_none())
+        .collect();
+    if !unknown.is_empty() {
+        let keys = unknown
+            .iter()
+            .map(|index| retention_key(series[*index]))
+            .collect();
+        for (index, stored) in unknown.into_iter().zip(store.get_many(keys).await?) {
+            recent.put(series[index], stored.clone());
+            rows[index] = Some(stored);
+        }
+    }
     let now = Ticks::now().get();
-    store
-        .get_many(keys)
-        .await?
-        .iter()
-        .map(|stored| Ok(effective(stored.as_deref(), default)?.floor(now)))
+    rows.iter()
+        .map(|stored| Ok(effective(stored.clone().flatten().as_deref(), default)?.floor(now)))
         .collect()
 }
 
@@ -210,7 +223,10 @@ impl Series {
             ),
             None => Write::delete(Table::SeriesIndex, meta_partition(name), RETENTION_ROW),
         };
-        self.store.transact(vec![own, register(name)]).await?;
+        self.recent_retention.forget(name);
+        let written = self.store.transact(vec![own, register(name)]).await;
+        self.recent_retention.forget(name);
+        written?;
         Ok(RetentionSetting {
             retention: retention.unwrap_or(self.default_retention),
             own: retention.is_some(),

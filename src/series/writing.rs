@@ -119,7 +119,13 @@ impl Series {
             if series.len() * MIN_WRITES_PER_SERIES > MAX_TRANSACTION_WRITES
                 || attempt >= CONFLICTS_BEFORE_STAGING
             {
-                let floors = retention::floors(store, &names, self.default_retention).await?;
+                let floors = retention::floors(
+                    store,
+                    &self.recent_retention,
+                    &names,
+                    self.default_retention,
+                )
+                .await?;
                 if let Some(kept) = expiry::drop_expired(&series, &floors) {
                     series = kept;
                 }
