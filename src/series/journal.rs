@@ -34,7 +34,7 @@
 //! meet one ten minutes on abandons the batch the same way.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::catalogue::meta_partition;
-use super::layout::{day_of, markers_query, pending_shard};
+use super::layout::{PENDING_SHARDS, day_of, markers_query, pending_shard};
 use super::plan::{self, merge_in_order};
 use super::readings::{batch_time, folded_event_id, readings_event};
 use super::retention::Retention;
@@ -83,6 +83,22 @@ pub const FOLDED_ROW: &str = "folded";
 const ABANDON_AFTER_MS: u64 = 10 * 60 * 1000;
 /// Bytes of a batch id in a fold cursor (a hyphenated UUID).
 const BATCH_ID_BYTES: usize = 36;
+
+/// One fold of a shard at a time in this process. Two batch jobs folding one shard at once
+/// read the same rows, plan every series twice and race on each: the loser's reads are all
+/// wasted. Waiting instead, the second mostly finds its batch folded by the first.
+/// (Processes sharing a store may still race; the cursor keeps that correct.)
+static FOLDING: LazyLock<Vec<tokio::sync::Mutex<()>>> = LazyLock::new(|| {
+    (0..PENDING_SHARDS)
+        .map(|_| tokio::sync::Mutex::new(()))
+        .collect()
+});
+
+/// The lock of `shard`'s folds in this process.
+fn folding(shard: &str) -> &'static tokio::sync::Mutex<()> {
+    let index = xxhash_rust::xxh3::xxh3_64(shard.as_bytes()) % PENDING_SHARDS;
+    &FOLDING[index as usize]
+}
 
 /// The row of chunk `chunk` of `batch`'s points in a shard.
 fn marker_row(batch: &str, chunk: usize) -> String {
@@ -544,15 +560,24 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
         .map(|Listed(shard, _)| Key::new(Table::SeriesPending, shard, marker_row(batch, 0)))
         .collect();
     let left = store.get_many(firsts).await?;
-    // Shards touch rows of their own series: folded side by side. Collected first: a lazy
-    // `map` closure here makes callers' futures not `Send` for every lifetime (rustc's
-    // higher-ranked `FnOnce` limitation).
-    let folds: Vec<_> = list
+    // Jobs start at different shards, so that two running at once mostly fold different ones.
+    let mut shards: Vec<&String> = list
         .shards
         .iter()
         .zip(left)
         .filter(|(_, first)| first.is_some())
-        .map(|(Listed(shard, _), _)| fold_shard(store, &states, shard, batch, true, None))
+        .map(|(Listed(shard, _), _)| shard)
+        .collect();
+    if !shards.is_empty() {
+        let start = xxhash_rust::xxh3::xxh3_64(batch.as_bytes()) as usize % shards.len();
+        shards.rotate_left(start);
+    }
+    // Shards touch rows of their own series: folded side by side. Collected first: a lazy
+    // `map` closure here makes callers' futures not `Send` for every lifetime (rustc's
+    // higher-ranked `FnOnce` limitation).
+    let folds: Vec<_> = shards
+        .into_iter()
+        .map(|shard| fold_shard(store, &states, shard, batch, true, None))
         .collect();
     let folded: Vec<Folded> = futures::stream::iter(folds)
         .buffer_unordered(SHARDS_FOLDED_AT_ONCE)
@@ -589,6 +614,14 @@ async fn fold_shard(
     mut until_seen: bool,
     watch: Option<&str>,
 ) -> DomainResult<Folded> {
+    let _folding = match folding(shard).try_lock() {
+        Ok(guard) => guard,
+        Err(_) => {
+            // Whoever held it may have folded `until` meanwhile.
+            until_seen = false;
+            folding(shard).lock().await
+        }
+    };
     let mut total = Folded::default();
     let mut reach = Reach::Oldest(FOLDED_ROWS);
     loop {
