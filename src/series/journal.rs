@@ -498,15 +498,6 @@ pub async fn pending_points(
     Ok(merge_in_order(lists))
 }
 
-/// Whether `rows`, a first page of `series`' shard (read with [`markers_query`]), may hold
-/// batches for it not yet applied: a write must apply them first to come after them.
-pub fn may_be_pending(series: &str, rows: &[Item]) -> bool {
-    rows.len() >= markers_query(series).limit
-        || rows
-            .iter()
-            .any(|row| pending_row::mentions(&row.value, series))
-}
-
 /// Applies every batch committed to `series`' shard so far, so that a write or delete made
 /// next comes after them; returns whether any of `series`' points were applied (so its rows
 /// changed).

@@ -9,7 +9,9 @@
 //! as [`codec`] encodes a row with base 0. A series' points in one row are in time order;
 //! a series may go on in the batch's next row.
 
+use super::layout::markers_query;
 use super::{Point, codec};
+use crate::store::Item;
 
 /// Worst-case bytes of one encoded point (a 10-byte time delta and 8 value bytes).
 const POINT_BYTES: usize = 18;
@@ -108,6 +110,12 @@ pub fn points_of(row: &[u8], series: &str) -> Result<Vec<Point>, String> {
 /// Whether a row holds points of `series`.
 pub fn mentions(row: &[u8], series: &str) -> bool {
     entries(row).any(|entry| entry.is_ok_and(|(name, _)| name == series))
+}
+
+/// Whether `rows`, a first page of `series`' shard (read with [`markers_query`]), may hold
+/// batches for it not yet applied: a write must apply them first to come after them.
+pub fn may_be_pending(series: &str, rows: &[Item]) -> bool {
+    rows.len() >= markers_query(series).limit || rows.iter().any(|row| mentions(&row.value, series))
 }
 
 #[cfg(test)]

@@ -94,7 +94,7 @@ pub async fn plan(
         })
     };
     let (answers, journal) = futures::try_join!(read_all(store, queries), journal)?;
-    plan.pending = journal.is_some_and(|rows| super::journal::may_be_pending(series, &rows));
+    plan.pending = journal.is_some_and(|rows| super::pending_row::may_be_pending(series, &rows));
     let mut answers = answers.into_iter();
     let known_days: Vec<u64> = answers
         .next()
