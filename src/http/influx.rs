@@ -169,7 +169,7 @@ async fn write_line_protocol(
     // tags alone are harmless. Tags set otherwise (PUT .../tags) are kept.
     let tags: Vec<(&SeriesName, &[String])> = series
         .iter()
-        .map(|one| (&one.name, one.tags.as_slice()))
+        .map(|one| (&one.name, &one.tags[..]))
         .collect();
     state.series.add_tags_to_many(&tags).await?;
     let batch = series

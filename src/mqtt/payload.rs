@@ -11,6 +11,8 @@
 //! a message comes again after a crash, and a line stamped on arrival would then write its
 //! point twice, at two times.
 
+use std::sync::Arc;
+
 use serde::Deserialize;
 
 use crate::keys::{MAX_TICKS, Ticks};
@@ -28,7 +30,7 @@ pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 #[derive(Debug, Default)]
 pub struct Decoded {
     pub writes: Vec<NewPoints>,
-    pub tags: Vec<(SeriesName, Vec<String>)>,
+    pub tags: Vec<(SeriesName, Arc<[String]>)>,
 }
 
 /// Why a message can never be written: it is acknowledged, counted and dropped.
@@ -213,7 +215,7 @@ mod tests {
             let Decoded { writes, tags } = writes.expect("valid");
             assert_eq!(tags[0].0.as_str(), "cpu.usage_idle,host=a");
             assert_eq!(
-                tags[0].1,
+                tags[0].1[..],
                 ["host:a", "_measurement:cpu", "_field:usage_idle"]
             );
             let names: Vec<&str> = writes.iter().map(|one| one.series.as_str()).collect();

@@ -384,7 +384,7 @@ impl Writer {
             .flat_map(|one| one.writes.iter().cloned())
             .collect();
         // Each series' tags once, as the last message naming it has them.
-        let tags: BTreeMap<SeriesName, Vec<String>> = decoded
+        let tags: BTreeMap<SeriesName, Arc<[String]>> = decoded
             .iter()
             .flat_map(|one| one.tags.iter().cloned())
             .collect();
@@ -538,11 +538,9 @@ fn chunks<'m>(messages: &[&'m Message]) -> Vec<Vec<&'m Message>> {
 const SERIES_PER_WRITE: usize = 16;
 
 /// Adds `tags` to their series (read in one round, written only when one lacks some).
-async fn add_tags(series: &Series, tags: &BTreeMap<SeriesName, Vec<String>>) -> DomainResult<()> {
-    let tags: Vec<(&SeriesName, &[String])> = tags
-        .iter()
-        .map(|(name, tags)| (name, tags.as_slice()))
-        .collect();
+async fn add_tags(series: &Series, tags: &BTreeMap<SeriesName, Arc<[String]>>) -> DomainResult<()> {
+    let tags: Vec<(&SeriesName, &[String])> =
+        tags.iter().map(|(name, tags)| (name, &tags[..])).collect();
     series.add_tags_to_many(&tags).await
 }
 

@@ -903,7 +903,13 @@ async fn write_fold(
         batch_time(first),
         folded_event_id(series, first),
     )?;
-    let mut post = event_writes(&event, event.at);
+    // The cursor's compare-and-swap, in the same transaction, is what makes the event once:
+    // an event id is a fold's first batch, which no later fold of the series takes again.
+    // Unconditional, its rows cost the store no reads.
+    let mut post: Vec<Write> = event_writes(&event, event.at)
+        .into_iter()
+        .map(Write::unconditional)
+        .collect();
     post.push(advance);
     let bytes: usize = rows.iter().chain(&post).map(write_bytes).sum();
     let transactions: Vec<Vec<Write>> =

@@ -33,7 +33,9 @@
 //! two digits are dropped (rounded down), so two points 1 to 99 ns apart fall on one tick
 //! and the later in the request wins. A line without a timestamp gets `now`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 
 use super::{MAX_TAGS, Point, SeriesName};
 use crate::keys::Ticks;
@@ -85,7 +87,7 @@ impl Precision {
 pub struct LineSeries {
     pub name: SeriesName,
     /// `key:value` per tag of the line, then `_measurement:` and `_field:`.
-    pub tags: Vec<String>,
+    pub tags: Arc<[String]>,
     /// In the order of the text (not sorted, times may repeat: the series write merges).
     pub points: Vec<Point>,
     /// The line (from 1) of its first point, for errors about the whole series (a device
@@ -105,8 +107,10 @@ pub struct LineError {
 /// comments are skipped; lines end in `\n` or `\r\n`. Series come in the order their first
 /// point appears.
 pub fn parse(text: &str, precision: Precision, now: Ticks) -> Result<Vec<LineSeries>, LineError> {
-    let mut series: Vec<LineSeries> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut found: Vec<(Arc<Mapped>, Vec<Point>, usize)> = Vec::new();
+    // By name, not by text: tags in another order name the same series.
+    let mut index: HashMap<Arc<Mapped>, usize, foldhash::fast::RandomState> = HashMap::default();
+    let mut fields: Vec<(&str, f64)> = Vec::new();
     for (number, raw) in text.split('\n').enumerate() {
         let line = raw.strip_suffix('\r').unwrap_or(raw);
         let trimmed = line.trim_start_matches([' ', '\t']);
@@ -117,8 +121,8 @@ pub fn parse(text: &str, precision: Precision, now: Ticks) -> Result<Vec<LineSer
             line: number + 1,
             message,
         };
-        let parsed = parse_line(trimmed).map_err(fail)?;
-        let at = match parsed.timestamp {
+        let split = split_line(trimmed, &mut fields).map_err(fail)?;
+        let at = match split.timestamp {
             None => now,
             Some(timestamp) => precision.ticks(timestamp).ok_or_else(|| {
                 fail(format!(
@@ -127,52 +131,132 @@ pub fn parse(text: &str, precision: Precision, now: Ticks) -> Result<Vec<LineSer
                 ))
             })?,
         };
-        let mut tags = parsed.tags;
-        tags.sort_by(|a, b| a.0.cmp(&b.0));
-        if let Some(pair) = tags.windows(2).find(|pair| pair[0].0 == pair[1].0) {
-            return Err(fail(format!("tag key {:?} appears twice", pair[0].0)));
-        }
-        if tags.len() + 2 > MAX_TAGS {
-            return Err(fail(format!(
-                "a line has at most {} tags (a series carries {MAX_TAGS}, \
-                 with _measurement and _field)",
-                MAX_TAGS - 2
-            )));
-        }
-        let mut tag_suffix = String::new();
-        for (key, value) in &tags {
-            tag_suffix.push(',');
-            escape_into(&mut tag_suffix, key, PART_SPECIALS);
-            tag_suffix.push('=');
-            escape_into(&mut tag_suffix, value, PART_SPECIALS);
-        }
-        for (field, value) in parsed.fields {
-            let mut name = String::with_capacity(64);
-            escape_into(&mut name, &parsed.measurement, MEASUREMENT_SPECIALS);
-            name.push('.');
-            escape_into(&mut name, &field, PART_SPECIALS);
-            name.push_str(&tag_suffix);
+        for (position, (field, value)) in fields.drain(..).enumerate() {
+            let mapped = mapped(trimmed, split.key, field, position == 0).map_err(fail)?;
             let point = Point {
                 at: at.get(),
                 value,
             };
-            if let Some(&position) = index.get(&name) {
-                series[position].points.push(point);
-                continue;
+            match index.get(&mapped) {
+                Some(&position) => found[position].1.push(point),
+                None => {
+                    index.insert(mapped.clone(), found.len());
+                    found.push((mapped, vec![point], number + 1));
+                }
             }
-            let series_name = SeriesName::parse(&name)
-                .map_err(|message| fail(format!("series {name:?}: {message}")))?;
-            let series_tags = series_tags(&tags, &parsed.measurement, &field).map_err(fail)?;
-            index.insert(name, series.len());
-            series.push(LineSeries {
-                name: series_name,
-                tags: series_tags,
-                points: vec![point],
-                first_line: number + 1,
-            });
         }
     }
-    Ok(series)
+    Ok(found
+        .into_iter()
+        .map(|(mapped, points, first_line)| LineSeries {
+            name: mapped.name.clone(),
+            tags: mapped.tags.clone(),
+            points,
+            first_line,
+        })
+        .collect())
+}
+
+/// A series key (measurement and tags) and field key, as a line writes them, mapped to its
+/// series: the same few thousand devices write every batch, and mapping each line anew
+/// (unescaping, sorting tags, naming, checking) was most of the parsing.
+#[derive(Debug)]
+struct Mapped {
+    name: SeriesName,
+    tags: Arc<[String]>,
+}
+
+impl PartialEq for Mapped {
+    fn eq(&self, other: &Mapped) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Mapped {}
+
+impl std::hash::Hash for Mapped {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.as_str().hash(state);
+    }
+}
+
+/// Bytes of mappings kept (their texts, names and tags): a few MB, however many devices.
+const MAPPED_BYTES: u64 = 8 * 1024 * 1024;
+/// Bytes a mapping takes beyond its texts (its allocations and the cache's entry).
+const MAPPED_OVERHEAD: u64 = 128;
+
+/// The bytes a mapping holds, for the cache's bound.
+#[derive(Clone)]
+struct MappedBytes;
+
+impl quick_cache::Weighter<String, Arc<Mapped>> for MappedBytes {
+    fn weight(&self, text: &String, mapped: &Arc<Mapped>) -> u64 {
+        let tags: usize = mapped.tags.iter().map(String::len).sum();
+        (text.len() + mapped.name.as_str().len() + tags) as u64 + MAPPED_OVERHEAD
+    }
+}
+
+/// Mappings made lately, by the text `{series key} {field key}` of a line.
+static MAPPINGS: LazyLock<quick_cache::sync::Cache<String, Arc<Mapped>, MappedBytes>> =
+    LazyLock::new(|| {
+        quick_cache::sync::Cache::with_weighter(
+            (MAPPED_BYTES / 256) as usize,
+            MAPPED_BYTES,
+            MappedBytes,
+        )
+    });
+
+/// The series of `field` on a line of series key `key`. `first`: the line's first field, so
+/// that `line` up to the field key is the text it is known by.
+fn mapped(line: &str, key: &str, field: &str, first: bool) -> Result<Arc<Mapped>, String> {
+    let joined;
+    let text = if first {
+        // The key, the spaces after it, the field key: one slice of the line.
+        let end = field.as_ptr() as usize - line.as_ptr() as usize + field.len();
+        &line[..end]
+    } else {
+        joined = format!("{key} {field}");
+        joined.as_str()
+    };
+    if let Some(known) = MAPPINGS.get(text) {
+        return Ok(known);
+    }
+    let mapped = Arc::new(map_series(key, field)?);
+    MAPPINGS.insert(text.to_owned(), mapped.clone());
+    Ok(mapped)
+}
+
+/// Maps a series key and a field key, as written, to a series name and tags.
+fn map_series(key: &str, field: &str) -> Result<Mapped, String> {
+    let (measurement, mut tags) = parse_key(key)?;
+    let field = unescape(field, KEY_ESCAPES);
+    tags.sort_by(|a, b| a.0.cmp(&b.0));
+    if let Some(pair) = tags.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(format!("tag key {:?} appears twice", pair[0].0));
+    }
+    if tags.len() + 2 > MAX_TAGS {
+        return Err(format!(
+            "a line has at most {} tags (a series carries {MAX_TAGS}, \
+             with _measurement and _field)",
+            MAX_TAGS - 2
+        ));
+    }
+    let mut name = String::with_capacity(key.len() + field.len() + 1);
+    escape_into(&mut name, &measurement, MEASUREMENT_SPECIALS);
+    name.push('.');
+    escape_into(&mut name, &field, PART_SPECIALS);
+    for (key, value) in &tags {
+        name.push(',');
+        escape_into(&mut name, key, PART_SPECIALS);
+        name.push('=');
+        escape_into(&mut name, value, PART_SPECIALS);
+    }
+    let series_name =
+        SeriesName::parse(&name).map_err(|message| format!("series {name:?}: {message}"))?;
+    Ok(Mapped {
+        name: series_name,
+        tags: series_tags(&tags, &measurement, &field)?.into(),
+    })
 }
 
 /// Characters written with a `\` before them in a series name, besides `\` itself.
@@ -189,7 +273,7 @@ fn escape_into(out: &mut String, text: &str, specials: &[char]) {
 }
 
 fn series_tags(
-    tags: &[(String, String)],
+    tags: &[(Cow<'_, str>, Cow<'_, str>)],
     measurement: &str,
     field: &str,
 ) -> Result<Vec<String>, String> {
@@ -208,53 +292,55 @@ fn series_tags(
     Ok(all)
 }
 
-/// One line, unescaped.
-struct Line {
-    measurement: String,
-    tags: Vec<(String, String)>,
-    fields: Vec<(String, f64)>,
+/// One line, its names as written (escapes kept); its fields go to the caller's buffer.
+struct SplitLine<'a> {
+    /// The measurement and tags: up to the first space not escaped.
+    key: &'a str,
     timestamp: Option<i64>,
 }
 
-/// Parses one line (not blank, not a comment, no line break).
-fn parse_line(line: &str) -> Result<Line, String> {
+/// Splits one line (not blank, not a comment, no line break) into its series key, its
+/// fields (pushed to `fields`, raw keys) and its timestamp.
+fn split_line<'a>(
+    line: &'a str,
+    fields: &mut Vec<(&'a str, f64)>,
+) -> Result<SplitLine<'a>, String> {
+    fields.clear();
     let mut cursor = Cursor {
         bytes: line.as_bytes(),
         text: line,
         at: 0,
     };
-    let measurement = cursor.name(b", ", b", ");
-    if measurement.is_empty() {
-        return Err("missing measurement".into());
+    let key = cursor.raw_name(b" ", b" ");
+    let found = split_fields(&mut cursor, fields);
+    if found.is_err() {
+        // A fault in the key comes first, as the line reads.
+        parse_key(key)?;
     }
-    let mut tags = Vec::new();
-    while cursor.eat(b',') {
-        let key = cursor.name(b"=, ", KEY_ESCAPES);
-        if key.is_empty() {
-            return Err("missing tag key".into());
-        }
-        if !cursor.eat(b'=') {
-            return Err(format!("missing tag value of tag {key:?}"));
-        }
-        let value = cursor.name(b", ", KEY_ESCAPES);
-        if value.is_empty() {
-            return Err(format!("missing tag value of tag {key:?}"));
-        }
-        tags.push((key, value));
-    }
+    let timestamp = found?;
+    Ok(SplitLine { key, timestamp })
+}
+
+/// The fields and timestamp after a line's series key.
+fn split_fields<'a>(
+    cursor: &mut Cursor<'a>,
+    fields: &mut Vec<(&'a str, f64)>,
+) -> Result<Option<i64>, String> {
     if !cursor.skip_spaces() || cursor.done() {
         return Err("missing fields".into());
     }
-    let mut fields = Vec::new();
     loop {
-        let key = cursor.name(b"=, ", KEY_ESCAPES);
+        let key = cursor.raw_name(b"=, ", KEY_ESCAPES);
         if key.is_empty() {
             return Err("missing field key".into());
         }
         if !cursor.eat(b'=') {
-            return Err(format!("missing field value of field {key:?}"));
+            return Err(format!(
+                "missing field value of field {:?}",
+                unescape(key, KEY_ESCAPES)
+            ));
         }
-        let value = cursor.field_value(&key)?;
+        let value = cursor.field_value(&unescape(key, KEY_ESCAPES))?;
         fields.push((key, value));
         if !cursor.eat(b',') {
             break;
@@ -274,12 +360,68 @@ fn parse_line(line: &str) -> Result<Line, String> {
             cursor.rest()
         ));
     }
-    Ok(Line {
-        measurement,
-        tags,
-        fields,
-        timestamp,
-    })
+    Ok(timestamp)
+}
+
+/// A measurement and its tags (as written), unescaped.
+type ParsedKey<'a> = (Cow<'a, str>, Vec<(Cow<'a, str>, Cow<'a, str>)>);
+
+/// Reads a series key: the measurement, then `,key=value` per tag.
+fn parse_key(key: &str) -> Result<ParsedKey<'_>, String> {
+    let mut cursor = Cursor {
+        bytes: key.as_bytes(),
+        text: key,
+        at: 0,
+    };
+    let measurement = unescape(cursor.raw_name(b", ", b", "), b", ");
+    if measurement.is_empty() {
+        return Err("missing measurement".into());
+    }
+    let mut tags = Vec::new();
+    while cursor.eat(b',') {
+        let key = unescape(cursor.raw_name(b"=, ", KEY_ESCAPES), KEY_ESCAPES);
+        if key.is_empty() {
+            return Err("missing tag key".into());
+        }
+        if !cursor.eat(b'=') {
+            return Err(format!("missing tag value of tag {key:?}"));
+        }
+        let value = unescape(cursor.raw_name(b", ", KEY_ESCAPES), KEY_ESCAPES);
+        if value.is_empty() {
+            return Err(format!("missing tag value of tag {key:?}"));
+        }
+        tags.push((key, value));
+    }
+    if !cursor.done() {
+        // The key ended at a space: only the fields can follow it.
+        return Err("missing fields".into());
+    }
+    Ok((measurement, tags))
+}
+
+/// `raw` unescaped: a `\` before one of `escapes` stands for that character; any other `\`
+/// is itself.
+fn unescape<'a>(raw: &'a str, escapes: &[u8]) -> Cow<'a, str> {
+    if !raw.contains('\\') {
+        return Cow::Borrowed(raw);
+    }
+    let bytes = raw.as_bytes();
+    let mut out = String::with_capacity(raw.len());
+    let (mut at, mut copied) = (0, 0);
+    while at < bytes.len() {
+        if bytes[at] == b'\\'
+            && let Some(next) = bytes.get(at + 1).filter(|b| escapes.contains(b))
+        {
+            out.push_str(&raw[copied..at]);
+            out.push(char::from(*next));
+            at += 2;
+            copied = at;
+            continue;
+        }
+        at += 1;
+    }
+    out.push_str(&raw[copied..]);
+    Cow::Owned(out)
 }
 
 /// What a `\` escapes in tag keys, tag values and field keys.
@@ -375,28 +517,26 @@ impl<'a> Cursor<'a> {
         self.at > start
     }
 
-    /// The text up to the first of `ends` (not consumed), unescaped: a `\` before one of
-    /// `escapes` stands for that character; any other `\` is itself.
-    fn name(&mut self, ends: &[u8], escapes: &[u8]) -> String {
+    /// The text up to the first of `ends` (not consumed), as written: a `\` before one of
+    /// `escapes` makes that character part of the text (see [`unescape`]).
+    fn raw_name(&mut self, ends: &[u8], escapes: &[u8]) -> &'a str {
         let start = self.at;
-        let mut out = String::new();
-        let mut copied = start;
         while let Some(&byte) = self.bytes.get(self.at) {
-            if byte == b'\\' {
-                if let Some(next) = self.bytes.get(self.at + 1).filter(|b| escapes.contains(b)) {
-                    out.push_str(&self.text[copied..self.at]);
-                    out.push(char::from(*next));
-                    self.at += 2;
-                    copied = self.at;
-                    continue;
-                }
-            } else if ends.contains(&byte) {
+            if byte == b'\\'
+                && self
+                    .bytes
+                    .get(self.at + 1)
+                    .is_some_and(|b| escapes.contains(b))
+            {
+                self.at += 2;
+                continue;
+            }
+            if ends.contains(&byte) {
                 break;
             }
             self.at += 1;
         }
-        out.push_str(&self.text[copied..self.at]);
-        out
+        &self.text[start..self.at]
     }
 
     /// The raw text up to the first of `ends` or the end of the line (not consumed).
@@ -471,7 +611,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            series[0].tags,
+            series[0].tags[..],
             [
                 "cpu:cpu0",
                 "host:a",
@@ -487,6 +627,34 @@ mod tests {
             }]
         );
         assert_eq!(series[1].points[0].value, 0.5);
+    }
+
+    #[test]
+    fn remembered_mappings_give_what_mapping_anew_gives() {
+        // A text no other test writes, so its first parse maps every line anew.
+        let text = "remembered,b=2,a=1 x=1,y=2 1000000000\n\
+                    remembered,a=1,b=2 y=3,x=4 2000000000\n\
+                    remembered,b=2,a=1  x=5 3000000000";
+        let first = parsed(text);
+        let again = parsed(text);
+        assert_eq!(first, again);
+        assert_eq!(
+            names(&first),
+            ["remembered.x,a=1,b=2", "remembered.y,a=1,b=2"],
+            "tags in any order and any spacing name one series per field"
+        );
+        let values: Vec<f64> = first[0].points.iter().map(|point| point.value).collect();
+        assert_eq!(values, [1.0, 4.0, 5.0]);
+        assert_eq!(first[1].points.len(), 2);
+        assert_eq!(
+            first[1].tags[..],
+            ["a:1", "b:2", "_measurement:remembered", "_field:y"]
+        );
+        // A bad line is refused every time, never remembered as good.
+        for _ in 0..2 {
+            let err = error("remembered,a=1,a=2 x=1");
+            assert!(err.message.contains("appears twice"), "{err}");
+        }
     }
 
     #[test]
@@ -541,7 +709,7 @@ mod tests {
             r"my meas\,x\.y.k\=ey\,1,t k\=1=v\,a l"
         );
         assert_eq!(
-            series[0].tags,
+            series[0].tags[..],
             ["t k=1:v,a l", "_measurement:my meas,x.y", "_field:k=ey,1"]
         );
         // A backslash before anything else is itself, and doubled in the name.
@@ -727,7 +895,7 @@ mod tests {
                     tags.iter().map(|(key, value)| format!("{key}:{value}")).collect();
                 want.push(format!("_measurement:{measurement}"));
                 want.push(format!("_field:{field}"));
-                prop_assert_eq!(&one.tags, &want);
+                prop_assert_eq!(&one.tags[..], &want[..]);
             }
         }
     }
