@@ -33,7 +33,7 @@
 //! that dies before its commit leaves rows that no read counts; the first read or fold to
 //! meet one ten minutes on abandons the batch the same way.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use async_trait::async_trait;
@@ -675,8 +675,10 @@ async fn fold_shard(
     }
 }
 
-/// One series' share of a fold: each batch's points for it, oldest batch first.
-type Shares<'a> = Vec<(&'a str, Vec<Point>)>;
+/// One series' share of a fold: each point with the batch it came in, oldest batch first
+/// (one list per series, not one per batch and series: a fold of 90 batches of 5,000
+/// series made half a million small lists).
+type Shares<'a> = Vec<(&'a str, Point)>;
 
 /// Folds every series `folded` holds points of (see [`fold_series`]). Their cursors are
 /// read in one round, then which of their batches still have rows in another.
@@ -686,15 +688,15 @@ async fn fold_groups(
     folded: &[Group],
     watch: Option<&str>,
 ) -> DomainResult<Folded> {
-    let mut by_series: BTreeMap<&str, Shares<'_>> = BTreeMap::new();
+    let mut by_series: HashMap<&str, Shares<'_>, foldhash::fast::RandomState> = HashMap::default();
     for group in folded {
+        let batch = group.batch.as_str();
         for row in &group.rows {
             for (series, points) in pending_row::decode(&row.value).map_err(DomainError::Corrupt)? {
-                let shares = by_series.entry(series).or_default();
-                match shares.last_mut() {
-                    Some((batch, earlier)) if *batch == group.batch => earlier.extend(points),
-                    _ => shares.push((group.batch.as_str(), points)),
-                }
+                by_series
+                    .entry(series)
+                    .or_default()
+                    .extend(points.into_iter().map(|point| (batch, point)));
             }
         }
     }
@@ -760,36 +762,53 @@ fn cursor_key(series: &str) -> Key {
 
 /// A series' fold cursor as read: the batches folded into its rows whose journal rows may
 /// still exist, and the bytes its next write is conditioned on.
+///
+/// Its bytes are the batch ids, sorted (as [`Cursor::advance`] writes them), and are read
+/// in place: a cursor names up to a fold's worth of batches, and is read at every fold.
 struct Cursor {
     stored: Option<Bytes>,
-    /// Sorted: a fold of tens of batches asks about each.
-    batches: Vec<String>,
 }
 
 impl Cursor {
     fn decode(stored: Option<Bytes>) -> DomainResult<Cursor> {
-        let corrupt = || DomainError::Corrupt("series fold cursor".into());
         let bytes = stored.as_deref().unwrap_or_default();
-        if !bytes.len().is_multiple_of(BATCH_ID_BYTES) {
-            return Err(corrupt());
+        let ids = bytes.chunks(BATCH_ID_BYTES);
+        if !bytes.len().is_multiple_of(BATCH_ID_BYTES)
+            || !bytes.is_ascii()
+            || !ids.clone().zip(ids.skip(1)).all(|(id, next)| id < next)
+        {
+            return Err(DomainError::Corrupt("series fold cursor".into()));
         }
-        let mut batches = bytes
+        Ok(Cursor { stored })
+    }
+
+    fn ids(&self) -> std::slice::Chunks<'_, u8> {
+        self.stored
+            .as_deref()
+            .unwrap_or_default()
             .chunks(BATCH_ID_BYTES)
-            .map(|id| std::str::from_utf8(id).map(str::to_owned))
-            .collect::<Result<Vec<String>, _>>()
-            .map_err(|_| corrupt())?;
-        batches.sort_unstable();
-        Ok(Cursor { stored, batches })
     }
 
     fn batches(&self) -> impl Iterator<Item = &str> {
-        self.batches.iter().map(String::as_str)
+        // ASCII, as decoding checked.
+        self.ids()
+            .map(|id| std::str::from_utf8(id).unwrap_or_default())
     }
 
     fn contains(&self, batch: &str) -> bool {
-        self.batches
-            .binary_search_by(|folded| folded.as_str().cmp(batch))
-            .is_ok()
+        let bytes = self.stored.as_deref().unwrap_or_default();
+        let count = bytes.len() / BATCH_ID_BYTES;
+        let (mut low, mut high) = (0, count);
+        while low < high {
+            let middle = (low + high) / 2;
+            let id = &bytes[middle * BATCH_ID_BYTES..(middle + 1) * BATCH_ID_BYTES];
+            match id.cmp(batch.as_bytes()) {
+                std::cmp::Ordering::Less => low = middle + 1,
+                std::cmp::Ordering::Greater => high = middle,
+                std::cmp::Ordering::Equal => return true,
+            }
+        }
+        false
     }
 
     /// The write that records `added` folded too, dropping batches whose rows are gone
@@ -826,7 +845,7 @@ async fn fold_series(
     store: &dyn Store,
     shard: &str,
     series: &str,
-    shares: &[(&str, Vec<Point>)],
+    shares: &[(&str, Point)],
     mut known: Option<(Cursor, Arc<HashSet<String>>)>,
 ) -> DomainResult<u64> {
     for _ in 0..FOLD_ATTEMPTS {
@@ -844,19 +863,31 @@ async fn fold_series(
                 (cursor, present)
             }
         };
-        let todo: Vec<&(&str, Vec<Point>)> = shares
-            .iter()
-            .filter(|(batch, _)| present.contains(*batch) && !cursor.contains(batch))
-            .collect();
-        let Some((first, _)) = todo.first() else {
+        // Each batch is taken or not as a whole: decided once, its points being together.
+        let mut added: Vec<&str> = Vec::new();
+        let mut taken = Vec::with_capacity(shares.len());
+        let mut decided: Option<(&str, bool)> = None;
+        for (batch, point) in shares {
+            let take = match decided {
+                Some((last, take)) if last == *batch => take,
+                _ => {
+                    let take = present.contains(*batch) && !cursor.contains(batch);
+                    if take {
+                        added.push(batch);
+                    }
+                    decided = Some((batch, take));
+                    take
+                }
+            };
+            if take {
+                taken.push(*point);
+            }
+        }
+        let Some(first) = added.first() else {
             return Ok(0);
         };
-        let points = merge_in_order(
-            todo.iter()
-                .map(|(_, points)| points.clone())
-                .collect::<Vec<_>>(),
-        );
-        let added: Vec<&str> = todo.iter().map(|(batch, _)| *batch).collect();
+        // Oldest batch first: of two points at one time, the later batch's stays.
+        let points = plan::last_of_each_time(taken);
         let advance = cursor.advance(series, &added, &present);
         if write_fold(store, series, first, &points, advance).await? {
             return Ok(points.len() as u64);
@@ -974,6 +1005,32 @@ mod tests {
             .query_all(markers_query(series))
             .await
             .expect("markers")
+    }
+
+    #[test]
+    fn a_cursor_finds_each_batch_it_names_and_refuses_bytes_it_never_writes() {
+        let mut batches: Vec<String> = (0..50).map(|_| Uuid::now_v7().to_string()).collect();
+        batches.sort();
+        let names: Vec<&str> = batches.iter().map(String::as_str).collect();
+        let present: HashSet<String> = batches.iter().cloned().collect();
+        let Write::Put { item, .. } =
+            Cursor::decode(None)
+                .expect("no cursor")
+                .advance("s", &names[..40], &present)
+        else {
+            panic!("a cursor is put");
+        };
+        let cursor = Cursor::decode(Some(item.value.clone())).expect("written cursor");
+        for (index, batch) in names.iter().enumerate() {
+            assert_eq!(cursor.contains(batch), index < 40, "batch {index}");
+        }
+        assert_eq!(cursor.batches().collect::<Vec<_>>(), names[..40]);
+        // Out of order, cut short, or not ASCII: corrupt, never misread.
+        let swapped = [names[1], names[0]].concat();
+        let not_ascii = "é".repeat(BATCH_ID_BYTES / 2);
+        for bytes in [swapped.as_bytes(), &item.value[..40], not_ascii.as_bytes()] {
+            assert!(Cursor::decode(Some(Bytes::copy_from_slice(bytes))).is_err());
+        }
     }
 
     #[tokio::test]
@@ -1314,7 +1371,7 @@ mod tests {
         let point = Point { at: 9, value: 3.0 };
         let batch = commit_all(&store, &names, &[point]).await;
         // The job folded the first series, then died before the others and the drops.
-        let shares = vec![(batch.as_str(), vec![point])];
+        let shares = vec![(batch.as_str(), point)];
         let folded = fold_series(&store, &shard, &names[0], &shares, None)
             .await
             .expect("fold");

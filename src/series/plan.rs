@@ -104,6 +104,17 @@ pub async fn plan(
         .collect();
     let rollup_answers: Vec<Vec<Item>> =
         answers.by_ref().take(rollup_reads.query_count()).collect();
+    // A series with none of these days may have others, or none: a new series, whose
+    // rollups are complete from its first point. Asked only when every day is new to it.
+    let new_series = known_days.is_empty()
+        && store
+            .query(Query::partition(
+                Table::SeriesIndex,
+                days_partition(series),
+                1,
+            ))
+            .await?
+            .is_empty();
 
     // Rows by key time, per bucket.
     let mut rows: BTreeMap<u64, Row> = BTreeMap::new();
@@ -149,6 +160,7 @@ pub async fn plan(
         rollup_answers,
         &touched_buckets(&rows),
         &known_days,
+        new_series,
     )?;
     for row in rows.into_values().filter(|row| row.changed) {
         let part = partition(series, day_of(row.key));

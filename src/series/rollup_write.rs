@@ -60,15 +60,9 @@ impl RollupReads {
         RollupReads { days }
     }
 
-    /// Whether the series has any day (so it cannot be marked complete), then two queries a
-    /// day: its day row, and its touched hours' rows.
+    /// Two queries a day: its day row, and its touched hours' rows.
     pub fn queries(&self, series: &str) -> Vec<Query> {
-        let mut queries = Vec::with_capacity(1 + self.days.len() * 2);
-        queries.push(Query::partition(
-            Table::SeriesIndex,
-            super::layout::days_partition(series),
-            1,
-        ));
+        let mut queries = Vec::with_capacity(self.days.len() * 2);
         for (day, hours) in &self.days {
             let part = partition(series, *day);
             let (first, last) = (hours[0], hours[hours.len() - 1]);
@@ -83,7 +77,7 @@ impl RollupReads {
 
     /// How many queries [`RollupReads::queries`] makes.
     pub fn query_count(&self) -> usize {
-        1 + self.days.len() * 2
+        self.days.len() * 2
     }
 }
 
@@ -154,17 +148,18 @@ fn hour_write(
 
 /// The rollup writes of a points write: `answers` to [`RollupReads::queries`], `buckets`
 /// every point of each bucket the write touches (as written), `known_days` the days that
-/// had points before.
+/// had points before, `new_series` whether the series had no day at all (its rollups are
+/// then marked complete).
 pub fn writes(
     series: &str,
     reads: &RollupReads,
     answers: Vec<Vec<Item>>,
     buckets: &BTreeMap<u64, Vec<Point>>,
     known_days: &[u64],
+    new_series: bool,
 ) -> DomainResult<Vec<Write>> {
     let mut writes = Vec::new();
     let mut answers = answers.into_iter();
-    let new_series = answers.next().unwrap_or_default().is_empty();
     for (day, hours) in &reads.days {
         let part = partition(series, *day);
         let (old_day, mut day_row) =
