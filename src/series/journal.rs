@@ -772,43 +772,29 @@ struct Cursor {
 impl Cursor {
     fn decode(stored: Option<Bytes>) -> DomainResult<Cursor> {
         let bytes = stored.as_deref().unwrap_or_default();
-        let ids = bytes.chunks(BATCH_ID_BYTES);
-        if !bytes.len().is_multiple_of(BATCH_ID_BYTES)
-            || !bytes.is_ascii()
-            || !ids.clone().zip(ids.skip(1)).all(|(id, next)| id < next)
-        {
+        let (ids, rest) = bytes.as_chunks::<BATCH_ID_BYTES>();
+        if !rest.is_empty() || !bytes.is_ascii() || !ids.is_sorted_by(|id, next| id < next) {
             return Err(DomainError::Corrupt("series fold cursor".into()));
         }
         Ok(Cursor { stored })
     }
 
-    fn ids(&self) -> std::slice::Chunks<'_, u8> {
-        self.stored
-            .as_deref()
-            .unwrap_or_default()
-            .chunks(BATCH_ID_BYTES)
+    /// The batch ids, sorted.
+    fn ids(&self) -> &[[u8; BATCH_ID_BYTES]] {
+        self.stored.as_deref().unwrap_or_default().as_chunks().0
     }
 
     fn batches(&self) -> impl Iterator<Item = &str> {
         // ASCII, as decoding checked.
         self.ids()
+            .iter()
             .map(|id| std::str::from_utf8(id).unwrap_or_default())
     }
 
     fn contains(&self, batch: &str) -> bool {
-        let bytes = self.stored.as_deref().unwrap_or_default();
-        let count = bytes.len() / BATCH_ID_BYTES;
-        let (mut low, mut high) = (0, count);
-        while low < high {
-            let middle = (low + high) / 2;
-            let id = &bytes[middle * BATCH_ID_BYTES..(middle + 1) * BATCH_ID_BYTES];
-            match id.cmp(batch.as_bytes()) {
-                std::cmp::Ordering::Less => low = middle + 1,
-                std::cmp::Ordering::Greater => high = middle,
-                std::cmp::Ordering::Equal => return true,
-            }
-        }
-        false
+        self.ids()
+            .binary_search_by(|id| id.as_slice().cmp(batch.as_bytes()))
+            .is_ok()
     }
 
     /// The write that records `added` folded too, dropping batches whose rows are gone

@@ -763,6 +763,8 @@ mod tests {
             ("m ", "missing fields"),
             (",t=1 v=1", "missing measurement"),
             ("m,t v=1", "missing tag value"),
+            // A fault in the key is named before one in the fields, as the line reads.
+            ("m,t v", "missing tag value"),
             ("m,t= v=1", "missing tag value"),
             ("m,=1 v=1", "missing tag key"),
             ("m v", "missing field value"),
