@@ -142,6 +142,8 @@ async fn a_stale_version_is_a_conflict_and_a_repeated_edit_answers_the_same_even
     assert_eq!(blind.body["version"], 3);
     let ahead = edit(&app, "alice", &id, json!({"payload": "x", "version": 9})).await;
     assert_eq!(ahead.error_code(), "version_conflict", "{ahead:?}");
+    // The author's own entry comes with the fan-out job, which may not have run yet.
+    app.wait_for_idle().await;
     let items = app.timeline("alice").await;
     assert_eq!(items[0]["payload"], "v3");
     assert_eq!(items[0]["version"], 3);
