@@ -7,7 +7,10 @@
 //!
 //! Reported per shape: points/s accepted (answered 204) and applied (until the job queue is
 //! empty again), request p50, p99 and max, the answers by status, the queue's peak, and on
-//! the embedded store the bytes a point added to the series tables (compacted). Answers of
+//! the embedded store the bytes a point added to the series tables (compacted). Beside the
+//! writers, a chart reads one device's day at a 1-hour step every 10 ms, one read at a
+//! time: its p50 and p99 while the writes run are reported against the same read once the
+//! queue is empty. Answers of
 //! 429 or 503 are retried after their `Retry-After`, as Telegraf does. Each client builds
 //! the body it sends next, so the bench holds eight bodies however long the run.
 
@@ -22,6 +25,7 @@ use tokio::sync::Mutex;
 
 use super::server::{BenchServer, metrics_text};
 use super::{millis, percentile};
+use crate::http::{PageResponse, PointResponse};
 use crate::store::{EmbeddedStore, Table};
 
 #[derive(Clone, Debug, Args)]
@@ -64,6 +68,13 @@ fn body(batch: usize, series: usize, lines: usize) -> Vec<u8> {
     }
     text.into_bytes()
 }
+
+/// The series the chart reads: device 0's, as line protocol names it.
+const CHART_SERIES: &str = "sensor.value,device=d0";
+/// The chart's pause between reads: a few readers' worth, not a load of its own.
+const CHART_PAUSE: Duration = Duration::from_millis(10);
+/// Reads of the chart once the queue is empty.
+const IDLE_CHART_READS: usize = 200;
 
 /// The tables a series' points end up in.
 const SERIES_TABLES: [Table; 3] = [
@@ -127,6 +138,18 @@ async fn shape(
         peak.clone(),
         watching.clone(),
     ));
+    let chart_url = format!(
+        "{}/v1/series/{}/points",
+        server.base,
+        url::form_urlencoded::byte_serialize(CHART_SERIES.as_bytes()).collect::<String>()
+    );
+    let charting = tokio_util::sync::CancellationToken::new();
+    let chart = tokio::spawn(read_chart(
+        server.client.clone(),
+        chart_url.clone(),
+        charting.clone(),
+        usize::MAX,
+    ));
     let started = Instant::now();
     let mut senders = Vec::with_capacity(args.fleet_clients);
     for _ in 0..args.fleet_clients {
@@ -151,10 +174,19 @@ async fn shape(
         sender.await??;
     }
     let accepted_in = started.elapsed();
+    charting.cancel();
+    let mut busy_reads = chart.await.context("the chart reader failed")??;
     wait_for_empty_queue(server).await?;
     let applied_in = started.elapsed();
     watching.cancel();
     watcher.await.context("the queue watcher failed")?;
+    let mut idle_reads = read_chart(
+        server.client.clone(),
+        chart_url,
+        tokio_util::sync::CancellationToken::new(),
+        IDLE_CHART_READS,
+    )
+    .await?;
 
     let mut answers = answers.lock().await;
     let points = (args.fleet_batches * args.fleet_lines) as f64;
@@ -173,6 +205,14 @@ async fn shape(
         answers.statuses,
         answers.retries,
         peak.load(Ordering::Relaxed),
+    );
+    println!(
+        "fleet chart, {series} series: one-day read at step=1h agg=avg, while writing p50 {:.2} ms, p99 {:.2} ms ({} reads); idle p50 {:.2} ms, p99 {:.2} ms",
+        millis(percentile(&mut busy_reads, 50.0)),
+        millis(percentile(&mut busy_reads, 99.0)),
+        busy_reads.len(),
+        millis(percentile(&mut idle_reads, 50.0)),
+        millis(percentile(&mut idle_reads, 99.0)),
     );
     if let (Some(store), Some(before)) = (embedded, bytes_before) {
         let added = series_bytes(store).await?.saturating_sub(before);
@@ -221,6 +261,55 @@ async fn post(
             }
         }
     }
+}
+
+/// Reads the chart's day until `stop` or `reads` reads, each after [`CHART_PAUSE`]; returns
+/// how long each took. A read must answer 200 with the day's hours written so far (or 404
+/// before the series' first point, not counted).
+async fn read_chart(
+    client: reqwest::Client,
+    url: String,
+    stop: tokio_util::sync::CancellationToken,
+    reads: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let day = time::OffsetDateTime::from_unix_timestamp(FIRST_SECOND)?;
+    let from = day.format(&time::format_description::well_known::Rfc3339)?;
+    let to = (day + time::Duration::DAY).format(&time::format_description::well_known::Rfc3339)?;
+    let query = [
+        ("from", from.as_str()),
+        ("to", to.as_str()),
+        ("step", "1h"),
+        ("agg", "avg"),
+    ];
+    let mut took = Vec::new();
+    while took.len() < reads {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(CHART_PAUSE) => {}
+        }
+        let began = Instant::now();
+        let response = client
+            .get(&url)
+            .query(&query)
+            .send()
+            .await
+            .context("failed to send a chart read")?;
+        let status = response.status();
+        let body = response.bytes().await.context("failed to read a chart")?;
+        if status == reqwest::StatusCode::NOT_FOUND && took.is_empty() {
+            // Before the first write that names it, the series is not there yet.
+            continue;
+        }
+        took.push(began.elapsed());
+        anyhow::ensure!(
+            status == reqwest::StatusCode::OK,
+            "a chart read answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let page: PageResponse<PointResponse> = serde_json::from_slice(&body)?;
+        anyhow::ensure!(page.items.len() <= 24, "a day at 1h holds 24 rows at most");
+    }
+    Ok(took)
 }
 
 /// The job queue's depth as `/metrics` counts it.
