@@ -10,9 +10,10 @@
 //! the embedded store the bytes a point added to the series tables (compacted). Beside the
 //! writers, a chart reads one device's day at a 1-hour step every 10 ms, one read at a
 //! time: its p50 and p99 while the writes run are reported against the same read once the
-//! queue is empty. Answers of
-//! 429 or 503 are retried after their `Retry-After`, as Telegraf does. Each client builds
-//! the body it sends next, so the bench holds eight bodies however long the run.
+//! queue is empty. The posting clients and the chart run on threads of their own, apart
+//! from the in-process server's. Answers of 429 or 503 are retried after their
+//! `Retry-After`, as Telegraf does. Each client builds the body it sends next, so the bench
+//! holds eight bodies however long the run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,6 +74,8 @@ fn body(batch: usize, series: usize, lines: usize) -> Vec<u8> {
 const CHART_SERIES: &str = "sensor.value,device=d0";
 /// The chart's pause between reads: a few readers' worth, not a load of its own.
 const CHART_PAUSE: Duration = Duration::from_millis(10);
+/// Threads of the posting clients' runtime.
+const CLIENT_THREADS: usize = 2;
 /// Reads of the chart once the queue is empty.
 const IDLE_CHART_READS: usize = 200;
 
@@ -145,34 +148,41 @@ async fn shape(
     );
     let charting = tokio_util::sync::CancellationToken::new();
     let chart = spawn_chart(
-        server.admin_token.clone(),
+        &server.admin_token,
         chart_url.clone(),
         charting.clone(),
         usize::MAX,
     );
     let started = Instant::now();
-    let mut senders = Vec::with_capacity(args.fleet_clients);
-    for _ in 0..args.fleet_clients {
-        let (client, url, next_batch, answers) = (
-            server.client.clone(),
-            url.clone(),
-            next_batch.clone(),
-            answers.clone(),
-        );
-        let (batches, lines) = (args.fleet_batches, args.fleet_lines);
-        senders.push(tokio::spawn(async move {
-            loop {
-                let batch = next_batch.fetch_add(1, Ordering::Relaxed);
-                if batch >= batches {
-                    return anyhow::Ok(());
-                }
-                post(&client, &url, body(batch, series, lines), &answers).await?;
+    let (clients, batches, lines) = (args.fleet_clients, args.fleet_batches, args.fleet_lines);
+    let posting = {
+        let answers = answers.clone();
+        apart(&server.admin_token, CLIENT_THREADS, move |client| async move {
+            let mut senders = Vec::with_capacity(clients);
+            for _ in 0..clients {
+                let (client, url, next_batch, answers) = (
+                    client.clone(),
+                    url.clone(),
+                    next_batch.clone(),
+                    answers.clone(),
+                );
+                senders.push(tokio::spawn(async move {
+                    loop {
+                        let batch = next_batch.fetch_add(1, Ordering::Relaxed);
+                        if batch >= batches {
+                            return anyhow::Ok(());
+                        }
+                        post(&client, &url, body(batch, series, lines), &answers).await?;
+                    }
+                }));
             }
-        }));
-    }
-    for sender in senders {
-        sender.await??;
-    }
+            for sender in senders {
+                sender.await??;
+            }
+            Ok(())
+        })
+    };
+    posting.await.context("the posting clients failed")??;
     let accepted_in = started.elapsed();
     charting.cancel();
     let mut busy_reads = chart.await.context("the chart reader failed")??;
@@ -181,7 +191,7 @@ async fn shape(
     watching.cancel();
     watcher.await.context("the queue watcher failed")?;
     let mut idle_reads = spawn_chart(
-        server.admin_token.clone(),
+        &server.admin_token,
         chart_url,
         tokio_util::sync::CancellationToken::new(),
         IDLE_CHART_READS,
@@ -264,21 +274,37 @@ async fn post(
     }
 }
 
-/// Runs [`read_chart`] on a thread and runtime of its own: here the posting clients share
-/// the server's runtime, and a read queued behind their work would time them, not the
-/// server.
+/// Runs `work` with a client of its own on `threads` threads and a runtime of their own.
+/// The server runs in this process: clients' work queued with the server's on one runtime
+/// timed the bench, not the server (a chart's reads waited behind the bodies being built).
+fn apart<T, Work, Done>(
+    admin_token: &str,
+    threads: usize,
+    work: Work,
+) -> tokio::task::JoinHandle<anyhow::Result<T>>
+where
+    T: Send + 'static,
+    Work: FnOnce(reqwest::Client) -> Done + Send + 'static,
+    Done: Future<Output = anyhow::Result<T>>,
+{
+    let admin_token = admin_token.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?;
+        runtime.block_on(async move { work(admin_client(&admin_token)?).await })
+    })
+}
+
+/// Reads the chart apart from the server and the posting clients (see [`apart`]).
 fn spawn_chart(
-    admin_token: String,
+    admin_token: &str,
     url: String,
     stop: tokio_util::sync::CancellationToken,
     reads: usize,
 ) -> tokio::task::JoinHandle<anyhow::Result<Vec<Duration>>> {
-    tokio::task::spawn_blocking(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        runtime.block_on(read_chart(admin_client(&admin_token)?, url, stop, reads))
-    })
+    apart(admin_token, 1, move |client| read_chart(client, url, stop, reads))
 }
 
 /// Reads the chart's day until `stop` or `reads` reads, each after [`CHART_PAUSE`]; returns
