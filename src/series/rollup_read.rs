@@ -185,6 +185,8 @@ pub struct RollupScan {
     days: VecDeque<u64>,
     /// Starts of the hours holding points of committed batches not yet folded.
     pending_hours: BTreeSet<u64>,
+    /// Those points, in time order: the scans of those hours overlay them.
+    pending: Vec<Point>,
     segments: VecDeque<Segment>,
 }
 
@@ -219,15 +221,15 @@ impl RollupScan {
         let from = from.max(retention.floor(Ticks::now().get()));
         // Hours with points not yet folded into rows and rollups are read as points (the
         // scan overlays them); the others from rollups as usual.
-        let pending_hours: BTreeSet<u64> = if markers.is_empty() || from >= to {
-            BTreeSet::new()
+        let pending = if markers.is_empty() || from >= to {
+            Vec::new()
         } else {
-            journal::pending_points(store, series, markers, from, to)
-                .await?
-                .iter()
-                .map(|point| point.at - point.at % HOUR)
-                .collect()
+            journal::pending_points(store, series, markers, from, to).await?
         };
+        let pending_hours: BTreeSet<u64> = pending
+            .iter()
+            .map(|point| point.at - point.at % HOUR)
+            .collect();
         let first_day = from / PARTITION_SPAN;
         let last_day = (to - 1) / PARTITION_SPAN;
         let mut days: BTreeSet<u64> = if from >= to {
@@ -252,6 +254,7 @@ impl RollupScan {
             complete,
             days: days.into_iter().collect(),
             pending_hours,
+            pending,
             segments: VecDeque::new(),
         }))
     }
@@ -267,8 +270,12 @@ impl RollupScan {
                 }
                 Some(Segment::Points(from, to, scan)) => {
                     if scan.is_none() {
-                        *scan =
-                            Some(Scan::open(store, &self.series, *from, *to, self.default).await?);
+                        let range = (*from, *to);
+                        let pending = Some(self.pending.as_slice());
+                        *scan = Some(
+                            Scan::open_over(store, &self.series, range, self.default, pending)
+                                .await?,
+                        );
                     }
                     if let Some(scan) = scan
                         && let Some(point) = scan.next(store).await?

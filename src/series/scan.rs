@@ -48,6 +48,20 @@ impl Scan {
         to: u64,
         default: Retention,
     ) -> DomainResult<Scan> {
+        Self::open_over(store, series, (from, to), default, None).await
+    }
+
+    /// [`Scan::open`], overlaying `pending` (the caller's read of the series' committed,
+    /// unfolded points, in time order, made before this call) rather than reading them
+    /// again: a read of rollups that meets pending hours reads the journal once, not once
+    /// more for each stretch it scans.
+    pub async fn open_over(
+        store: &dyn Store,
+        series: &str,
+        (from, to): (u64, u64),
+        default: Retention,
+        pending: Option<&[Point]>,
+    ) -> DomainResult<Scan> {
         let to = to.min(END_OF_TIME);
         let mut scan = Scan {
             series: series.to_owned(),
@@ -66,15 +80,13 @@ impl Scan {
         // markers, so an index read after the markers holds whatever they no longer show.
         // Read at once (on a store without snapshots across reads), a fold landing between
         // the two could hide its points from both.
-        let mut answers = store
-            .query_many(vec![
-                super::layout::markers_query(series),
-                retention::retention_query(series),
-            ])
-            .await?
-            .into_iter();
-        let markers = answers.next().unwrap_or_default();
+        let mut queries = vec![retention::retention_query(series)];
+        if pending.is_none() {
+            queries.push(super::layout::markers_query(series));
+        }
+        let mut answers = store.query_many(queries).await?.into_iter();
         let own = answers.next().unwrap_or_default();
+        let markers = answers.next().unwrap_or_default();
         let days = store.query(scan.days_query(day_of(from))).await?;
         let retention = retention::effective(own.first().map(|row| row.value.as_ref()), default)?;
         scan.from = from.max(retention.floor(Ticks::now().get()));
@@ -82,7 +94,11 @@ impl Scan {
             return Ok(scan);
         }
         scan.take_days(days);
-        if !markers.is_empty() {
+        if let Some(pending) = pending {
+            let start = pending.partition_point(|point| point.at < scan.from);
+            let end = pending.partition_point(|point| point.at < to);
+            scan.overlay = pending[start..end.max(start)].iter().copied().collect();
+        } else if !markers.is_empty() {
             scan.overlay = journal::pending_points(store, series, markers, scan.from, to)
                 .await?
                 .into();
