@@ -34,7 +34,7 @@
 //! meet one ten minutes on abandons the batch the same way.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -88,6 +88,8 @@ pub const FOLDED_ROW: &str = "folded";
 /// A staged batch with no state after this long belongs to a writer that died before its
 /// commit: the next read or fold of one of its shards abandons it.
 const ABANDON_AFTER_MS: u64 = 10 * 60 * 1000;
+/// Batch ids remembered committed, process-wide.
+const COMMITTED_REMEMBERED: usize = 16 * 1024;
 /// Bytes of a batch id in a fold cursor (a hyphenated UUID).
 const BATCH_ID_BYTES: usize = 36;
 
@@ -227,6 +229,7 @@ pub async fn stage_and_commit(
         }
         return Err(err.into());
     }
+    COMMITTED_SEEN.insert(batch_id, ());
     Ok(())
 }
 
@@ -311,49 +314,43 @@ enum BatchState {
     Aborted,
 }
 
-/// The states of batches, remembering those seen committed (a committed batch stays so
-/// until its rows are gone): a job's folds over many shards meet the same few batches.
-#[derive(Default)]
-struct States {
-    committed: Mutex<HashSet<String>>,
-}
+/// Batches lately seen committed (or committed here), by id: a committed batch stays so
+/// until its rows are gone, and every read overlaying a shard and every fold of it asks
+/// about the same few hundred batches. At most [`COMMITTED_REMEMBERED`] ids (about 2 MB).
+static COMMITTED_SEEN: LazyLock<quick_cache::sync::Cache<String, ()>> =
+    LazyLock::new(|| quick_cache::sync::Cache::new(COMMITTED_REMEMBERED));
 
-impl States {
-    async fn of(&self, store: &dyn Store, batches: &[&str]) -> DomainResult<Vec<BatchState>> {
-        let mut states: Vec<Option<BatchState>> = {
-            let committed = self.committed.lock().unwrap_or_else(|err| err.into_inner());
-            batches
-                .iter()
-                .map(|batch| committed.contains(*batch).then_some(BatchState::Committed))
-                .collect()
-        };
-        let unknown: Vec<usize> = (0..batches.len())
-            .filter(|index| states[*index].is_none())
+/// The states of `batches`: those not remembered committed read in one round.
+async fn batch_states(store: &dyn Store, batches: &[&str]) -> DomainResult<Vec<BatchState>> {
+    let mut states: Vec<Option<BatchState>> = batches
+        .iter()
+        .map(|batch| COMMITTED_SEEN.get(*batch).map(|()| BatchState::Committed))
+        .collect();
+    let unknown: Vec<usize> = (0..batches.len())
+        .filter(|index| states[*index].is_none())
+        .collect();
+    if !unknown.is_empty() {
+        let keys = unknown
+            .iter()
+            .map(|index| Key::new(Table::SeriesBatches, batches[*index], STATE_ROW))
             .collect();
-        if !unknown.is_empty() {
-            let keys = unknown
-                .iter()
-                .map(|index| Key::new(Table::SeriesBatches, batches[*index], STATE_ROW))
-                .collect();
-            let answers = store.get_many(keys).await?;
-            let mut committed = self.committed.lock().unwrap_or_else(|err| err.into_inner());
-            for (index, answer) in unknown.into_iter().zip(answers) {
-                let state = match answer.as_deref() {
-                    Some(COMMITTED) => {
-                        committed.insert(batches[index].to_owned());
-                        BatchState::Committed
-                    }
-                    Some(_) => BatchState::Aborted,
-                    None => BatchState::Open,
-                };
-                states[index] = Some(state);
-            }
+        let answers = store.get_many(keys).await?;
+        for (index, answer) in unknown.into_iter().zip(answers) {
+            let state = match answer.as_deref() {
+                Some(COMMITTED) => {
+                    COMMITTED_SEEN.insert(batches[index].to_owned(), ());
+                    BatchState::Committed
+                }
+                Some(_) => BatchState::Aborted,
+                None => BatchState::Open,
+            };
+            states[index] = Some(state);
         }
-        Ok(states
-            .into_iter()
-            .map(|state| state.unwrap_or(BatchState::Open))
-            .collect())
     }
+    Ok(states
+        .into_iter()
+        .map(|state| state.unwrap_or(BatchState::Open))
+        .collect())
 }
 
 /// A shard's journal rows of one batch.
@@ -421,12 +418,7 @@ async fn read_rows(
 
 /// `rows` of `shard` by batch, oldest first, with each batch's state; rows of aborted
 /// batches and of writers long dead are dropped on the way.
-async fn groups(
-    store: &dyn Store,
-    states: &States,
-    shard: &str,
-    rows: Vec<Item>,
-) -> DomainResult<Vec<Group>> {
+async fn groups(store: &dyn Store, shard: &str, rows: Vec<Item>) -> DomainResult<Vec<Group>> {
     let mut groups: Vec<Group> = Vec::new();
     for row in rows {
         let batch = batch_of(&row.row);
@@ -440,7 +432,7 @@ async fn groups(
         }
     }
     let batches: Vec<&str> = groups.iter().map(|group| group.batch.as_str()).collect();
-    let found = states.of(store, &batches).await?;
+    let found = batch_states(store, &batches).await?;
     let mut kept = Vec::with_capacity(groups.len());
     for (mut group, state) in groups.into_iter().zip(found) {
         group.state = state;
@@ -492,7 +484,7 @@ pub async fn pending_points(
     }
     rows.retain(|row| mentioning.contains(batch_of(&row.row)));
     let mut lists = Vec::new();
-    for group in groups(store, &States::default(), &shard, rows).await? {
+    for group in groups(store, &shard, rows).await? {
         if group.state == BatchState::Committed {
             let mut points = Vec::new();
             for row in &group.rows {
@@ -523,15 +515,7 @@ pub async fn settle(store: &dyn Store, series: &str) -> DomainResult<bool> {
         return Ok(false);
     };
     let batch = batch_of(&newest.row).to_owned();
-    let folded = fold_shard(
-        store,
-        &States::default(),
-        &shard,
-        &batch,
-        true,
-        Some(series),
-    )
-    .await?;
+    let folded = fold_shard(store, &shard, &batch, true, Some(series)).await?;
     Ok(folded.watched)
 }
 
@@ -547,8 +531,7 @@ fn is_stale(batch: &str) -> bool {
 
 /// Applies committed `batch` (step 3); returns the points folded. Safe to run again.
 pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
-    let states = States::default();
-    if states.of(store, &[batch]).await?[0] != BatchState::Committed {
+    if batch_states(store, &[batch]).await?[0] != BatchState::Committed {
         return Ok(0);
     }
     let list = BatchList::read(store, batch).await?;
@@ -577,7 +560,7 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
     // higher-ranked `FnOnce` limitation).
     let folds: Vec<_> = shards
         .into_iter()
-        .map(|shard| fold_shard(store, &states, shard, batch, true, None))
+        .map(|shard| fold_shard(store, shard, batch, true, None))
         .collect();
     let folded: Vec<Folded> = futures::stream::iter(folds)
         .buffer_unordered(SHARDS_FOLDED_AT_ONCE)
@@ -604,11 +587,10 @@ struct Folded {
 /// round need not. `watch`: a series to report on.
 ///
 /// Each round reads the oldest rows and takes the committed ones (whole batches, up to
-/// [`FOLDED_ROWS`] rows or [`FOLDED_BYTES`], newer ones than `until` too); folds each series they hold (see
-/// [`fold_series`]); then drops the rows, the first of each batch last.
+/// [`FOLDED_ROWS`] rows or [`FOLDED_BYTES`], newer ones than `until` too); folds each series
+/// they hold (see [`fold_series`]); then drops the rows, the first of each batch last.
 async fn fold_shard(
     store: &dyn Store,
-    states: &States,
     shard: &str,
     until: &str,
     mut until_seen: bool,
@@ -636,7 +618,7 @@ async fn fold_shard(
             return Ok(total);
         }
         let (rows, more) = read_rows(store, shard, None, reach).await?;
-        let committed: Vec<Group> = groups(store, states, shard, rows)
+        let committed: Vec<Group> = groups(store, shard, rows)
             .await?
             .into_iter()
             .filter(|group| group.state == BatchState::Committed)
@@ -1414,9 +1396,7 @@ mod tests {
         let (rows, _) = read_rows(&store, &shard, None, Reach::All)
             .await
             .expect("rows");
-        let stale = groups(&store, &States::default(), &shard, rows)
-            .await
-            .expect("groups");
+        let stale = groups(&store, &shard, rows).await.expect("groups");
         // Meanwhile the batch is folded and dropped, and a second one writes time 7 again,
         // which prunes the first from the cursors.
         apply(&store, &first).await.expect("apply");
