@@ -157,30 +157,34 @@ async fn shape(
     let (clients, batches, lines) = (args.fleet_clients, args.fleet_batches, args.fleet_lines);
     let posting = {
         let answers = answers.clone();
-        apart(&server.admin_token, CLIENT_THREADS, move |client| async move {
-            let mut senders = Vec::with_capacity(clients);
-            for _ in 0..clients {
-                let (client, url, next_batch, answers) = (
-                    client.clone(),
-                    url.clone(),
-                    next_batch.clone(),
-                    answers.clone(),
-                );
-                senders.push(tokio::spawn(async move {
-                    loop {
-                        let batch = next_batch.fetch_add(1, Ordering::Relaxed);
-                        if batch >= batches {
-                            return anyhow::Ok(());
+        apart(
+            &server.admin_token,
+            CLIENT_THREADS,
+            move |client| async move {
+                let mut senders = Vec::with_capacity(clients);
+                for _ in 0..clients {
+                    let (client, url, next_batch, answers) = (
+                        client.clone(),
+                        url.clone(),
+                        next_batch.clone(),
+                        answers.clone(),
+                    );
+                    senders.push(tokio::spawn(async move {
+                        loop {
+                            let batch = next_batch.fetch_add(1, Ordering::Relaxed);
+                            if batch >= batches {
+                                return anyhow::Ok(());
+                            }
+                            post(&client, &url, body(batch, series, lines), &answers).await?;
                         }
-                        post(&client, &url, body(batch, series, lines), &answers).await?;
-                    }
-                }));
-            }
-            for sender in senders {
-                sender.await??;
-            }
-            Ok(())
-        })
+                    }));
+                }
+                for sender in senders {
+                    sender.await??;
+                }
+                Ok(())
+            },
+        )
     };
     posting.await.context("the posting clients failed")??;
     let accepted_in = started.elapsed();
@@ -304,7 +308,9 @@ fn spawn_chart(
     stop: tokio_util::sync::CancellationToken,
     reads: usize,
 ) -> tokio::task::JoinHandle<anyhow::Result<Vec<Duration>>> {
-    apart(admin_token, 1, move |client| read_chart(client, url, stop, reads))
+    apart(admin_token, 1, move |client| {
+        read_chart(client, url, stop, reads)
+    })
 }
 
 /// Reads the chart's day until `stop` or `reads` reads, each after [`CHART_PAUSE`]; returns
