@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::info;
 
 use crate::auth::{Tokens, new_secret};
+use crate::background::Background;
 use crate::config::{Config, StoreKind};
 use crate::cursor::CursorCodec;
 use crate::http::rate_limit::RateLimits;
@@ -311,17 +312,23 @@ impl Workers {
         })
     }
 
-    pub fn spawn_on(self, tracker: &TaskTracker) {
+    /// Spawns the workers and the sweeps on `runtime`, or on the current one.
+    pub fn spawn_on(self, tracker: &TaskTracker, runtime: Option<&tokio::runtime::Handle>) {
+        let current = tokio::runtime::Handle::current();
+        let runtime = runtime.unwrap_or(&current);
         for worker in self.workers {
-            tracker.spawn(worker.run());
+            tracker.spawn_on(worker.run(), runtime);
         }
         let sweeps = self.retention_sweeps;
-        tracker.spawn(crate::series::expiry::keep_sweeping(
-            sweeps.store,
-            sweeps.settings,
-            sweeps.wake,
-            sweeps.shutdown,
-        ));
+        tracker.spawn_on(
+            crate::series::expiry::keep_sweeping(
+                sweeps.store,
+                sweeps.settings,
+                sweeps.wake,
+                sweeps.shutdown,
+            ),
+            runtime,
+        );
     }
 }
 
@@ -433,7 +440,11 @@ impl Application {
     /// workers checkpoint and release their jobs.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let tracker = TaskTracker::new();
-        self.workers.spawn_on(&tracker);
+        // Apart from the requests, so that folds and fan-outs never queue a read behind them.
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let background =
+            Background::start(cores).context("failed to start the workers' runtime")?;
+        self.workers.spawn_on(&tracker, background.handle());
         if let Some(subscriber) = self.mqtt {
             tracker.spawn(subscriber.run());
         }
@@ -474,7 +485,7 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
     let tracker = TaskTracker::new();
     Workers::new(config, &store, &wake, &notices, &metrics, &shutdown)
         .await?
-        .spawn_on(&tracker);
+        .spawn_on(&tracker, None);
     if let Some(settings) = mqtt_settings {
         let key = cursor_key(store.as_ref())
             .await

@@ -20,6 +20,7 @@
 
 pub mod app;
 mod auth;
+mod background;
 pub mod cli;
 pub mod config;
 pub mod cursor;
