@@ -60,3 +60,29 @@ fn lower_priority() {
         let _ = setpriority_process(None, (current + NICENESS).min(19));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rustix::process::getpriority_process;
+
+    use super::*;
+
+    #[test]
+    fn its_tasks_run_at_a_lower_priority_than_the_thread_that_started_it() {
+        let caller = getpriority_process(None).expect("the caller's priority");
+        let background = Background::start(1).expect("a runtime");
+        let runtime = background.handle().expect("running").clone();
+
+        let theirs = runtime
+            .block_on(async { tokio::spawn(async { getpriority_process(None) }).await })
+            .expect("the task ran")
+            .expect("the task's priority");
+
+        assert_eq!(theirs, (caller + NICENESS).min(19));
+        assert_eq!(
+            getpriority_process(None).expect("the caller's priority"),
+            caller,
+            "only the runtime's threads are lowered"
+        );
+    }
+}
