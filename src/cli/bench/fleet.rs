@@ -314,8 +314,8 @@ fn spawn_chart(
 }
 
 /// Reads the chart's day until `stop` or `reads` reads, each after [`CHART_PAUSE`]; returns
-/// how long each took. A read must answer 200 with the day's hours written so far (or 404
-/// before the series' first point, not counted).
+/// how long each took. A read must answer 200 with the hours written so far: at least one
+/// once a read has shown any (reads before the series' first point are not counted).
 async fn read_chart(
     client: reqwest::Client,
     url: String,
@@ -346,18 +346,23 @@ async fn read_chart(
             .context("failed to send a chart read")?;
         let status = response.status();
         let body = response.bytes().await.context("failed to read a chart")?;
-        if status == reqwest::StatusCode::NOT_FOUND && took.is_empty() {
-            // Before the first write that names it, the series is not there yet.
-            continue;
-        }
-        took.push(began.elapsed());
+        let elapsed = began.elapsed();
         anyhow::ensure!(
             status == reqwest::StatusCode::OK,
             "a chart read answered {status}: {}",
             String::from_utf8_lossy(&body)
         );
         let page: PageResponse<PointResponse> = serde_json::from_slice(&body)?;
-        anyhow::ensure!(page.items.len() <= 24, "a day at 1h holds 24 rows at most");
+        if page.items.is_empty() && took.is_empty() {
+            // Before the first write that names it, the series reads empty.
+            continue;
+        }
+        anyhow::ensure!(
+            (1..=24).contains(&page.items.len()),
+            "a day at 1h with points written holds 1 to 24 rows, not {}",
+            page.items.len()
+        );
+        took.push(elapsed);
     }
     Ok(took)
 }
