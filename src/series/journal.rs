@@ -170,67 +170,91 @@ impl Handler for ApplyBatchHandler {
 
 /// Stages `series` (each one's points in time order, no time twice) under a new batch id
 /// and commits it (steps 1 and 2).
+#[cfg(test)]
 pub async fn stage_and_commit(
     store: &dyn Store,
     series: &[(SeriesName, Vec<Point>)],
 ) -> DomainResult<()> {
-    let batch = Uuid::now_v7();
-    let batch_id = batch.as_hyphenated().to_string();
-    let mut shards: BTreeMap<String, Vec<(&str, &[Point])>> = BTreeMap::new();
-    for (name, points) in series {
-        shards
-            .entry(pending_shard(name.as_str()))
-            .or_default()
-            .push((name.as_str(), points.as_slice()));
-    }
-    let mut staged = Vec::with_capacity(shards.len() + 1);
-    let mut lists: Vec<Vec<Listed>> = vec![Vec::new()];
-    let mut list_bytes = 0;
-    for (shard, entries) in shards {
-        let rows = pending_row::encode_rows(entries, ROW_BYTES);
-        let count = rows.len();
-        for (chunk, row) in rows.into_iter().enumerate() {
-            staged.push(Write::put(
-                Table::SeriesPending,
-                Item::new(&shard, marker_row(&batch_id, chunk), row),
+    Staged::encode(series)?.commit(store).await
+}
+
+/// A batch's journal rows and list, encoded and not yet written: step 1's CPU work, apart
+/// from its I/O so that a large write can do it off the requests' runtime.
+pub struct Staged {
+    batch: Uuid,
+    writes: Vec<Write>,
+}
+
+impl Staged {
+    /// Encodes `series` (each one's points in time order, no time twice) under a new batch
+    /// id.
+    pub fn encode(series: &[(SeriesName, Vec<Point>)]) -> DomainResult<Staged> {
+        let batch = Uuid::now_v7();
+        let batch_id = batch.as_hyphenated().to_string();
+        let mut shards: BTreeMap<String, Vec<(&str, &[Point])>> = BTreeMap::new();
+        for (name, points) in series {
+            shards
+                .entry(pending_shard(name.as_str()))
+                .or_default()
+                .push((name.as_str(), points.as_slice()));
+        }
+        let mut writes = Vec::with_capacity(shards.len() + 1);
+        let mut lists: Vec<Vec<Listed>> = vec![Vec::new()];
+        let mut list_bytes = 0;
+        for (shard, entries) in shards {
+            let rows = pending_row::encode_rows(entries, ROW_BYTES);
+            let count = rows.len();
+            for (chunk, row) in rows.into_iter().enumerate() {
+                writes.push(Write::put(
+                    Table::SeriesPending,
+                    Item::new(&shard, marker_row(&batch_id, chunk), row),
+                ));
+            }
+            list_bytes += shard.len() + 8;
+            if list_bytes > LIST_ROW_BYTES {
+                lists.push(Vec::new());
+                list_bytes = 0;
+            }
+            if let Some(list) = lists.last_mut() {
+                list.push(Listed(shard, count));
+            }
+        }
+        for (index, list) in lists.iter().enumerate() {
+            let body =
+                serde_json::to_vec(list).map_err(|err| DomainError::Corrupt(err.to_string()))?;
+            writes.push(Write::put(
+                Table::SeriesBatches,
+                Item::new(&batch_id, format!("{LIST_PREFIX}{index:05}"), body),
             ));
         }
-        list_bytes += shard.len() + 8;
-        if list_bytes > LIST_ROW_BYTES {
-            lists.push(Vec::new());
-            list_bytes = 0;
-        }
-        if let Some(list) = lists.last_mut() {
-            list.push(Listed(shard, count));
-        }
+        Ok(Staged { batch, writes })
     }
-    for (index, list) in lists.iter().enumerate() {
-        let body = serde_json::to_vec(list).map_err(|err| DomainError::Corrupt(err.to_string()))?;
-        staged.push(Write::put(
-            Table::SeriesBatches,
-            Item::new(&batch_id, format!("{LIST_PREFIX}{index:05}"), body),
-        ));
-    }
-    store.batch_write(staged).await?;
-    let committed = store
-        .transact(vec![
-            Write::put_if_absent(
-                Table::SeriesBatches,
-                Item::new(&batch_id, STATE_ROW, Bytes::from_static(COMMITTED)),
-            ),
-            batch_job(batch),
-        ])
-        .await;
-    if let Err(err) = committed {
-        // The commit may still have happened (a timeout, say): abandon only what is sure
-        // not to be committed.
-        if let Err(cleanup) = abandon(store, &batch_id).await {
-            tracing::warn!(batch = %batch_id, error = %cleanup, "could not abandon a series batch");
+
+    /// Writes the rows and commits the batch: the write happens here, whole, or not at all.
+    pub async fn commit(self, store: &dyn Store) -> DomainResult<()> {
+        let Staged { batch, writes } = self;
+        let batch_id = batch.as_hyphenated().to_string();
+        store.batch_write(writes).await?;
+        let committed = store
+            .transact(vec![
+                Write::put_if_absent(
+                    Table::SeriesBatches,
+                    Item::new(&batch_id, STATE_ROW, Bytes::from_static(COMMITTED)),
+                ),
+                batch_job(batch),
+            ])
+            .await;
+        if let Err(err) = committed {
+            // The commit may still have happened (a timeout, say): abandon only what is
+            // sure not to be committed.
+            if let Err(cleanup) = abandon(store, &batch_id).await {
+                tracing::warn!(batch = %batch_id, error = %cleanup, "could not abandon a series batch");
+            }
+            return Err(err.into());
         }
-        return Err(err.into());
+        COMMITTED_SEEN.insert(batch_id, ());
+        Ok(())
     }
-    COMMITTED_SEEN.insert(batch_id, ());
-    Ok(())
 }
 
 /// A batch's list of its shards, as read, with the keys of the rows it came from.

@@ -2,6 +2,7 @@
 //! same transaction as the rows when they fit in one, through the journal otherwise.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -12,6 +13,7 @@ use super::{
     plan, retention,
 };
 use crate::keys::{MAX_TICKS, Ticks};
+use crate::notices::Notices;
 use crate::store::{MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, StoreError, Write, write_bytes};
 use crate::timeline::posting::event_writes;
 use crate::timeline::{DomainError, DomainResult};
@@ -30,6 +32,27 @@ const PACE_ABOVE_BATCHES: u64 = 256;
 /// Longest a journaled write is held back: far within clients' timeouts (Telegraf's is
 /// 5 s); past it the write goes on, and the backlog's bound refuses writes if it fills.
 const MAX_PACE: Duration = Duration::from_secs(1);
+/// Points from which a write's CPU work (merging its series, encoding its journal rows,
+/// telling its tails) runs on the blocking pool. A write of 5,000 series took milliseconds
+/// of it in a few stretches, and on the requests' runtime a read arriving meanwhile waited
+/// for them.
+const INLINE_POINTS: usize = 1_000;
+
+/// Runs `work` here for a write of fewer than [`INLINE_POINTS`], on the blocking pool for
+/// a larger one.
+async fn compute<T: Send + 'static>(
+    points: usize,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> DomainResult<T> {
+    if points < INLINE_POINTS {
+        return Ok(work());
+    }
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => Ok(done),
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(err) => Err(StoreError::Unavailable(format!("the write was stopped: {err}")).into()),
+    }
+}
 
 /// The points one request writes to one series.
 #[derive(Clone, Debug)]
@@ -102,7 +125,8 @@ impl Series {
     /// conflicts, so concurrent writers of one series are never refused, and the journal's
     /// folds merge the points later, one `readings` event per series per fold.
     pub async fn write(&self, batch: Vec<NewPoints>) -> DomainResult<usize> {
-        let mut series = normalise(batch)?;
+        let points = batch.iter().map(|write| write.points.len()).sum();
+        let mut series = compute(points, move || normalise(batch)).await??;
         if self.backlog.is_full() {
             // Checked before anything is written: the client retries the whole write.
             return Err(DomainError::BacklogFull {
@@ -129,7 +153,7 @@ impl Series {
                 if let Some(kept) = expiry::drop_expired(&series, &floors) {
                     series = kept;
                 }
-                return self.stage(&series).await;
+                return self.stage(series).await;
             }
             let (plans, heads) = futures::try_join!(
                 futures::future::try_join_all(series.iter().map(|(name, points)| plan::plan(
@@ -160,7 +184,7 @@ impl Series {
                     match journal::settle(store, name).await {
                         Ok(applied) => settled |= applied,
                         // Other writers are applying it too: stage this write behind it.
-                        Err(DomainError::Conflict(_)) => return self.stage(&series).await,
+                        Err(DomainError::Conflict(_)) => return self.stage(series).await,
                         Err(err) => return Err(err),
                     }
                 }
@@ -178,13 +202,13 @@ impl Series {
             }
             let bytes: usize = writes.iter().map(write_bytes).sum();
             if writes.len() > MAX_TRANSACTION_WRITES || bytes > MAX_TRANSACTION_BYTES {
-                return self.stage(&series).await;
+                return self.stage(series).await;
             }
             let handover = self.wake_workers.handover(&writes);
             match store.transact(writes).await {
                 Ok(()) => {
                     self.wake_workers.hand_over(handover);
-                    self.tell_tails(&series);
+                    tell_tails(&self.notices, &series);
                     return Ok(written(&series));
                 }
                 Err(StoreError::ConditionFailed) => {
@@ -195,11 +219,11 @@ impl Series {
             }
         }
         // Only expired points and pending batches come round this often: stage the rest.
-        self.stage(&series).await
+        self.stage(series).await
     }
 
     /// Stages and commits `series` in the journal (answered once committed).
-    async fn stage(&self, series: &[(SeriesName, Vec<Point>)]) -> DomainResult<usize> {
+    async fn stage(&self, series: Vec<(SeriesName, Vec<Point>)>) -> DomainResult<usize> {
         if series.is_empty() {
             return Ok(0);
         }
@@ -208,16 +232,23 @@ impl Series {
         self.backlog
             .wait_for_fewer_suffixed(PACE_ABOVE_BATCHES, MAX_PACE)
             .await;
-        journal::stage_and_commit(self.store.as_ref(), series).await?;
+        let points = written(&series);
+        let series = Arc::new(series);
+        let staged = {
+            let series = series.clone();
+            compute(points, move || journal::Staged::encode(&series)).await??
+        };
+        staged.commit(self.store.as_ref()).await?;
         self.wake_workers.enqueued();
-        self.tell_tails(series);
-        Ok(written(series))
+        let notices = self.notices.clone();
+        compute(points, move || tell_tails(&notices, &series)).await?;
+        Ok(points)
     }
+}
 
-    /// Tells the live tails of each series written its points.
-    fn tell_tails(&self, series: &[(SeriesName, Vec<Point>)]) {
-        for (name, points) in series {
-            super::live::tell(&self.notices, name, points);
-        }
+/// Tells the live tails of each series written its points.
+fn tell_tails(notices: &Notices, series: &[(SeriesName, Vec<Point>)]) {
+    for (name, points) in series {
+        super::live::tell(notices, name, points);
     }
 }
