@@ -8,12 +8,16 @@
 //! Reported per shape: points/s accepted (answered 204) and applied (until the job queue is
 //! empty again), request p50, p99 and max, the answers by status, the queue's peak, and on
 //! the embedded store the bytes a point added to the series tables (compacted). Beside the
-//! writers, a chart reads one device's day at a 1-hour step every 10 ms, one read at a
-//! time: its p50 and p99 while the writes run are reported against the same read once the
-//! queue is empty. The posting clients and the chart run on threads of their own, apart
-//! from the in-process server's. Answers of 429 or 503 are retried after their
-//! `Retry-After`, as Telegraf does. Each client builds the body it sends next, so the bench
-//! holds eight bodies however long the run.
+//! writers, a chart reads one device's day at a 1-hour step, one read at a time, 10 ms
+//! apart (`--fleet-chart-pause-ms`; 0 reads again at once): its p50 and p99 while the
+//! writes run are reported against the same read once the queue is empty, and beside the
+//! server's own time for those reads (its request histogram, from a request's head to its
+//! answer), which leaves out the clients' waits for a core. Paced reads also report their
+//! floor, `/healthz` read idle at the same pace: on this VM a thread woken after a pause of
+//! milliseconds takes most of one to answer, whatever the request. The posting clients and
+//! the chart run on threads of their own, apart from the in-process server's. Answers of
+//! 429 or 503 are retried after their `Retry-After`, as Telegraf does. Each client builds
+//! the body it sends next, so the bench holds eight bodies however long the run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,6 +48,10 @@ pub struct FleetBenchArgs {
     /// Clients posting at once in the fleet runs.
     #[arg(long, default_value_t = 8)]
     pub fleet_clients: usize,
+    /// Milliseconds the chart waits between its reads: a few dashboards' worth, not a load
+    /// of its own (0: reads again at once).
+    #[arg(long, default_value_t = 10)]
+    pub fleet_chart_pause_ms: u64,
 }
 
 /// 2026-01-01T00:00:00Z, as lpload.py starts.
@@ -72,8 +80,6 @@ fn body(batch: usize, series: usize, lines: usize) -> Vec<u8> {
 
 /// The series the chart reads: device 0's, as line protocol names it.
 const CHART_SERIES: &str = "sensor.value,device=d0";
-/// The chart's pause between reads: a few readers' worth, not a load of its own.
-const CHART_PAUSE: Duration = Duration::from_millis(10);
 /// Threads of the posting clients' runtime.
 const CLIENT_THREADS: usize = 2;
 /// Reads of the chart once the queue is empty.
@@ -146,10 +152,13 @@ async fn shape(
         server.base,
         url::form_urlencoded::byte_serialize(CHART_SERIES.as_bytes()).collect::<String>()
     );
+    let pause = Duration::from_millis(args.fleet_chart_pause_ms);
+    let before_reads = read_histogram(server).await?;
     let charting = tokio_util::sync::CancellationToken::new();
     let chart = spawn_chart(
         &server.admin_token,
         chart_url.clone(),
+        pause,
         charting.clone(),
         usize::MAX,
     );
@@ -190,6 +199,7 @@ async fn shape(
     let accepted_in = started.elapsed();
     charting.cancel();
     let mut busy_reads = chart.await.context("the chart reader failed")??;
+    let busy_served = read_histogram(server).await?.since(&before_reads);
     wait_for_empty_queue(server).await?;
     let applied_in = started.elapsed();
     watching.cancel();
@@ -197,11 +207,23 @@ async fn shape(
     let mut idle_reads = spawn_chart(
         &server.admin_token,
         chart_url,
+        pause,
         tokio_util::sync::CancellationToken::new(),
         IDLE_CHART_READS,
     )
     .await
     .context("the chart reader failed")??;
+    let floor = if pause.is_zero() {
+        String::new()
+    } else {
+        let mut floor = spawn_floor(&server.admin_token, &server.base, pause, IDLE_CHART_READS)
+            .await
+            .context("the /healthz reader failed")??;
+        format!(
+            "; floor (GET /healthz, idle, same pace) p50 {:.2} ms",
+            millis(percentile(&mut floor, 50.0))
+        )
+    };
 
     let mut answers = answers.lock().await;
     let points = (args.fleet_batches * args.fleet_lines) as f64;
@@ -222,10 +244,13 @@ async fn shape(
         peak.load(Ordering::Relaxed),
     );
     println!(
-        "fleet chart, {series} series: one-day read at step=1h agg=avg, while writing p50 {:.2} ms, p99 {:.2} ms ({} reads); idle p50 {:.2} ms, p99 {:.2} ms",
+        "fleet chart, {series} series: one-day read at step=1h agg=avg, {} ms apart, while writing p50 {:.2} ms, p99 {:.2} ms ({} reads; in the server p50 <= {:.1} ms, p99 <= {:.1} ms); idle p50 {:.2} ms, p99 {:.2} ms{floor}",
+        args.fleet_chart_pause_ms,
         millis(percentile(&mut busy_reads, 50.0)),
         millis(percentile(&mut busy_reads, 99.0)),
         busy_reads.len(),
+        busy_served.at_most(0.50) * 1000.0,
+        busy_served.at_most(0.99) * 1000.0,
         millis(percentile(&mut idle_reads, 50.0)),
         millis(percentile(&mut idle_reads, 99.0)),
     );
@@ -305,20 +330,33 @@ where
 fn spawn_chart(
     admin_token: &str,
     url: String,
+    pause: Duration,
     stop: tokio_util::sync::CancellationToken,
     reads: usize,
 ) -> tokio::task::JoinHandle<anyhow::Result<Vec<Duration>>> {
     apart(admin_token, 1, move |client| {
-        read_chart(client, url, stop, reads)
+        read_chart(client, url, pause, stop, reads)
     })
 }
 
-/// Reads the chart's day until `stop` or `reads` reads, each after [`CHART_PAUSE`]; returns
+/// Waits `pause` (none when zero); false if `stop` came first.
+async fn paced(pause: Duration, stop: &tokio_util::sync::CancellationToken) -> bool {
+    if pause.is_zero() {
+        return !stop.is_cancelled();
+    }
+    tokio::select! {
+        () = stop.cancelled() => false,
+        () = tokio::time::sleep(pause) => true,
+    }
+}
+
+/// Reads the chart's day until `stop` or `reads` reads, each `pause` after the last; returns
 /// how long each took. A read must answer 200 with the hours written so far: at least one
 /// once a read has shown any (reads before the series' first point are not counted).
 async fn read_chart(
     client: reqwest::Client,
     url: String,
+    pause: Duration,
     stop: tokio_util::sync::CancellationToken,
     reads: usize,
 ) -> anyhow::Result<Vec<Duration>> {
@@ -332,11 +370,7 @@ async fn read_chart(
         ("agg", "avg"),
     ];
     let mut took = Vec::new();
-    while took.len() < reads {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            () = tokio::time::sleep(CHART_PAUSE) => {}
-        }
+    while took.len() < reads && paced(pause, &stop).await {
         let began = Instant::now();
         let response = client
             .get(&url)
@@ -365,6 +399,87 @@ async fn read_chart(
         took.push(elapsed);
     }
     Ok(took)
+}
+
+/// How long `reads` reads of `/healthz`, each `pause` after the last, took: what any
+/// request costs at that pace, apart from its own work.
+fn spawn_floor(
+    admin_token: &str,
+    base: &str,
+    pause: Duration,
+    reads: usize,
+) -> tokio::task::JoinHandle<anyhow::Result<Vec<Duration>>> {
+    let url = format!("{base}/healthz");
+    apart(admin_token, 1, move |client| async move {
+        let mut took = Vec::with_capacity(reads);
+        let never = tokio_util::sync::CancellationToken::new();
+        while took.len() < reads && paced(pause, &never).await {
+            let began = Instant::now();
+            let response = client.get(&url).send().await?;
+            let status = response.status();
+            response.bytes().await?;
+            took.push(began.elapsed());
+            anyhow::ensure!(status.is_success(), "/healthz answered {status}");
+        }
+        Ok(took)
+    })
+}
+
+/// The server's request histogram of the chart's reads: (upper bound in seconds, reads at
+/// most that long), bound by bound.
+struct Histogram(Vec<(f64, u64)>);
+
+impl Histogram {
+    /// The reads counted in `self` and not in `earlier`.
+    fn since(&self, earlier: &Histogram) -> Histogram {
+        Histogram(
+            self.0
+                .iter()
+                .map(|&(bound, count)| {
+                    let before = earlier
+                        .0
+                        .iter()
+                        .find(|(other, _)| *other == bound)
+                        .map_or(0, |(_, count)| *count);
+                    (bound, count.saturating_sub(before))
+                })
+                .collect(),
+        )
+    }
+
+    /// The least bound that at least `share` of the reads took at most (0 with no reads).
+    fn at_most(&self, share: f64) -> f64 {
+        let total = self.0.last().map_or(0, |(_, count)| *count);
+        self.0
+            .iter()
+            .find(|(_, count)| total > 0 && *count as f64 >= share * total as f64)
+            .map_or(0.0, |(bound, _)| *bound)
+    }
+}
+
+/// The chart reads' histogram as `/metrics` has it now.
+async fn read_histogram(server: &BenchServer) -> anyhow::Result<Histogram> {
+    let text = metrics_text(&server.client, &server.base).await?;
+    let mut buckets: Vec<(f64, u64)> = text
+        .lines()
+        .filter(|line| {
+            line.starts_with("fanline_http_request_duration_seconds_bucket{")
+                && line.contains(r#"method="GET""#)
+                && line.contains(r#"route="/v1/series/{series}/points""#)
+                && line.contains(r#"status="200""#)
+        })
+        .filter_map(|line| {
+            let bound = line.split(r#"le=""#).nth(1)?.split('"').next()?;
+            let bound = if bound == "+Inf" {
+                f64::INFINITY
+            } else {
+                bound.parse().ok()?
+            };
+            Some((bound, line.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Ok(Histogram(buckets))
 }
 
 /// The job queue's depth as `/metrics` counts it.
@@ -429,5 +544,20 @@ mod tests {
                 .expect("line")
                 .ends_with(" 1767225602000000000")
         );
+    }
+
+    #[test]
+    fn the_histogram_counts_only_the_reads_since_and_bounds_their_shares() {
+        let earlier = Histogram(vec![(0.0001, 10), (0.001, 10), (f64::INFINITY, 10)]);
+        let now = Histogram(vec![(0.0001, 60), (0.001, 108), (f64::INFINITY, 110)]);
+        let since = now.since(&earlier);
+        assert_eq!(
+            since.0,
+            vec![(0.0001, 50), (0.001, 98), (f64::INFINITY, 100)]
+        );
+        assert_eq!(since.at_most(0.5), 0.0001);
+        assert_eq!(since.at_most(0.51), 0.001);
+        assert_eq!(since.at_most(0.99), f64::INFINITY);
+        assert_eq!(Histogram(Vec::new()).at_most(0.5), 0.0);
     }
 }
