@@ -21,6 +21,7 @@
 pub mod app;
 mod auth;
 mod background;
+mod bulk;
 pub mod cli;
 pub mod config;
 pub mod cursor;

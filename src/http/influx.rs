@@ -141,8 +141,9 @@ async fn write_line_protocol(
     let precision = Precision::from(params.precision.unwrap_or_default());
     let gzip = content_is_gzip(&headers)?;
     let now = Ticks::now();
-    // Decompressing and parsing megabytes takes milliseconds: off the executor threads.
-    let series = tokio::task::spawn_blocking(move || {
+    // Decompressing and parsing megabytes takes milliseconds: off the executor threads, and
+    // no more at once than there are cores.
+    let series = crate::bulk::run(move || {
         let text = if gzip { gunzip(&body)? } else { body.to_vec() };
         parse(&text, precision, now)
     })

@@ -33,13 +33,13 @@ const PACE_ABOVE_BATCHES: u64 = 256;
 /// 5 s); past it the write goes on, and the backlog's bound refuses writes if it fills.
 const MAX_PACE: Duration = Duration::from_secs(1);
 /// Points from which a write's CPU work (merging its series, encoding its journal rows,
-/// telling its tails) runs on the blocking pool. A write of 5,000 series took milliseconds
-/// of it in a few stretches, and on the requests' runtime a read arriving meanwhile waited
-/// for them.
+/// telling its tails) runs as [bulk work](crate::bulk). A write of 5,000 series took
+/// milliseconds of it in a few stretches, and on the requests' runtime a read arriving
+/// meanwhile waited for them.
 const INLINE_POINTS: usize = 1_000;
 
-/// Runs `work` here for a write of fewer than [`INLINE_POINTS`], on the blocking pool for
-/// a larger one.
+/// Runs `work` here for a write of fewer than [`INLINE_POINTS`], as bulk work for a larger
+/// one.
 async fn compute<T: Send + 'static>(
     points: usize,
     work: impl FnOnce() -> T + Send + 'static,
@@ -47,7 +47,7 @@ async fn compute<T: Send + 'static>(
     if points < INLINE_POINTS {
         return Ok(work());
     }
-    match tokio::task::spawn_blocking(work).await {
+    match crate::bulk::run(work).await {
         Ok(done) => Ok(done),
         Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
         Err(err) => Err(StoreError::Unavailable(format!("the write was stopped: {err}")).into()),
