@@ -6,9 +6,9 @@
 //! InfluxDB, so the figures compare.
 //!
 //! Reported per shape: points/s accepted (answered 204) and applied (until the job queue is
-//! empty again), request p50, p99 and max, the answers by status, the queue's peak, and on
-//! the embedded store the bytes a point added to the series tables (compacted). Beside the
-//! writers, a chart reads one device's day at a 1-hour step, one read at a time, 10 ms
+//! empty again), request p50, p99 and max, the answers by status, the queue's peak and its
+//! depth at each quarter of the writes (flat when the folds keep up), and on the embedded
+//! store the bytes a point added to the series tables (compacted). Beside the writers, a chart reads one device's day at a 1-hour step, one read at a time, 10 ms
 //! apart (`--fleet-chart-pause-ms`; 0 reads again at once): its p50 and p99 while the
 //! writes run are reported against the same read once the queue is empty, and beside the
 //! server's own time for those reads (its request histogram, from a request's head to its
@@ -203,7 +203,8 @@ async fn shape(
     wait_for_empty_queue(server).await?;
     let applied_in = started.elapsed();
     watching.cancel();
-    watcher.await.context("the queue watcher failed")?;
+    let depths = watcher.await.context("the queue watcher failed")?;
+    let [first, second, third, last] = quarters(&depths, accepted_in);
     let mut idle_reads = spawn_chart(
         &server.admin_token,
         chart_url,
@@ -229,7 +230,7 @@ async fn shape(
     let points = (args.fleet_batches * args.fleet_lines) as f64;
     let slowest = answers.latencies.iter().max().copied().unwrap_or_default();
     println!(
-        "fleet line protocol, {series} series, {} lines a request, {} clients, {} requests: accepted {:.0} points/s, applied {:.0} points/s (queue empty after {:.1} s); request p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; answers {:?}, {} retried after Retry-After; queue peak {} jobs",
+        "fleet line protocol, {series} series, {} lines a request, {} clients, {} requests: accepted {:.0} points/s, applied {:.0} points/s (queue empty after {:.1} s); request p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; answers {:?}, {} retried after Retry-After; queue peak {} jobs, at each quarter of the writes {first} / {second} / {third} / {last}",
         args.fleet_lines,
         args.fleet_clients,
         args.fleet_batches,
@@ -497,18 +498,34 @@ async fn watch_queue(
     base: String,
     peak: Arc<AtomicU64>,
     stop: tokio_util::sync::CancellationToken,
-) {
+) -> Vec<(Duration, u64)> {
+    let started = Instant::now();
+    let mut depths = Vec::new();
     let mut ticks = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => return depths,
             _ = ticks.tick() => {
                 if let Ok(depth) = queue_depth(&client, &base).await {
                     peak.fetch_max(depth, Ordering::Relaxed);
+                    depths.push((started.elapsed(), depth));
                 }
             }
         }
     }
+}
+
+/// The queue's depth seen last before each quarter of `writing` had passed: flat when the
+/// folds keep up with the writes.
+fn quarters(depths: &[(Duration, u64)], writing: Duration) -> [u64; 4] {
+    [1u32, 2, 3, 4].map(|quarter| {
+        let until = writing * quarter / 4;
+        depths
+            .iter()
+            .take_while(|(at, _)| *at <= until)
+            .last()
+            .map_or(0, |(_, depth)| *depth)
+    })
 }
 
 /// Waits (polling, for at most 10 minutes) until every job the writes left has run.
@@ -544,6 +561,19 @@ mod tests {
                 .expect("line")
                 .ends_with(" 1767225602000000000")
         );
+    }
+
+    #[test]
+    fn quarters_take_the_last_depth_seen_before_each() {
+        let seconds = |s: u64| Duration::from_secs(s);
+        let depths = [
+            (seconds(1), 5),
+            (seconds(2), 9),
+            (seconds(5), 7),
+            (seconds(9), 3),
+        ];
+        assert_eq!(quarters(&depths, seconds(8)), [9, 9, 7, 7]);
+        assert_eq!(quarters(&[], seconds(8)), [0, 0, 0, 0]);
     }
 
     #[test]
