@@ -30,31 +30,44 @@ pub async fn run<T: Send + 'static>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Condvar, Mutex};
 
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn no_more_run_at_once_than_there_are_cores() {
+    async fn works_hold_every_permit_while_one_per_core_run() {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let works = (0..cores * 4).map(|_| {
-            let (running, most) = (running.clone(), most.clone());
-            run(move || {
-                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                std::thread::sleep(std::time::Duration::from_millis(5));
-                running.fetch_sub(1, Ordering::SeqCst);
+        let running = Arc::new(AtomicUsize::new(0));
+        // Closed until the test has looked: the works run, and hold their permits, till then.
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let works: Vec<_> = (0..cores * 4)
+            .map(|_| {
+                let (running, gate) = (running.clone(), gate.clone());
+                tokio::spawn(run(move || {
+                    running.fetch_add(1, Ordering::SeqCst);
+                    let (open, opened) = &*gate;
+                    let mut open = open.lock().expect("the gate");
+                    while !*open {
+                        open = opened.wait(open).expect("the gate");
+                    }
+                }))
             })
-        });
-        for done in futures::future::join_all(works).await {
-            done.expect("the work ran");
+            .collect();
+        while running.load(Ordering::SeqCst) < cores {
+            tokio::task::yield_now().await;
         }
-        assert!(
-            most.load(Ordering::SeqCst) <= cores,
-            "at most {cores} at once"
-        );
-        assert!(most.load(Ordering::SeqCst) >= 1);
+        let permit_left = RUNNING.try_acquire().is_ok();
+        let seen_running = running.load(Ordering::SeqCst);
+        // Opened before asserting, so that a failure does not leave the works blocked.
+        *gate.0.lock().expect("the gate") = true;
+        gate.1.notify_all();
+
+        assert!(!permit_left, "the works running hold every permit");
+        assert_eq!(seen_running, cores, "one work per core runs");
+        for work in works {
+            work.await.expect("the task").expect("the work ran");
+        }
+        assert_eq!(running.load(Ordering::SeqCst), cores * 4, "every work ran");
     }
 }
