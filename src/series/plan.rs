@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::layout::{
-    MAX_POINTS_PER_ROW, ROW_SPAN, bucket_of, day_key, day_of, days_partition, days_query,
-    parse_day, parse_ticks, partition, read_all, row_key,
+    MAX_POINTS_PER_ROW, ROW_SPAN, bucket_of, day_key, day_of, days_partition, parse_ticks,
+    partition, read_all, row_key,
 };
 use super::rollup_write::{self, RollupReads};
 use super::{Point, codec};
-use crate::store::{Condition, Item, Query, Store, Table, Write};
+use crate::store::{Condition, Item, Key, Query, Store, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
 /// The row writes of one planned points write.
@@ -57,11 +57,11 @@ pub async fn plan(
     markers: Markers,
 ) -> DomainResult<Plan> {
     let mut plan = Plan::default();
-    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+    if points.is_empty() {
         return Ok(plan);
-    };
+    }
 
-    // One query per run of consecutive buckets of one day, and one of the days index.
+    // One query per run of consecutive buckets of one day.
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for point in points {
         let bucket = bucket_of(point.at);
@@ -73,19 +73,23 @@ pub async fn plan(
             _ => runs.push((bucket, bucket + ROW_SPAN)),
         }
     }
-    let (first_day, last_day) = (day_of(first.at), day_of(last.at));
-    let mut queries = vec![days_query(
-        series,
-        first_day,
-        last_day,
-        (last_day - first_day + 1) as usize,
-    )];
+    // The days the points fall on, and their rollup rows, are read by key: the days index
+    // entries say which of them had points before.
+    let mut days: Vec<u64> = points.iter().map(|point| day_of(point.at)).collect();
+    days.dedup();
     let rollup_reads = RollupReads::new(points);
-    queries.extend(rollup_reads.queries(series));
-    queries.extend(runs.iter().map(|(start, end)| {
-        Query::partition(Table::SeriesPoints, partition(series, day_of(*start)), 1000)
-            .range(Some(row_key(*start)), Some(row_key(*end)))
-    }));
+    let mut keys: Vec<Key> = days
+        .iter()
+        .map(|day| Key::new(Table::SeriesIndex, days_partition(series), day_key(*day)))
+        .collect();
+    keys.extend(rollup_reads.keys(series));
+    let queries = runs
+        .iter()
+        .map(|(start, end)| {
+            Query::partition(Table::SeriesPoints, partition(series, day_of(*start)), 1000)
+                .range(Some(row_key(*start)), Some(row_key(*end)))
+        })
+        .collect();
     // The journal's first page only: a full one counts as pending anyway.
     let journal = async {
         DomainResult::Ok(match markers {
@@ -93,17 +97,17 @@ pub async fn plan(
             Markers::Skip => None,
         })
     };
-    let (answers, journal) = futures::try_join!(read_all(store, queries), journal)?;
+    let found = async { DomainResult::Ok(store.get_many(keys).await?) };
+    let (answers, mut found, journal) =
+        futures::try_join!(read_all(store, queries), found, journal)?;
     plan.pending = journal.is_some_and(|rows| super::pending_row::may_be_pending(series, &rows));
-    let mut answers = answers.into_iter();
-    let known_days: Vec<u64> = answers
-        .next()
-        .unwrap_or_default()
+    let rollup_answers = found.split_off(days.len().min(found.len()));
+    let known_days: Vec<u64> = days
         .iter()
-        .filter_map(|item| parse_day(&item.row))
+        .zip(&found)
+        .filter(|(_, entry)| entry.is_some())
+        .map(|(day, _)| *day)
         .collect();
-    let rollup_answers: Vec<Vec<Item>> =
-        answers.by_ref().take(rollup_reads.query_count()).collect();
     // A series with none of these days may have others, or none: a new series, whose
     // rollups are complete from its first point. Asked only when every day is new to it.
     let new_series = known_days.is_empty()
@@ -118,7 +122,7 @@ pub async fn plan(
 
     // Rows by key time, per bucket.
     let mut rows: BTreeMap<u64, Row> = BTreeMap::new();
-    for item in answers.flatten() {
+    for item in answers.into_iter().flatten() {
         let key = parse_ticks(&item.row)
             .ok_or_else(|| DomainError::Corrupt(format!("series row key {:?}", item.row)))?;
         let stored = codec::decode(key, &item.value).map_err(DomainError::Corrupt)?;
@@ -185,8 +189,6 @@ pub async fn plan(
         }
     }
 
-    let mut days: Vec<u64> = points.iter().map(|point| day_of(point.at)).collect();
-    days.dedup();
     let mut new_day = false;
     for day in days.into_iter().filter(|day| !known_days.contains(day)) {
         new_day = true;

@@ -29,7 +29,7 @@ use super::rollup::{
     encode_hour, hour_index, hour_of, hour_row, minutes_of,
 };
 use super::{Point, codec};
-use crate::store::{Condition, Item, Query, Store, StoreError, Table, Write};
+use crate::store::{Condition, Item, Key, Query, Store, StoreError, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
 /// Repairs retried when writers keep changing the day.
@@ -60,24 +60,26 @@ impl RollupReads {
         RollupReads { days }
     }
 
-    /// Two queries a day: its day row, and its touched hours' rows.
-    pub fn queries(&self, series: &str) -> Vec<Query> {
-        let mut queries = Vec::with_capacity(self.days.len() * 2);
+    /// The keys to read, by key rather than by range (on an LSM store a point read skips
+    /// what its filters rule out, where a range read opens every run; on DynamoDB they go in
+    /// `BatchGetItem`s): per day its day row, then each touched hour's row.
+    pub fn keys(&self, series: &str) -> Vec<Key> {
+        let mut keys = Vec::with_capacity(self.key_count());
         for (day, hours) in &self.days {
             let part = partition(series, *day);
-            let (first, last) = (hours[0], hours[hours.len() - 1]);
-            queries.push(day_row_query(&part));
-            queries.push(
-                Query::partition(Table::SeriesRollups, &part, HOURS_PER_DAY + 1)
-                    .range(Some(hour_row(first)), Some(hour_row(last + 1))),
+            keys.push(Key::new(Table::SeriesRollups, &part, DAY_ROW));
+            keys.extend(
+                hours
+                    .iter()
+                    .map(|hour| Key::new(Table::SeriesRollups, &part, hour_row(*hour))),
             );
         }
-        queries
+        keys
     }
 
-    /// How many queries [`RollupReads::queries`] makes.
-    pub fn query_count(&self) -> usize {
-        self.days.len() * 2
+    /// How many keys [`RollupReads::keys`] names.
+    pub fn key_count(&self) -> usize {
+        self.days.iter().map(|(_, hours)| 1 + hours.len()).sum()
     }
 }
 
@@ -89,10 +91,19 @@ fn day_row_query(part: &str) -> Query {
 
 /// A day row as read: its stored bytes (for the compare-and-swap) and what they say.
 fn read_day_row(items: Vec<Item>, known: bool) -> DomainResult<(Option<Bytes>, DayRow)> {
-    match items.into_iter().find(|item| item.row == DAY_ROW) {
-        Some(item) => {
-            let row = DayRow::decode(&item.value).map_err(DomainError::Corrupt)?;
-            Ok((Some(item.value), row))
+    let stored = items
+        .into_iter()
+        .find(|item| item.row == DAY_ROW)
+        .map(|item| item.value);
+    decode_day_row(stored, known)
+}
+
+/// A day row's stored bytes, if any, and what they say (`known`: the day had points).
+fn decode_day_row(stored: Option<Bytes>, known: bool) -> DomainResult<(Option<Bytes>, DayRow)> {
+    match stored {
+        Some(value) => {
+            let row = DayRow::decode(&value).map_err(DomainError::Corrupt)?;
+            Ok((Some(value), row))
         }
         None if known => Ok((None, DayRow::unknown())),
         None => Ok((None, DayRow::empty())),
@@ -146,14 +157,14 @@ fn hour_write(
     })
 }
 
-/// The rollup writes of a points write: `answers` to [`RollupReads::queries`], `buckets`
+/// The rollup writes of a points write: `answers` to [`RollupReads::keys`], `buckets`
 /// every point of each bucket the write touches (as written), `known_days` the days that
 /// had points before, `new_series` whether the series had no day at all (its rollups are
 /// then marked complete).
 pub fn writes(
     series: &str,
     reads: &RollupReads,
-    answers: Vec<Vec<Item>>,
+    answers: Vec<Option<Bytes>>,
     buckets: &BTreeMap<u64, Vec<Point>>,
     known_days: &[u64],
     new_series: bool,
@@ -163,10 +174,9 @@ pub fn writes(
     for (day, hours) in &reads.days {
         let part = partition(series, *day);
         let (old_day, mut day_row) =
-            read_day_row(answers.next().unwrap_or_default(), known_days.contains(day))?;
-        let mut hour_rows = by_row(answers.next().unwrap_or_default());
+            decode_day_row(answers.next().flatten(), known_days.contains(day))?;
         for hour in hours {
-            let old_hour = hour_rows.remove(&hour_row(*hour));
+            let old_hour = answers.next().flatten();
             let mut minutes = match (&day_row.hours[*hour], &old_hour) {
                 // Not known to match the points: stays so until repaired.
                 (HourState::Dirty, _) => continue,
