@@ -100,6 +100,14 @@ const RECORD_BYTES_BOUND: usize = 4096;
 /// past its floor.
 const RECHECK_EMPTY_EVERY: Duration = Duration::from_millis(50);
 
+/// Pause before the watching worker reads the queue once more, after a read that found jobs
+/// and then none: jobs those jobs enqueued under older ids (a fold's `readings` events keep
+/// their first batch's time) sit below the floors the reads start from, and the read from a
+/// shard's start that finds them waits [`RECHECK_EMPTY_EVERY`]; otherwise they would wait a
+/// whole poll interval.
+const RECHECK_AFTER_WORK: Duration = Duration::from_millis(60);
+const _: () = assert!(RECHECK_AFTER_WORK.as_millis() > RECHECK_EMPTY_EVERY.as_millis());
+
 /// Longest pause of the worker loop after a failed step (the store unreachable).
 const STEP_BACKOFF_CAP_MS: i64 = 2_000;
 
@@ -118,6 +126,10 @@ pub struct Worker {
     reported: HashSet<String>,
     /// A reserve worker (see [`Worker::reserve`]).
     reserve: bool,
+    /// When the queue is to be read once more after a read that found jobs (see
+    /// [`RECHECK_AFTER_WORK`]): idle steps before it pause until then, however they were
+    /// woken. Not set by jobs handed over, so posts cost no extra reads.
+    recheck_at: Option<Instant>,
 }
 
 impl Worker {
@@ -142,6 +154,7 @@ impl Worker {
             next_shard,
             reported: HashSet::new(),
             reserve: false,
+            recheck_at: None,
         }
     }
 
@@ -236,6 +249,9 @@ impl Worker {
     async fn step(&mut self) -> JobResult<Processed> {
         if self.wake.read_queue_now(self.settings.poll_interval) {
             let processed = self.read_queue_and_process().await;
+            if matches!(processed, Ok(Processed::Job)) {
+                self.recheck_at = Some(Instant::now() + RECHECK_AFTER_WORK);
+            }
             if !matches!(processed, Ok(Processed::Idle)) {
                 // Not every shard was read, or a read failed: the next step reads again.
                 self.wake.more_in_queue();
@@ -837,10 +853,21 @@ impl Worker {
                         }
                         continue;
                     };
+                    let now = Instant::now();
+                    let pause = match self.recheck_at {
+                        Some(at) if now < at => {
+                            self.wake.more_in_queue();
+                            (at - now).min(self.settings.poll_interval)
+                        }
+                        _ => {
+                            self.recheck_at = None;
+                            self.settings.poll_interval
+                        }
+                    };
                     tokio::select! {
                         () = self.shutdown.cancelled() => return,
                         () = self.wake.notified() => {}
-                        () = tokio::time::sleep(self.settings.poll_interval) => {}
+                        () = tokio::time::sleep(pause) => {}
                     }
                     continue;
                 }
@@ -1469,6 +1496,71 @@ mod tests {
         rig.next_done("the job enqueued is found").await;
         assert!(polls.load(Ordering::SeqCst) > polls_before + 1);
         rig.stop().await;
+    }
+
+    /// Enqueues, when it runs, a job under an id older than its own: below the floor the
+    /// shard's reads start from, as a fold's `readings` jobs are.
+    struct EnqueuesBelowTheFloor {
+        store: Arc<dyn Store>,
+        older: JobKey,
+    }
+
+    #[async_trait]
+    impl Handler for EnqueuesBelowTheFloor {
+        fn kind(&self) -> &'static str {
+            "enqueuer"
+        }
+
+        async fn run(&self, _job: &mut Claimed) -> JobResult<Outcome> {
+            self.store
+                .transact(vec![
+                    NewJob::new(self.older.clone(), "single", &1u32).write(),
+                ])
+                .await?;
+            Ok(Outcome::done())
+        }
+    }
+
+    /// A job found by a read of the queue that enqueues another below the shard's floor: the
+    /// worker finds it soon after, not a poll interval (here an hour) later.
+    #[tokio::test]
+    async fn a_job_enqueued_below_the_floor_by_a_job_read_from_the_queue_runs_soon() {
+        let (_dir, store) = temp_store().await;
+        let older = key_on_shard_zero();
+        let enqueuer = Arc::new(EnqueuesBelowTheFloor {
+            store: store.clone(),
+            older: older.clone(),
+        });
+        let handlers = Handlers::default()
+            .with(enqueuer)
+            .with(Arc::new(OneAtATime));
+        let settings = RunnerSettings {
+            poll_interval: Duration::from_secs(3600),
+            ..RunnerSettings::default()
+        };
+        let wake = Wake::with_handoff(HANDOFF_CAPACITY);
+        let shutdown = CancellationToken::new();
+        let (sink, mut done) = mpsc::unbounded_channel();
+        let worker = idle_test_worker(store.clone(), &handlers, &settings, &wake, &shutdown)
+            .report_done_to(sink);
+        let task = tokio::spawn(worker.run());
+
+        enqueue_on_shard_zero(store.as_ref(), "enqueuer", 1).await;
+        wake.enqueued();
+        let mut ended = Vec::new();
+        while ended.len() < 2 {
+            let report = tokio::time::timeout(Duration::from_secs(30), done.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("both jobs end well within the poll interval: {ended:?}")
+                })
+                .expect("a report");
+            ended.push(report.id);
+        }
+        assert_eq!(ended[1], older.id, "the job enqueued below the floor ran");
+
+        shutdown.cancel();
+        task.await.expect("worker");
     }
 
     /// A batch of handed jobs whose ending fails leaves them in the queue only: the next step
