@@ -101,8 +101,8 @@ const RECORD_BYTES_BOUND: usize = 4096;
 const RECHECK_EMPTY_EVERY: Duration = Duration::from_millis(50);
 
 /// Pause before the watching worker reads the queue once more, after a read that found jobs
-/// and then none: jobs those jobs enqueued under older ids (a fold's `readings` events keep
-/// their first batch's time) sit below the floors the reads start from, and the read from a
+/// and then none: jobs those jobs enqueued under older ids (ids that keep the time of the
+/// work they come from) sit below the floors the reads start from, and the read from a
 /// shard's start that finds them waits [`RECHECK_EMPTY_EVERY`]; otherwise they would wait a
 /// whole poll interval.
 const RECHECK_AFTER_WORK: Duration = Duration::from_millis(60);
@@ -1499,7 +1499,7 @@ mod tests {
     }
 
     /// Enqueues, when it runs, a job under an id older than its own: below the floor the
-    /// shard's reads start from, as a fold's `readings` jobs are.
+    /// shard's reads start from.
     struct EnqueuesBelowTheFloor {
         store: Arc<dyn Store>,
         older: JobKey,

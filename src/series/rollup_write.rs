@@ -78,7 +78,7 @@ impl RollupReads {
     }
 
     /// How many keys [`RollupReads::keys`] names.
-    pub fn key_count(&self) -> usize {
+    fn key_count(&self) -> usize {
         self.days.iter().map(|(_, hours)| 1 + hours.len()).sum()
     }
 }
