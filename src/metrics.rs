@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -182,8 +183,6 @@ pub struct Metrics {
     pub streams: StreamMetrics,
     pub mqtt: MqttMetrics,
     pub intake: IntakeMetrics,
-    /// Jobs waiting or leased in the queue, read from the store at each scrape.
-    pub queue_depth: Gauge,
     /// Age of the oldest job in the queue, as the backlog was last counted.
     pub backlog_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Journaled series writes waiting for their fold, as the backlog was last counted.
@@ -219,12 +218,6 @@ impl Metrics {
         mqtt.register(&mut registry);
         let intake = IntakeMetrics::default();
         intake.register(&mut registry);
-        let queue_depth = Gauge::default();
-        registry.register(
-            "fanline_jobs_queue_depth",
-            "Jobs in the queue, pending or leased (counted at scrape time, up to FANLINE_MAX_BACKLOG, or 1000 per shard without a bound)",
-            queue_depth.clone(),
-        );
         let backlog_age_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "fanline_jobs_backlog_age_seconds",
@@ -247,7 +240,6 @@ impl Metrics {
             streams,
             mqtt,
             intake,
-            queue_depth,
             backlog_age_seconds,
             series_batches,
         }
@@ -262,11 +254,24 @@ impl Metrics {
         self
     }
 
-    /// The OpenMetrics text of every metric.
-    pub fn encode(&self) -> String {
+    /// The OpenMetrics text of every metric, with `queue_depth` as counted for this scrape.
+    ///
+    /// A count that failed leaves the depth out rather than repeating an older one: a scraper
+    /// waiting for an empty queue must not take a stale zero for one.
+    pub fn encode(&self, queue_depth: Option<u64>) -> String {
+        let mut scrape = Registry::default();
+        if let Some(depth) = queue_depth {
+            scrape.register(
+                "fanline_jobs_queue_depth",
+                "Jobs in the queue, pending or leased (counted at scrape time, up to FANLINE_MAX_BACKLOG, or 1000 per shard without a bound; absent when the count failed)",
+                ConstGauge::new(i64::try_from(depth).unwrap_or(i64::MAX)),
+            );
+        }
         let mut text = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        let _ = text::encode_registry(&mut text, &self.registry)
+            .and_then(|()| text::encode_registry(&mut text, &scrape))
+            .and_then(|()| text::encode_eof(&mut text));
         text
     }
 }

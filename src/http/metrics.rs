@@ -29,16 +29,14 @@ pub fn router() -> OpenApiRouter<AppState> {
     ))
 )]
 async fn get_metrics(State(state): State<AppState>) -> Response {
-    match state.timelines.queue_depth().await {
-        Ok(depth) => {
-            state
-                .metrics
-                .queue_depth
-                .set(i64::try_from(depth).unwrap_or(i64::MAX));
-        }
+    let queue_depth = match state.timelines.queue_depth().await {
+        Ok(depth) => Some(depth),
         // Still answer: the other metrics matter most when the store is in trouble.
-        Err(err) => tracing::warn!(error = %err, "could not count the fan-out queue"),
-    }
+        Err(err) => {
+            tracing::warn!(error = %err, "could not count the fan-out queue");
+            None
+        }
+    };
     let backlog = state.timelines.backlog();
     let oldest = backlog.oldest_age.unwrap_or_default();
     state.metrics.backlog_age_seconds.set(oldest.as_secs_f64());
@@ -51,7 +49,7 @@ async fn get_metrics(State(state): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics.encode(),
+        state.metrics.encode(queue_depth),
     )
         .into_response()
 }

@@ -253,6 +253,7 @@ async fn edits_are_refused_outside_the_authors_rights_and_over_the_payload_limit
         "{unknown_field:?}"
     );
     // Nothing of those landed; the author's own token edits.
+    app.wait_for_idle().await;
     assert_eq!(app.timeline("alice").await[0]["version"], 1);
     let ok = edit(&own, "alice", &id, body).await;
     assert_eq!(ok.status, StatusCode::OK, "{ok:?}");

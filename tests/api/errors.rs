@@ -257,8 +257,13 @@ async fn a_store_outage_is_503_and_recovers(backend: Backend) {
         StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",
     );
+    // Metrics still answer, without a queue depth they could not count.
+    let metrics = app.metrics_text().await;
+    assert!(metrics.contains("fanline_http_requests_total"), "{metrics}");
+    assert!(!metrics.contains("fanline_jobs_queue_depth "), "{metrics}");
 
     app.faults.set_outage(None);
+    assert!(app.queue_depth().await.is_some(), "counted again");
     assert_eq!(app.get("/healthz").await.status, StatusCode::OK);
     // The refused post was not stored; the next one is delivered as usual.
     app.post_text("alice", "back").await;
