@@ -26,6 +26,7 @@ use crate::mqtt::{MqttSettings, Subscriber};
 use crate::notices::Notices;
 use crate::series::{self, Series};
 use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
+use crate::timeline::audience::Quiet;
 use crate::timeline::{Timelines, cursor_key};
 
 /// Room in a request body beyond the payload itself (id, kind, at, JSON punctuation).
@@ -103,6 +104,15 @@ fn notices_for(config: &Config, store: &Arc<dyn Store>, shutdown: &CancellationT
     }
 }
 
+/// How this process posts the `readings` events of series nobody follows: with no job.
+fn quiet_posts(config: &Config, notices: &Notices) -> Quiet {
+    Quiet::new(
+        notices.clone(),
+        config.timeline_settings().max_timeline_len,
+        config.runner_settings().status_retention,
+    )
+}
+
 /// What a process's server and workers share.
 struct Shared<'a> {
     store: &'a Arc<dyn Store>,
@@ -145,7 +155,8 @@ async fn app_state(
     let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
         .with_notices(notices.clone())
         .with_default_retention(config.series_retention)
-        .with_backlog(backlog.clone());
+        .with_backlog(backlog.clone())
+        .with_quiet(quiet_posts(config, notices));
     Ok(AppState::new(Services {
         timelines: Arc::new(timelines),
         series: Arc::new(series),
@@ -281,7 +292,11 @@ impl Workers {
             wake,
             notices,
         )
-        .extend(crate::series::job_handlers(store, config.series_retention));
+        .extend(crate::series::job_handlers(
+            store,
+            config.series_retention,
+            Some(quiet_posts(config, notices)),
+        ));
         // Each regular worker has a reserve twin that runs only while work is left behind.
         let workers = (0..config.workers * 2)
             .map(|index| {
@@ -491,7 +506,8 @@ pub async fn run_workers(config: &Config, shutdown: CancellationToken) -> anyhow
             .await
             .context("failed to read the cursor key from the store")?;
         let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())
-            .with_notices(notices.clone());
+            .with_notices(notices.clone())
+            .with_quiet(quiet_posts(config, &notices));
         let subscriber = Subscriber::new(
             settings,
             Arc::new(series),

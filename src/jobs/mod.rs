@@ -36,7 +36,9 @@ pub use job::{FORMAT, JobKey, NewJob, now_ms};
 pub use metrics::{JobMetrics, KindLabel, LagCounts, LagSnapshot, RetryLabels};
 pub use queue::{Claimed, depth};
 pub use runner::{JobDone, Processed, RunnerSettings, Worker};
-pub use status::{WorkState, WorkStatus, lookup as work_status};
+pub use status::{
+    WorkState, WorkStatus, done_without_job, lookup as work_status, sweep_after_done,
+};
 pub use wake::{HANDOFF_CAPACITY, Handover, Wake};
 
 /// Why a job did not end well.

@@ -136,6 +136,49 @@ pub(super) fn absent(key: &StatusKey, job: &Job) -> RecordSlot {
     }
 }
 
+/// The record of work a writer did itself, in its own transaction, with no job: reads then
+/// report the work `key` done as if a job had ended it, with `progress` units done of
+/// `total`. Put in that transaction; the work's retention starts now.
+pub fn done_without_job(
+    partition: &str,
+    key: &JobKey,
+    enqueued_at: Ticks,
+    progress: u64,
+    total: Option<u64>,
+    retention: std::time::Duration,
+) -> Write {
+    let mut record = StatusRecord {
+        enqueued_at: enqueued_at.get(),
+        parts_total: Some(1),
+        parts_done: 1,
+        progress,
+        total,
+        attempts: 1,
+        ..StatusRecord::default()
+    };
+    record.finish_if_complete(retention_millis(retention));
+    let body = Bytes::from(serde_json::to_vec(&record).unwrap_or_default());
+    Write::put(Table::FanoutStatus, Item::new(partition, &key.id, body))
+}
+
+/// After work done without a job (see [`done_without_job`]): deletes `partition`'s expired
+/// records if `key` is of the work that sweeps, as a job's ending would.
+pub async fn sweep_after_done(
+    store: &dyn Store,
+    partition: &str,
+    key: &JobKey,
+    retention: std::time::Duration,
+) -> JobResult<()> {
+    if sweeps(&key.id) {
+        sweep_expired(store, partition, retention_millis(retention)).await?;
+    }
+    Ok(())
+}
+
+fn retention_millis(retention: std::time::Duration) -> i64 {
+    i64::try_from(retention.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
 fn decode(body: &[u8]) -> JobResult<StatusRecord> {
     serde_json::from_slice(body).map_err(|err| JobError::Corrupt(format!("status record: {err}")))
 }

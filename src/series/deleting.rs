@@ -48,7 +48,7 @@ impl Series {
         if range.from >= range.to {
             return Ok(0);
         }
-        journal::settle(store, name).await?;
+        journal::settle(store, self.quiet.as_ref(), name).await?;
         let (first_day, last_day) = (
             super::layout::day_of(range.from),
             super::layout::day_of(range.to - 1),
@@ -77,7 +77,7 @@ impl Series {
         if !self.exists(series).await? {
             return Err(DomainError::NotFound(format!("no series {name:?}")));
         }
-        journal::settle(store, name).await?;
+        journal::settle(store, self.quiet.as_ref(), name).await?;
         loop {
             let days = store
                 .query(Query::partition(

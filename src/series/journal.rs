@@ -53,6 +53,7 @@ use crate::store::{
     Condition, Item, Key, MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError,
     StoreExt, Table, Write, write_bytes,
 };
+use crate::timeline::audience::{self, Audience, Quiet};
 use crate::timeline::posting::event_writes;
 use crate::timeline::{DomainError, DomainResult};
 
@@ -152,6 +153,8 @@ fn batch_job(batch: Uuid) -> Write {
 /// Runs the jobs that apply committed batches (step 3).
 pub struct ApplyBatchHandler {
     pub store: Arc<dyn Store>,
+    /// Posts the events of series nobody follows with no job; `None`: always with one.
+    pub quiet: Option<Quiet>,
 }
 
 #[async_trait]
@@ -162,7 +165,7 @@ impl Handler for ApplyBatchHandler {
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let payload: BatchJob = job.payload()?;
-        let applied = apply(self.store.as_ref(), &payload.batch).await?;
+        let applied = apply(self.store.as_ref(), self.quiet.as_ref(), &payload.batch).await?;
         job.add_progress(applied);
         Ok(Outcome::done())
     }
@@ -526,7 +529,7 @@ pub async fn pending_points(
 /// Applies every batch committed to `series`' shard so far, so that a write or delete made
 /// next comes after them; returns whether any of `series`' points were applied (so its rows
 /// changed).
-pub async fn settle(store: &dyn Store, series: &str) -> DomainResult<bool> {
+pub async fn settle(store: &dyn Store, quiet: Option<&Quiet>, series: &str) -> DomainResult<bool> {
     let shard = pending_shard(series);
     // Folds read the oldest rows only: the newest batch staged says how far to go.
     let newest = store
@@ -539,7 +542,7 @@ pub async fn settle(store: &dyn Store, series: &str) -> DomainResult<bool> {
         return Ok(false);
     };
     let batch = batch_of(&newest.row).to_owned();
-    let folded = fold_shard(store, &shard, &batch, true, Some(series)).await?;
+    let folded = fold_shard(store, quiet, &shard, &batch, true, Some(series)).await?;
     Ok(folded.watched)
 }
 
@@ -554,7 +557,7 @@ fn is_stale(batch: &str) -> bool {
 }
 
 /// Applies committed `batch` (step 3); returns the points folded. Safe to run again.
-pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
+pub async fn apply(store: &dyn Store, quiet: Option<&Quiet>, batch: &str) -> DomainResult<u64> {
     if batch_states(store, &[batch]).await?[0] != BatchState::Committed {
         return Ok(0);
     }
@@ -584,7 +587,7 @@ pub async fn apply(store: &dyn Store, batch: &str) -> DomainResult<u64> {
     // higher-ranked `FnOnce` limitation).
     let folds: Vec<_> = shards
         .into_iter()
-        .map(|shard| fold_shard(store, shard, batch, true, None))
+        .map(|shard| fold_shard(store, quiet, shard, batch, true, None))
         .collect();
     let folded: Vec<Folded> = futures::stream::iter(folds)
         .buffer_unordered(SHARDS_FOLDED_AT_ONCE)
@@ -615,6 +618,7 @@ struct Folded {
 /// they hold (see [`fold_series`]); then drops the rows, the first of each batch last.
 async fn fold_shard(
     store: &dyn Store,
+    quiet: Option<&Quiet>,
     shard: &str,
     until: &str,
     mut until_seen: bool,
@@ -660,7 +664,7 @@ async fn fold_shard(
             return Ok(total);
         }
         let folded = one_folds_worth(committed);
-        let round = fold_groups(store, shard, &folded, watch).await?;
+        let round = fold_groups(store, quiet, shard, &folded, watch).await?;
         total.points += round.points;
         total.watched |= round.watched;
         // Every series of these batches is folded: their rows go, the witnesses last.
@@ -710,6 +714,7 @@ type Shares<'a> = Vec<(&'a str, Point)>;
 /// read in one round, then which of their batches still have rows in another.
 async fn fold_groups(
     store: &dyn Store,
+    quiet: Option<&Quiet>,
     shard: &str,
     folded: &[Group],
     watch: Option<&str>,
@@ -727,9 +732,12 @@ async fn fold_groups(
         }
     }
     let cursor_keys = by_series.keys().map(|series| cursor_key(series)).collect();
-    let cursors = store
-        .get_many(cursor_keys)
-        .await?
+    let names: Vec<&str> = by_series.keys().copied().collect();
+    let (cursors, audiences) = futures::try_join!(
+        async { DomainResult::Ok(store.get_many(cursor_keys).await?) },
+        read_audiences(store, quiet, &names),
+    )?;
+    let cursors = cursors
         .into_iter()
         .map(Cursor::decode)
         .collect::<DomainResult<Vec<Cursor>>>()?;
@@ -738,11 +746,15 @@ async fn fold_groups(
     let present = present_batches(store, shard, witnessed).await?;
     let folds: Vec<_> = by_series
         .iter()
-        .zip(cursors)
-        .map(|((series, shares), cursor)| {
-            let known = Some((cursor, present.clone()));
+        .zip(cursors.into_iter().zip(audiences))
+        .map(|((series, shares), (cursor, audience))| {
+            let known = Some(Known {
+                cursor,
+                present: present.clone(),
+                audience,
+            });
             async move {
-                let points = fold_series(store, shard, series, shares, known).await?;
+                let points = fold_series(store, quiet, shard, series, shares, known).await?;
                 Ok::<_, DomainError>((*series, points))
             }
         })
@@ -757,6 +769,31 @@ async fn fold_groups(
             .iter()
             .any(|(series, points)| Some(*series) == watch && *points > 0),
     })
+}
+
+/// The audience of each of `series` (see [`audience`]) when events of series nobody follows
+/// are posted with no job (`quiet`), else none.
+pub(super) async fn read_audiences(
+    store: &dyn Store,
+    quiet: Option<&Quiet>,
+    series: &[&str],
+) -> DomainResult<Vec<Option<Audience>>> {
+    Ok(match quiet {
+        Some(_) => audience::audiences(store, series)
+            .await?
+            .into_iter()
+            .map(Some)
+            .collect(),
+        None => series.iter().map(|_| None).collect(),
+    })
+}
+
+/// What a fold read of one series before it: its cursor, the batches present in its shard,
+/// and its audience (`None`: its event goes with a job whoever follows it).
+struct Known {
+    cursor: Cursor,
+    present: Arc<HashSet<String>>,
+    audience: Option<Audience>,
 }
 
 /// Which of `batches` still have their first row in `shard`.
@@ -855,24 +892,37 @@ impl Cursor {
 /// and the points of a batch are immutable.
 async fn fold_series(
     store: &dyn Store,
+    quiet: Option<&Quiet>,
     shard: &str,
     series: &str,
     shares: &[(&str, Point)],
-    mut known: Option<(Cursor, Arc<HashSet<String>>)>,
+    mut known: Option<Known>,
 ) -> DomainResult<u64> {
     for _ in 0..FOLD_ATTEMPTS {
-        let (cursor, present) = match known.take() {
+        let Known {
+            cursor,
+            present,
+            audience,
+        } = match known.take() {
             Some(known) => known,
             None => {
-                let stored = store
-                    .get(Table::SeriesIndex, &meta_partition(series), FOLDED_ROW)
-                    .await?;
+                let (meta, names) = (meta_partition(series), [series]);
+                let (stored, mut audience) = futures::try_join!(
+                    async {
+                        DomainResult::Ok(store.get(Table::SeriesIndex, &meta, FOLDED_ROW).await?)
+                    },
+                    read_audiences(store, quiet, &names),
+                )?;
                 let cursor = Cursor::decode(stored)?;
                 let mut witnessed: BTreeSet<&str> =
                     shares.iter().map(|(batch, _)| *batch).collect();
                 witnessed.extend(cursor.batches());
                 let present = present_batches(store, shard, witnessed).await?;
-                (cursor, present)
+                Known {
+                    cursor,
+                    present,
+                    audience: audience.pop().flatten(),
+                }
             }
         };
         // Each batch is taken or not as a whole: decided once, its points being together.
@@ -901,13 +951,25 @@ async fn fold_series(
         // Oldest batch first: of two points at one time, the later batch's stays.
         let points = plan::last_of_each_time(taken);
         let advance = cursor.advance(series, &added, &present);
-        if write_fold(store, series, first, &points, advance).await? {
+        let post = match (quiet, audience) {
+            (Some(quiet), Some(Audience::Quiet(guard))) => Post::Quiet(quiet, guard),
+            _ => Post::WithJob,
+        };
+        if write_fold(store, series, first, &points, advance, post).await? {
             return Ok(points.len() as u64);
         }
     }
     Err(DomainError::Conflict(
         "series rows kept changing while a batch was applied".into(),
     ))
+}
+
+/// How a fold posts its `readings` event.
+enum Post<'a> {
+    /// With its delivery job.
+    WithJob,
+    /// With no job: nobody follows the series, as the guard (its audience mark) says.
+    Quiet(&'a Quiet, Write),
 }
 
 /// Merges `points` (folded from batches, the first `first`) into `series`' rows, posts the
@@ -924,6 +986,7 @@ async fn write_fold(
     first: &str,
     points: &[Point],
     advance: Write,
+    post: Post<'_>,
 ) -> DomainResult<bool> {
     let names = [series];
     let (plan, heads) = futures::try_join!(
@@ -949,10 +1012,16 @@ async fn write_fold(
     // The cursor's compare-and-swap, in the same transaction, is what makes the event once:
     // an event id is a fold's first batch, which no later fold of the series takes again.
     // Unconditional, its rows cost the store no reads.
-    let mut post: Vec<Write> = event_writes(&event, event.at)
-        .into_iter()
-        .map(Write::unconditional)
-        .collect();
+    let (mut post, quiet) = match post {
+        Post::WithJob => (
+            event_writes(&event, event.at)
+                .into_iter()
+                .map(Write::unconditional)
+                .collect(),
+            None,
+        ),
+        Post::Quiet(quiet, guard) => (quiet.event_writes(&event, event.at, guard), Some(quiet)),
+    };
     post.push(advance);
     let bytes: usize = rows.iter().chain(&post).map(write_bytes).sum();
     let transactions: Vec<Vec<Write>> =
@@ -973,6 +1042,9 @@ async fn write_fold(
             Err(StoreError::ConditionFailed) => return Ok(false),
             Err(err) => return Err(err.into()),
         }
+    }
+    if let Some(quiet) = quiet {
+        quiet.posted(store, &event).await?;
     }
     // Days whose rollups were unknown (written before rollups existed, or found
     // half-written by a conflicting plan) are recomputed now.
@@ -1085,7 +1157,7 @@ mod tests {
             .await;
         assert!(matches!(late_commit, Err(StoreError::ConditionFailed)));
         assert!(
-            !settle(&store, "s").await.expect("settle"),
+            !settle(&store, None, "s").await.expect("settle"),
             "nothing to apply"
         );
     }
@@ -1153,7 +1225,9 @@ mod tests {
         commit(&store, "s", vec![point(40, 3.0)]).await;
         assert_eq!(markers(&store, "s").await.len(), 3);
 
-        let applied = apply(&store, &first.to_string()).await.expect("apply");
+        let applied = apply(&store, None, &first.to_string())
+            .await
+            .expect("apply");
 
         assert_eq!(applied, 4, "the three batches' points, merged");
         assert!(markers(&store, "s").await.is_empty(), "every batch applied");
@@ -1172,7 +1246,12 @@ mod tests {
         assert_eq!(events[0]["count"], 4);
         assert_eq!(events[0]["last_value"], 3.0);
         // The second batch's own job finds nothing left to apply, and its list is gone.
-        assert_eq!(apply(&store, &second.to_string()).await.expect("apply"), 0);
+        assert_eq!(
+            apply(&store, None, &second.to_string())
+                .await
+                .expect("apply"),
+            0
+        );
         let left = store
             .query_all(Query::partition(
                 Table::SeriesBatches,
@@ -1269,7 +1348,9 @@ mod tests {
         let point = Point { at: 9, value: 4.0 };
         let committed = commit(&store, "s", vec![point]).await;
 
-        let applied = apply(&store, &committed.to_string()).await.expect("apply");
+        let applied = apply(&store, None, &committed.to_string())
+            .await
+            .expect("apply");
 
         assert_eq!(applied, 1, "the committed batch is folded");
         assert_eq!(applied_points(&store, "s").await, [point]);
@@ -1293,7 +1374,7 @@ mod tests {
             commit(&store, "s", vec![point]).await;
         }
 
-        assert!(settle(&store, "s").await.expect("settle"));
+        assert!(settle(&store, None, "s").await.expect("settle"));
 
         assert!(markers(&store, "s").await.is_empty(), "every batch folded");
         assert_eq!(applied_points(&store, "s").await.len(), batches);
@@ -1315,10 +1396,12 @@ mod tests {
 
         // The newest batch's job runs first: it must not leave an older batch to land after.
         let newest = batches.last().expect("batches").to_string();
-        apply(&store, &newest).await.expect("apply");
+        apply(&store, None, &newest).await.expect("apply");
         assert!(markers(&store, "s").await.is_empty());
         for batch in &batches {
-            apply(&store, &batch.to_string()).await.expect("apply");
+            apply(&store, None, &batch.to_string())
+                .await
+                .expect("apply");
         }
 
         let stored = applied_points(&store, "s").await;
@@ -1359,7 +1442,7 @@ mod tests {
             }
             // Every batch's job at once, in an order that varies by round.
             batches.rotate_left(round as usize % count);
-            let jobs = batches.iter().map(|batch| apply(&store, batch));
+            let jobs = batches.iter().map(|batch| apply(&store, None, batch));
             futures::future::try_join_all(jobs).await.expect("apply");
 
             let stored = applied_points(&store, &series).await;
@@ -1423,11 +1506,11 @@ mod tests {
         let stale = groups(&store, &shard, rows).await.expect("groups");
         // Meanwhile the batch is folded and dropped, and a second one writes time 7 again,
         // which prunes the first from the cursors.
-        apply(&store, &first).await.expect("apply");
+        apply(&store, None, &first).await.expect("apply");
         let second = commit_all(&store, &names, &[Point { at: 7, value: 2.0 }]).await;
-        apply(&store, &second).await.expect("apply");
+        apply(&store, None, &second).await.expect("apply");
 
-        let late = fold_groups(&store, &shard, &stale, None)
+        let late = fold_groups(&store, None, &shard, &stale, None)
             .await
             .expect("stale fold");
 
@@ -1456,14 +1539,14 @@ mod tests {
         let batch = commit_all(&store, &names, &[point]).await;
         // The job folded the first series, then died before the others and the drops.
         let shares = vec![(batch.as_str(), point)];
-        let folded = fold_series(&store, &shard, &names[0], &shares, None)
+        let folded = fold_series(&store, None, &shard, &names[0], &shares, None)
             .await
             .expect("fold");
         assert_eq!(folded, 1);
         assert_eq!(markers(&store, &names[0]).await.len(), 1, "rows stay");
 
         // Its retry folds the rest.
-        assert_eq!(apply(&store, &batch).await.expect("apply"), 2);
+        assert_eq!(apply(&store, None, &batch).await.expect("apply"), 2);
 
         assert!(markers(&store, &names[0]).await.is_empty());
         for name in &names {
@@ -1502,7 +1585,7 @@ mod tests {
             }
             // Every batch's job at once, in an order that varies by round.
             batches.rotate_left(round % count);
-            let jobs = batches.iter().map(|batch| apply(&store, batch));
+            let jobs = batches.iter().map(|batch| apply(&store, None, batch));
             futures::future::try_join_all(jobs).await.expect("apply");
 
             assert!(markers(&store, &names[0]).await.is_empty(), "round {round}");

@@ -51,6 +51,7 @@ use crate::jobs::{Backlog, Wake};
 use crate::cursor::CursorCodec;
 use crate::notices::Notices;
 use crate::store::Store;
+use crate::timeline::audience::Quiet;
 use crate::timeline::{check_no_dot_segments, check_printable};
 
 pub use expiry::RetentionSettings;
@@ -120,6 +121,9 @@ pub struct Series {
     recent_tags: recent::Recent<Arc<[String]>>,
     /// Each series' own retention row as lately read, for the floors of writes.
     recent_retention: recent::Recent<Option<bytes::Bytes>>,
+    /// Posts the `readings` events of series nobody follows with no job; `None`: always
+    /// with one.
+    quiet: Option<Quiet>,
 }
 
 impl Series {
@@ -133,7 +137,14 @@ impl Series {
             backlog: Backlog::new(0),
             recent_tags: recent::Recent::default(),
             recent_retention: recent::Recent::default(),
+            quiet: None,
         }
+    }
+
+    /// Posts the `readings` events of series nobody follows as `quiet` says, with no job.
+    pub fn with_quiet(mut self, quiet: Quiet) -> Self {
+        self.quiet = Some(quiet);
+        self
     }
 
     /// Refuses writes while `backlog` is full.
@@ -151,10 +162,15 @@ impl Series {
 
 /// The job handlers of the series domain: applying committed batches, and retention sweeps
 /// (which apply `default_retention` to series with none of their own).
-pub fn job_handlers(store: &Arc<dyn Store>, default_retention: Retention) -> crate::jobs::Handlers {
+pub fn job_handlers(
+    store: &Arc<dyn Store>,
+    default_retention: Retention,
+    quiet: Option<Quiet>,
+) -> crate::jobs::Handlers {
     crate::jobs::Handlers::default()
         .with(Arc::new(journal::ApplyBatchHandler {
             store: store.clone(),
+            quiet,
         }))
         .with(Arc::new(expiry::SweepHandler {
             store: store.clone(),

@@ -15,6 +15,7 @@ use super::{
 use crate::keys::{MAX_TICKS, Ticks};
 use crate::notices::Notices;
 use crate::store::{MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, StoreError, Write, write_bytes};
+use crate::timeline::audience::Audience;
 use crate::timeline::posting::event_writes;
 use crate::timeline::{DomainError, DomainResult};
 
@@ -155,7 +156,7 @@ impl Series {
                 }
                 return self.stage(series).await;
             }
-            let (plans, heads) = futures::try_join!(
+            let (plans, heads, audiences) = futures::try_join!(
                 futures::future::try_join_all(series.iter().map(|(name, points)| plan::plan(
                     store,
                     name.as_str(),
@@ -163,6 +164,7 @@ impl Series {
                     plan::Markers::Read,
                 ))),
                 latest::read_heads(store, &names, self.default_retention),
+                journal::read_audiences(store, self.quiet.as_ref(), &names),
             )?;
             // Points past their series' retention are dropped: plan again without them.
             let floors: Vec<u64> = heads.iter().map(|head| head.floor).collect();
@@ -181,7 +183,7 @@ impl Series {
             if !pending.is_empty() {
                 let mut settled = false;
                 for name in pending {
-                    match journal::settle(store, name).await {
+                    match journal::settle(store, self.quiet.as_ref(), name).await {
                         Ok(applied) => settled |= applied,
                         // Other writers are applying it too: stage this write behind it.
                         Err(DomainError::Conflict(_)) => return self.stage(series).await,
@@ -194,11 +196,20 @@ impl Series {
             }
             let received = Ticks::now();
             let mut writes: Vec<Write> = Vec::new();
-            for (((name, points), plan), head) in series.iter().zip(plans).zip(&heads) {
+            let mut quiet_events = Vec::new();
+            for ((((name, points), plan), head), audience) in
+                series.iter().zip(plans).zip(&heads).zip(audiences)
+            {
                 writes.extend(plan.writes);
                 writes.push(latest::write_after(name.as_str(), head, points));
                 let event = readings_event(name.as_str(), points, received, Uuid::now_v7())?;
-                writes.extend(event_writes(&event, received));
+                match (&self.quiet, audience) {
+                    (Some(quiet), Some(Audience::Quiet(guard))) => {
+                        writes.extend(quiet.event_writes(&event, received, guard));
+                        quiet_events.push(event);
+                    }
+                    _ => writes.extend(event_writes(&event, received)),
+                }
             }
             let bytes: usize = writes.iter().map(write_bytes).sum();
             if writes.len() > MAX_TRANSACTION_WRITES || bytes > MAX_TRANSACTION_BYTES {
@@ -209,6 +220,11 @@ impl Series {
                 Ok(()) => {
                     self.wake_workers.hand_over(handover);
                     tell_tails(&self.notices, &series);
+                    if let Some(quiet) = &self.quiet {
+                        for event in &quiet_events {
+                            quiet.posted(store, event).await?;
+                        }
+                    }
                     return Ok(written(&series));
                 }
                 Err(StoreError::ConditionFailed) => {

@@ -5,7 +5,7 @@
 
 use super::live::{self, LiveMessage};
 use super::{DomainError, DomainResult, Edge, SubjectId, Timelines};
-use super::{merged_authors, reconcile};
+use super::{audience, merged_authors, reconcile};
 use crate::keys::Ticks;
 use crate::store::{Item, StoreError, Table, Write};
 
@@ -29,6 +29,8 @@ impl Timelines {
                 Item::new(follower.as_str(), target.as_str(), since),
             ),
             reconcile::job(follower.as_str(), target.as_str()),
+            // Writers of the target's events that found no one to fan out to look again.
+            audience::followed_mark(target.as_str()),
         ];
         match self.store.transact(writes).await {
             Ok(()) => {

@@ -1,5 +1,6 @@
 //! The domain: posting, following and reading timelines, written against [`Store`] only.
 
+pub(crate) mod audience;
 mod catch_up;
 mod changes;
 mod deleting;

@@ -177,13 +177,19 @@ fn event_id_collision() -> DomainError {
 /// fan-out job and its id. A transaction holding them makes the event exist and be fanned
 /// out, or neither (series writes post their `readings` events with them too).
 pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
+    let mut writes = event_rows(event);
+    writes.push(delivery_job(event, received));
+    writes
+}
+
+/// The event's own rows: its log row and its event-id index entry (no fan-out job).
+pub(super) fn event_rows(event: &Event) -> Vec<Write> {
     let author = event.author.as_str();
     vec![
         Write::put_if_absent(
             Table::Events,
             Item::new(author, &event.row_key, event.encode()),
         ),
-        delivery_job(event, received),
         Write::put_if_absent(
             Table::EventIds,
             Item::new(

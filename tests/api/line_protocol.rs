@@ -525,9 +525,17 @@ async fn the_influxdb_python_client_retries_a_full_backlog_and_every_point_is_st
     backend: Backend,
 ) {
     const DEVICES: usize = 30;
-    // The fan-out of each write's `readings` events cannot finish: the backlog fills.
+    // The fan-out of each write's `readings` events cannot finish: the backlog fills (the
+    // fillers are followed: a series nobody follows posts its events with no job).
     let app = crate::backpressure::stalled_app(backend, 2).await;
     let one = json!({"points": [{"at": "2026-01-01T00:00:00Z", "value": 1.0}]});
+    for series in ["filler-a", "filler-b"] {
+        assert_eq!(
+            app.follow("watcher", series).await.status,
+            StatusCode::NO_CONTENT
+        );
+    }
+    app.wait_for_idle().await;
     for series in ["filler-a", "filler-b"] {
         let reply = app
             .post_json(&format!("/v1/series/{series}/points"), &one)

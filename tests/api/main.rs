@@ -28,6 +28,7 @@ mod mqtt;
 mod openapi;
 mod overview;
 mod posting;
+mod readings;
 mod readme;
 mod reliability;
 mod restart;

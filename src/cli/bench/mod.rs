@@ -260,6 +260,7 @@ impl Rig {
             ..FanoutSettings::default()
         };
         let metrics = FanoutMetrics::default();
+        let max_timeline_len = settings.max_timeline_len;
         let handlers = crate::timeline::job_handlers(
             &bench_store.store,
             settings,
@@ -270,6 +271,11 @@ impl Rig {
         .extend(crate::series::job_handlers(
             &bench_store.store,
             crate::series::Retention::Forever,
+            Some(crate::timeline::audience::Quiet::new(
+                crate::notices::Notices::local(),
+                max_timeline_len,
+                Config::defaults().runner_settings().status_retention,
+            )),
         ));
         Ok(Rig {
             bench_store,
