@@ -386,6 +386,12 @@ impl Store for EmbeddedStore {
         })
         .await
     }
+
+    /// A range read of a few rows costs about what a handful of point reads do: measured on
+    /// small fan-outs' unfollow checks (50 followers: 10-15 % more events/s by range).
+    fn keys_cheaper_than_a_range(&self) -> usize {
+        8
+    }
 }
 
 /// Runs a read of up to `rows` rows on the calling task if it is small enough, otherwise on

@@ -405,6 +405,10 @@ impl Store for FaultyStore {
         self.check(Op::Ping, &[]).await?;
         self.inner.ping().await
     }
+
+    fn keys_cheaper_than_a_range(&self) -> usize {
+        self.inner.keys_cheaper_than_a_range()
+    }
 }
 
 #[cfg(test)]

@@ -494,6 +494,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks that the store answers (for `/healthz`).
     async fn ping(&self) -> StoreResult<()>;
+
+    /// Most rows of one partition that are cheaper to read by key ([`Store::get_many`])
+    /// than as one range query over them. DynamoDB reads 100 keys a request, across
+    /// partitions, where each query is a request of its own; the embedded store's range read
+    /// seeks each run of the table once, where each point read probes every run.
+    fn keys_cheaper_than_a_range(&self) -> usize;
 }
 
 /// Conveniences over [`Store`], for every implementation.

@@ -101,6 +101,10 @@ impl Store for CountingStore {
     async fn ping(&self) -> StoreResult<()> {
         self.inner.ping().await
     }
+
+    fn keys_cheaper_than_a_range(&self) -> usize {
+        self.inner.keys_cheaper_than_a_range()
+    }
 }
 
 /// Writes `days` days of a 1 Hz series ending before `end_day`, then times the stepped

@@ -461,6 +461,10 @@ impl Store for Counting {
         self.count();
         self.inner.ping().await
     }
+
+    fn keys_cheaper_than_a_range(&self) -> usize {
+        self.inner.keys_cheaper_than_a_range()
+    }
 }
 
 #[tokio::test]

@@ -142,6 +142,10 @@ impl Store for DynamoStore {
     async fn ping(&self) -> StoreResult<()> {
         self.describe_meta_table().await
     }
+
+    fn keys_cheaper_than_a_range(&self) -> usize {
+        100
+    }
 }
 
 /// The capacity one write response reports. `ReturnConsumedCapacity::Total` yields the total

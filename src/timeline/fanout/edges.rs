@@ -7,8 +7,9 @@
 //! later than the write, and its cleanup (which runs after the unfollow) deletes what the
 //! write left. Either way nothing stays, however long the write took.
 //!
-//! A batch of small fan-outs reads the edges of all its followers by key, in one round (on
-//! DynamoDB, `BatchGetItem`s of 100 keys: a request or a few for the batch). A page of one
+//! A batch of small fan-outs reads the edges of its followers in one round: by key for an
+//! event with few (on DynamoDB, `BatchGetItem`s of 100 keys: a request or a few for the
+//! batch), as one range query for one with more ([`Store::keys_cheaper_than_a_range`]). A page of one
 //! big fan-out would read a thousand edges, so it reads its author's unfollow mark instead
 //! (`merged_authors::unfollowed_mark`, which every unfollow's transaction moves): once
 //! before its followers, once after its write. Only if the mark moved does it read its
@@ -66,9 +67,6 @@ impl Mark {
     }
 }
 
-/// Most followers of one fan-out whose edges are read by key; more are read as a range.
-const BY_KEY_UP_TO: usize = 100;
-
 /// The timelines one fan-out wrote to: `author`'s followers `followers`.
 pub(super) struct Written<'a> {
     pub author: &'a str,
@@ -81,7 +79,10 @@ pub(super) async fn unfollowed<'a>(
     store: &dyn Store,
     written: &[Written<'a>],
 ) -> StoreResult<Vec<Vec<&'a str>>> {
-    let by_key = |written: &Written<'_>| written.followers.len() <= BY_KEY_UP_TO;
+    // Few followers are read by key (on DynamoDB all of a batch's in shared requests); more
+    // as one range query of their author's followers.
+    let by_key_up_to = store.keys_cheaper_than_a_range();
+    let by_key = |written: &Written<'_>| written.followers.len() <= by_key_up_to;
     let keys: Vec<Key> = written
         .iter()
         .filter(|written| by_key(written))
@@ -269,7 +270,9 @@ mod tests {
             author: "alice",
             followers: vec!["a", "b"],
         }];
-        let page_of: Vec<String> = (0..=BY_KEY_UP_TO).map(|n| format!("f{n:03}")).collect();
+        let page_of: Vec<String> = (0..=store.keys_cheaper_than_a_range())
+            .map(|n| format!("f{n:03}"))
+            .collect();
         let page = [Written {
             author: "alice",
             followers: page_of.iter().map(String::as_str).collect(),
