@@ -176,6 +176,12 @@ pub fn now_ms() -> i64 {
     Ticks::now().unix_millis()
 }
 
+/// `duration` in the milliseconds leases and expiries count in (saturating far beyond any
+/// setting).
+pub(super) fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
 /// A job to enqueue.
 #[derive(Debug)]
 pub struct NewJob {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
-use super::job::{Job, SHARDS, StatusKey, now_ms};
+use super::job::{Job, SHARDS, StatusKey, millis, now_ms};
 use super::metrics::{JobMetrics, kind};
 use super::queue::{self, Claimed};
 use super::status::{self, RECORD_RACES, StatusRecord};
@@ -931,10 +931,6 @@ fn record_done(record: &mut StatusRecord, job: &Job, ending: &Ending, retention_
         record.total = ending.total.or(record.total);
     }
     record.finish_if_complete(retention_ms);
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
 /// Exponential backoff with jitter: `base_ms` doubling per failure, capped at 30 s, and a

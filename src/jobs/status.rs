@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::job::{Job, JobKey, StatusKey, now_ms};
+use super::job::{Job, JobKey, StatusKey, millis, now_ms};
 use super::{JobError, JobResult};
 use crate::keys::Ticks;
 use crate::store::{Condition, Item, Query, Store, Table, Write};
@@ -156,7 +156,7 @@ pub fn done_without_job(
         attempts: 1,
         ..StatusRecord::default()
     };
-    record.finish_if_complete(retention_millis(retention));
+    record.finish_if_complete(millis(retention));
     let body = Bytes::from(serde_json::to_vec(&record).unwrap_or_default());
     Write::put(Table::FanoutStatus, Item::new(partition, &key.id, body))
 }
@@ -170,13 +170,9 @@ pub async fn sweep_after_done(
     retention: std::time::Duration,
 ) -> JobResult<()> {
     if sweeps(&key.id) {
-        sweep_expired(store, partition, retention_millis(retention)).await?;
+        sweep_expired(store, partition, millis(retention)).await?;
     }
     Ok(())
-}
-
-fn retention_millis(retention: std::time::Duration) -> i64 {
-    i64::try_from(retention.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
 fn decode(body: &[u8]) -> JobResult<StatusRecord> {

@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 use super::{DomainResult, Event, live, trim};
 use crate::jobs;
-use crate::keys::{Ticks, parse_event_row_key};
+use crate::keys::Ticks;
 use crate::notices::{Notice, Notices};
 use crate::store::{Condition, Item, Key, Query, Store, StoreResult, Table, Write};
 
@@ -160,9 +160,7 @@ impl Quiet {
         let author = event.author.as_str();
         self.notices
             .publish(&live::timeline_topic(author), Notice::Changed);
-        if parse_event_row_key(&event.row_key)
-            .is_some_and(|(_, event_id)| trim::trims(event_id, author))
-        {
+        if trim::trims(event.event_id, author) {
             trim::trim(store, author, self.max_timeline_len).await?;
         }
         let key = super::fanout::delivery_key(event.event_id);

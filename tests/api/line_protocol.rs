@@ -32,7 +32,7 @@ on_both_backends!(
 const WRITE: &str = "/api/v2/write?bucket=sensors&org=example";
 
 /// Posts `body` as line protocol with `api`'s token, with extra `headers`.
-async fn write(
+pub(crate) async fn write(
     api: &Api,
     path: &str,
     body: impl Into<reqwest::Body>,

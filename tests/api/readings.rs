@@ -37,24 +37,15 @@ fn lines(devices: &[String], second: u64) -> String {
 }
 
 async fn write_lines(api: &Api, body: String) {
-    let reply = api
-        .send(
-            api.client
-                .post(api.url("/api/v2/write?bucket=b"))
-                .body(body),
-        )
-        .await;
+    let reply = crate::line_protocol::write(api, "/api/v2/write?bucket=b", body, &[]).await;
     assert_eq!(reply.status, StatusCode::NO_CONTENT, "{reply:?}");
 }
 
+/// One point of `series` at second `second` of 2026.
 async fn write_json(api: &Api, series: &str, second: u64) {
     let at = format!("2026-01-01T00:{:02}:{:02}Z", second / 60, second % 60);
-    let reply = api
-        .post_json(
-            &format!("/v1/series/{}/points", segment(series)),
-            &json!({"points": [{"at": at, "value": second as f64}]}),
-        )
-        .await;
+    let point = json!({"at": at, "value": second as f64});
+    let reply = crate::series::write(api, series, vec![point]).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
 }
 
