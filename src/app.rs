@@ -27,6 +27,7 @@ use crate::notices::Notices;
 use crate::series::{self, Series};
 use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
 use crate::timeline::audience::Quiet;
+use crate::timeline::fanout::FanoutInPost;
 use crate::timeline::{Timelines, cursor_key};
 
 /// Room in a request body beyond the payload itself (id, kind, at, JSON punctuation).
@@ -148,6 +149,12 @@ async fn app_state(
     )
     .with_backlog(backlog.clone())
     .with_notices(notices.clone())
+    .with_fanout_in_post(FanoutInPost::new(
+        config.fanout_in_post(),
+        &config.fanout_settings(),
+        config.runner_settings().status_retention,
+        (metrics.fanout.clone(), metrics.jobs.clone()),
+    ))
     .with_event_cache(
         config.event_cache_mb.saturating_mul(1 << 20),
         config.store != StoreKind::Embedded,

@@ -126,6 +126,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub merge_threshold: u32,
 
+    /// Followers up to which a post writes its fan-out in its own commit, with no job;
+    /// by default 8 on the embedded store and 0 (always a job) on DynamoDB, where a
+    /// transaction's writes cost twice a batch's.
+    #[arg(long, help_heading = FANOUT, hide_short_help = true, env = "FANLINE_FANOUT_IN_POST",
+          value_parser = clap::value_parser!(u32).range(0..=90))]
+    pub fanout_in_post: Option<u32>,
+
     /// Entries a timeline keeps; older ones are trimmed and never read.
     #[arg(long, help_heading = FANOUT, env = "FANLINE_MAX_TIMELINE_LEN", default_value_t = 800,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -352,6 +359,15 @@ impl Config {
             backfill: self.backfill as usize,
             merge_threshold: self.merge_threshold as usize,
         }
+    }
+
+    /// Followers up to which a post delivers its event itself (see `fanout_in_post`).
+    pub fn fanout_in_post(&self) -> usize {
+        let default = match self.store {
+            StoreKind::Embedded => 8,
+            StoreKind::Dynamodb => 0,
+        };
+        self.fanout_in_post.map_or(default, |up_to| up_to as usize)
     }
 
     pub fn connection_limits(&self) -> ConnectionLimits {

@@ -201,6 +201,17 @@ impl JobMetrics {
         lags.entry(kind.to_owned()).or_default().clone()
     }
 
+    /// Counts a piece of work of `job_kind` as complete, `lag` after it was asked for: at a
+    /// job's ending, or when work is done without a job (a post's own fan-out).
+    pub fn record_work_done(&self, job_kind: &str, lag: Duration) {
+        let label = kind(job_kind);
+        self.work_completed.get_or_create(&label).inc();
+        self.lag_seconds
+            .get_or_create(&label)
+            .observe(lag.as_secs_f64());
+        self.lags(job_kind).observe(lag);
+    }
+
     pub(super) fn record_retry(&self, job_kind: &str, error: &JobError) {
         self.retries
             .get_or_create(&RetryLabels {

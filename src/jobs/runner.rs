@@ -764,13 +764,7 @@ impl Worker {
         let lag_ticks = Ticks::now().get().saturating_sub(snapshot.enqueued_at);
         let lag = Duration::from_micros(lag_ticks / 10);
         if work_done {
-            let label = kind(&snapshot.kind);
-            self.metrics.work_completed.get_or_create(&label).inc();
-            self.metrics
-                .lag_seconds
-                .get_or_create(&label)
-                .observe(lag.as_secs_f64());
-            self.metrics.lags(&snapshot.kind).observe(lag);
+            self.metrics.record_work_done(&snapshot.kind, lag);
         }
         if let Some(sink) = &self.done_sink {
             let _ = sink.send(JobDone {

@@ -672,10 +672,7 @@ async fn fold_shard(
             .iter()
             .flat_map(|group| &group.rows)
             .map(|row| Write::delete(Table::SeriesPending, shard, &row.row))
-            .partition(|write| match write {
-                Write::Delete { row, .. } => is_first_chunk(row),
-                Write::Put { .. } => false,
-            });
+            .partition(|write| is_first_chunk(write.key().1));
         if !rest.is_empty() {
             store.batch_write(rest).await?;
         }

@@ -41,6 +41,7 @@ macro_rules! store_conformance_tests {
             delete_is_idempotent_and_honours_conditions,
             transaction_writes_across_tables_and_partitions,
             transaction_with_a_failing_condition_writes_nothing,
+            checks_guard_a_transaction_without_writing_their_rows,
             empty_transactions_and_transactions_writing_an_item_twice_are_refused,
             a_transaction_of_the_most_writes_is_applied_and_one_more_is_refused,
             a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_refused,
@@ -416,6 +417,83 @@ pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Sto
     assert_eq!(
         store.get(Table::Idempotency, &p, "taken").await.unwrap(),
         Some(Bytes::from("first"))
+    );
+}
+
+pub async fn checks_guard_a_transaction_without_writing_their_rows(store: &dyn Store) {
+    let p = partition("tx-check");
+    store
+        .put(
+            Table::MergedAuthors,
+            Item::new(&p, "mark", "v1"),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+    let mark = || Key::new(Table::MergedAuthors, &p, "mark");
+    let missing = || Key::new(Table::MergedAuthors, &p, "flag");
+    // Both hold: the put lands, and neither checked row is written.
+    store
+        .transact(vec![
+            Write::put(Table::Events, Item::new(&p, "first", "e")),
+            Write::check(mark(), Condition::Equals("v1".into())),
+            Write::check(missing(), Condition::Absent),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(Table::Events, &p, "first").await.unwrap(),
+        Some(Bytes::from("e"))
+    );
+    assert_eq!(
+        store.get(Table::MergedAuthors, &p, "mark").await.unwrap(),
+        Some(Bytes::from("v1"))
+    );
+    assert_eq!(
+        store.get(Table::MergedAuthors, &p, "flag").await.unwrap(),
+        None
+    );
+    // The mark moved (and moved back is another test's business): the check fails the
+    // transaction, and so does a check that a present row is absent.
+    store
+        .put(
+            Table::MergedAuthors,
+            Item::new(&p, "mark", "v2"),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+    for guard in [
+        Write::check(mark(), Condition::Equals("v1".into())),
+        Write::check(mark(), Condition::Absent),
+        Write::check(missing(), Condition::Equals("v1".into())),
+    ] {
+        let refused = store
+            .transact(vec![
+                Write::put(Table::Events, Item::new(&p, "second", "e")),
+                guard.clone(),
+            ])
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::ConditionFailed)),
+            "{guard:?}: {refused:?}"
+        );
+        assert_eq!(store.get(Table::Events, &p, "second").await.unwrap(), None);
+    }
+    // A check writes nothing, so it has no place in a batch, nor without a condition.
+    let batched = store
+        .batch_write(vec![Write::check(mark(), Condition::Absent)])
+        .await;
+    assert!(
+        matches!(batched, Err(StoreError::InvalidInput(_))),
+        "{batched:?}"
+    );
+    let unconditional = store
+        .transact(vec![Write::check(mark(), Condition::None)])
+        .await;
+    assert!(
+        matches!(unconditional, Err(StoreError::InvalidInput(_))),
+        "{unconditional:?}"
     );
 }
 

@@ -989,19 +989,22 @@ fn stage(
     for write in &writes {
         keyspaces.of(write.table())?;
     }
+    let writes = writes
+        .into_iter()
+        .filter(|write| !matches!(write, Write::Check { .. }));
     // One buffer for every key: fjall copies the key and the value into its own storage,
     // so neither needs an allocation of its own here.
     let mut key = Vec::new();
-    for write in &writes {
+    for write in writes {
         let table = write.table();
         let keyspace = keyspaces.of(table)?;
         let (partition, row) = write.key();
         key.clear();
         append_partition(&mut key, partition);
         key.extend_from_slice(row.as_bytes());
-        let value = match write {
+        let value = match &write {
             Write::Put { item, .. } => Some(&item.value),
-            Write::Delete { .. } => None,
+            Write::Delete { .. } | Write::Check { .. } => None,
         };
         write_buffer.record(table, &key, value.map_or(0, Bytes::len));
         match value {

@@ -81,7 +81,9 @@ pub(crate) fn item_bytes(item: &Item) -> usize {
 pub(crate) fn write_bytes(write: &Write) -> usize {
     let target = match write {
         Write::Put { item, .. } => item_bytes(item),
-        Write::Delete { partition, row, .. } => KEY_NAME_BYTES + partition.len() + row.len(),
+        Write::Delete { partition, row, .. } | Write::Check { partition, row, .. } => {
+            KEY_NAME_BYTES + partition.len() + row.len()
+        }
     };
     let condition = match write.condition() {
         Condition::None => 0,
@@ -286,6 +288,15 @@ pub enum Write {
         row: String,
         condition: Condition,
     },
+    /// Writes nothing: the transaction holding it goes ahead only if `condition` holds for
+    /// this row (DynamoDB's `ConditionCheck`). A guard on a row another writer moves, such as
+    /// an author's follower marks, costs a read instead of a rewrite. Transactions only.
+    Check {
+        table: Table,
+        partition: String,
+        row: String,
+        condition: Condition,
+    },
 }
 
 impl Write {
@@ -314,16 +325,30 @@ impl Write {
         }
     }
 
+    /// A check that `condition` holds for a row, in a transaction that does not write it.
+    pub fn check(key: Key, condition: Condition) -> Self {
+        Write::Check {
+            table: key.table,
+            partition: key.partition,
+            row: key.row,
+            condition,
+        }
+    }
+
     pub(crate) fn table(&self) -> Table {
         match self {
-            Write::Put { table, .. } | Write::Delete { table, .. } => *table,
+            Write::Put { table, .. } | Write::Delete { table, .. } | Write::Check { table, .. } => {
+                *table
+            }
         }
     }
 
     pub(crate) fn key(&self) -> (&str, &str) {
         match self {
             Write::Put { item, .. } => (&item.partition, &item.row),
-            Write::Delete { partition, row, .. } => (partition, row),
+            Write::Delete { partition, row, .. } | Write::Check { partition, row, .. } => {
+                (partition, row)
+            }
         }
     }
 
@@ -337,12 +362,15 @@ impl Write {
                 row,
                 ..
             } => Write::delete(table, partition, row),
+            check @ Write::Check { .. } => check,
         }
     }
 
     pub(crate) fn condition(&self) -> &Condition {
         match self {
-            Write::Put { condition, .. } | Write::Delete { condition, .. } => condition,
+            Write::Put { condition, .. }
+            | Write::Delete { condition, .. }
+            | Write::Check { condition, .. } => condition,
         }
     }
 }
@@ -520,6 +548,7 @@ pub trait StoreExt: Store {
                 row,
                 condition,
             } => self.delete(table, &partition, &row, condition).await,
+            check @ Write::Check { .. } => self.transact(vec![check]).await,
         }
     }
 

@@ -43,6 +43,17 @@ pub(super) fn write(write: &Write) -> StoreResult<()> {
     match write {
         Write::Put { item: put, .. } => item(put),
         Write::Delete { partition, row, .. } => key(partition, row),
+        Write::Check {
+            partition,
+            row,
+            condition,
+            ..
+        } => {
+            if *condition == Condition::None {
+                return Err(StoreError::InvalidInput("a check needs a condition".into()));
+            }
+            key(partition, row)
+        }
     }
 }
 

@@ -45,6 +45,11 @@ pub fn followed_mark(author: &str) -> Write {
     )
 }
 
+/// Where `author`'s audience mark is.
+pub fn mark_key(author: &str) -> Key {
+    Key::new(Table::MergedAuthors, author, MARK_ROW)
+}
+
 /// Whether an author's event needs a fan-out job.
 #[derive(Debug)]
 pub enum Audience {
@@ -59,12 +64,7 @@ pub enum Audience {
 /// follower of each author without a mark, in another.
 pub async fn audiences(store: &dyn Store, authors: &[&str]) -> StoreResult<Vec<Audience>> {
     let marks = store
-        .get_many(
-            authors
-                .iter()
-                .map(|author| Key::new(Table::MergedAuthors, *author, MARK_ROW))
-                .collect(),
-        )
+        .get_many(authors.iter().map(|author| mark_key(author)).collect())
         .await?;
     let unmarked: Vec<&str> = authors
         .iter()

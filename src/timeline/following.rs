@@ -32,7 +32,11 @@ impl Timelines {
             // Writers of the target's events that found no one to fan out to look again.
             audience::followed_mark(target.as_str()),
         ];
-        match self.store.transact(writes).await {
+        let followed = self.store.transact(writes).await;
+        // Posts of the target's read its followers again (those of other processes learn it
+        // from the mark).
+        self.fanout_in_post.forget(target.as_str());
+        match followed {
             Ok(()) => {
                 self.wake_workers.enqueued();
                 Ok(())
@@ -61,7 +65,9 @@ impl Timelines {
             merged_authors::unfollowed_mark(target.as_str()),
             reconcile::job(follower.as_str(), target.as_str()),
         ];
-        self.store.transact(writes).await?;
+        let unfollowed = self.store.transact(writes).await;
+        self.fanout_in_post.forget(target.as_str());
+        unfollowed?;
         self.wake_workers.enqueued();
         live::tell(
             &self.notices,

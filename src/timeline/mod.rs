@@ -142,6 +142,8 @@ pub struct Timelines {
     backlog: Arc<Backlog>,
     /// Tells live streams what changed (see `live`).
     notices: Notices,
+    /// Which posts write their own fan-out, with no job.
+    fanout_in_post: fanout::FanoutInPost,
 }
 
 impl Timelines {
@@ -160,7 +162,14 @@ impl Timelines {
             events: Arc::new(hydrate::EventCache::new(0, true)),
             backlog: Backlog::new(0),
             notices: Notices::local(),
+            fanout_in_post: fanout::FanoutInPost::never(),
         }
+    }
+
+    /// Lets posts of authors with few followers deliver their events themselves.
+    pub fn with_fanout_in_post(mut self, fanout_in_post: fanout::FanoutInPost) -> Self {
+        self.fanout_in_post = fanout_in_post;
+        self
     }
 
     /// Tells `notices` of every change to a timeline, for live streams.

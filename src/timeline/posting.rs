@@ -84,7 +84,7 @@ impl Timelines {
         // hold: checking that they are absent would read each of them (on the embedded store,
         // on its one writer thread) for nothing. A retry is known by its idempotency record,
         // whose condition stays. (A journal replaying a staged event keeps the conditions.)
-        let mut writes: Vec<Write> = event_writes(&event, received)
+        let mut writes: Vec<Write> = event_rows(&event)
             .into_iter()
             .map(Write::unconditional)
             .collect();
@@ -100,13 +100,33 @@ impl Timelines {
             ));
         }
 
+        if let Some(plan) = self
+            .fanout_in_post
+            .plan(self.store.as_ref(), author.as_str())
+            .await?
+        {
+            let mut delivered = writes.clone();
+            delivered.extend(self.fanout_in_post.writes(&plan, &event, received));
+            match self.store.transact(delivered).await {
+                Ok(()) => {
+                    self.posted(author);
+                    self.fanout_in_post
+                        .delivered(self.store.as_ref(), &self.notices, &plan, &event, received)
+                        .await?;
+                    return Ok(Posted::Created(event));
+                }
+                // A check refused it (a follow or an unfollow came in between), or the client
+                // id did: the usual post tells which, and gives the event a job if need be.
+                Err(StoreError::ConditionFailed) => self.fanout_in_post.forget(author.as_str()),
+                Err(err) => return Err(err.into()),
+            }
+        }
+        writes.push(delivery_job(&event, received));
         let handover = self.wake_workers.handover(&writes);
         match self.store.transact(writes).await {
             Ok(()) => {
                 self.wake_workers.hand_over(handover);
-                // Timelines that merge the author read its new event now.
-                self.notices
-                    .publish(&live::author_topic(author.as_str()), Notice::Changed);
+                self.posted(author);
                 Ok(Posted::Created(event))
             }
             Err(StoreError::ConditionFailed) => match &new.client_id {
@@ -115,6 +135,12 @@ impl Timelines {
             },
             Err(err) => Err(err.into()),
         }
+    }
+
+    /// Once an event is committed: timelines that merge its author read it now.
+    fn posted(&self, author: &SubjectId) {
+        self.notices
+            .publish(&live::author_topic(author.as_str()), Notice::Changed);
     }
 
     /// Refuses a payload over the size limit (413) or nested too deep (400).

@@ -24,6 +24,8 @@ const LIMIT: u64 = 3;
 pub(crate) async fn stalled_app(backend: Backend, limit: u64) -> TestApp {
     let app = spawn_app_with(TestStore::new(backend).await, |config| {
         config.max_backlog = limit;
+        // Every post takes the job path, whose writes stall.
+        config.fanout_in_post = Some(0);
         config.max_attempts = 1000;
         config.retry_base_ms = 20;
     })

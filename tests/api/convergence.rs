@@ -1311,6 +1311,9 @@ async fn run_round(seed: u64, backend: Backend, variant: Variant, shape: Shape) 
             let mut app = spawn_app_with(store, |config| {
                 config.backfill = BACKFILL;
                 config.max_timeline_len = MAX_TIMELINE_LEN;
+                // Even seeds let posts of authors with up to 8 followers fan out in their own
+                // commit, on both backends; odd seeds give every post a job.
+                config.fanout_in_post = Some(if seed.is_multiple_of(2) { 8 } else { 0 });
             })
             .await;
             let api = Arc::new(Api::new(&app.api.address));

@@ -25,6 +25,7 @@ on_both_backends!(
     fanout_status_is_pending_while_no_worker_runs,
     fanout_status_of_unknown_or_malformed_events_is_a_client_error,
     metrics_expose_fanout_http_and_queue_series,
+    a_post_with_few_followers_fans_out_in_its_own_commit,
     throttling_every_third_write_still_delivers_exactly_once_and_counts_retries,
     a_stretch_of_failed_writes_delays_the_fanout_but_loses_nothing,
     a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint,
@@ -113,7 +114,11 @@ async fn fanout_status_reports_counts_and_lag_once_done(backend: Backend) {
 }
 
 async fn fanout_status_is_pending_while_no_worker_runs(backend: Backend) {
-    let app = spawn_app_with(TestStore::new(backend).await, |config| config.workers = 0).await;
+    let app = spawn_app_with(TestStore::new(backend).await, |config| {
+        config.workers = 0;
+        config.fanout_in_post = Some(0);
+    })
+    .await;
     let posted = app.post_text("writer", "nobody delivers this yet").await;
     let reply = app.get(&fanout_path("writer", &event_id(&posted))).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
@@ -146,6 +151,52 @@ async fn fanout_status_of_unknown_or_malformed_events_is_a_client_error(backend:
         ))))
         .await;
     assert_eq!(requeue.status, StatusCode::NOT_FOUND, "{requeue:?}");
+}
+
+/// Its answer comes once every timeline holds the event: no job, and no waiting.
+async fn a_post_with_few_followers_fans_out_in_its_own_commit(backend: Backend) {
+    let app = spawn_app_with(TestStore::new(backend).await, |config| {
+        config.fanout_in_post = Some(2);
+    })
+    .await;
+    follow_all(&app, "writer", &["r1".to_owned(), "r2".to_owned()]).await;
+    app.wait_for_idle().await;
+    let posted = app.post_text("writer", "in its own commit").await;
+    assert_eq!(posted.status, StatusCode::CREATED, "{posted:?}");
+    for owner in ["r1", "r2", "writer"] {
+        let items = app.timeline(owner).await;
+        assert_eq!(items.len(), 1, "{owner}: {items:?}");
+        assert_eq!(items[0]["payload"]["text"], "in its own commit");
+    }
+    let status = app
+        .get(&fanout_path("writer", &event_id(&posted)))
+        .await
+        .body;
+    assert_eq!(status["state"], "done", "{status}");
+    assert_eq!(
+        (
+            status["followers_total"].as_u64(),
+            status["delivered"].as_u64()
+        ),
+        (Some(2), Some(3))
+    );
+    assert_eq!(app.queue_depth().await, Some(0), "no job was queued");
+    assert_eq!(metric(&app, "fanline_fanout_in_post_total").await, 1.0);
+    assert_eq!(metric(&app, "fanline_fanout_deliveries_total").await, 3.0);
+    assert_eq!(
+        metric(&app, r#"fanline_jobs_work_completed_total{kind="fanout"}"#).await,
+        1.0
+    );
+    // A third follower is more than the bound: the next post goes with a job.
+    follow_all(&app, "writer", &["r3".to_owned()]).await;
+    let big = app.post_text("writer", "with a job").await;
+    wait_for_fanout(&app, "writer", &event_id(&big), "done").await;
+    assert_eq!(metric(&app, "fanline_fanout_in_post_total").await, 1.0);
+    assert_eq!(
+        app.timeline("r3").await.len(),
+        2,
+        "backfilled, then delivered"
+    );
 }
 
 async fn metrics_expose_fanout_http_and_queue_series(backend: Backend) {
@@ -290,6 +341,7 @@ async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(ba
     let app = spawn_app_with(TestStore::new(backend).await, |config| {
         config.max_attempts = 2;
         config.retry_base_ms = 1;
+        config.fanout_in_post = Some(0);
     })
     .await;
     follow_all(&app, "writer", &["reader".to_owned()]).await;

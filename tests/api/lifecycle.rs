@@ -15,6 +15,7 @@ on_both_backends!(
     following_backfills_the_newest_events_in_time_order,
     unfollow_removes_the_subjects_entries_from_the_follower_timeline,
     a_fan_out_that_writes_after_an_unfollows_cleanup_takes_its_entry_back,
+    a_post_whose_own_fan_out_commits_after_a_follow_and_an_unfollow_reaches_just_the_followers,
     follow_and_unfollow_in_quick_succession_end_in_the_state_of_the_last_call,
     deleting_an_event_hides_it_at_once_and_removes_every_copy,
     deleting_a_missing_event_is_a_404_and_deleting_twice_is_idempotent,
@@ -116,7 +117,8 @@ async fn unfollow_removes_the_subjects_entries_from_the_follower_timeline(backen
 }
 
 async fn a_fan_out_that_writes_after_an_unfollows_cleanup_takes_its_entry_back(backend: Backend) {
-    let app = app(backend, |_| {}).await;
+    // A job's fan-out: a post's own commit is refused by the unfollow instead (`in_post`).
+    let app = app(backend, |config| config.fanout_in_post = Some(0)).await;
     follow(&app, "reader", "alice").await;
     app.wait_for_idle().await;
     // The fan-out reads alice's followers (reader among them), then writes their entries.
@@ -133,6 +135,49 @@ async fn a_fan_out_that_writes_after_an_unfollows_cleanup_takes_its_entry_back(b
 /// Posts `hello` as `author` and holds the first `calls` write of its fan-out (made after it
 /// read the followers) while `reader` unfollows and the unfollow's cleanup runs, finding
 /// nothing yet; then lets the write go on and drains the queue.
+/// A post that fans out in its own commit, held between reading alice's followers and
+/// committing: a follow and an unfollow land meanwhile, and their jobs run (the backfill
+/// before the event exists, the cleanup before its entry does). The commit must be refused,
+/// and the event go with a job that sees the edges as they are now.
+async fn a_post_whose_own_fan_out_commits_after_a_follow_and_an_unfollow_reaches_just_the_followers(
+    backend: Backend,
+) {
+    let app = app(backend, |config| config.fanout_in_post = Some(8)).await;
+    follow(&app, "leaver", "alice").await;
+    app.wait_for_idle().await;
+    post_at(&app, "alice", "first", 1).await;
+    app.wait_for_idle().await;
+    let commit = app
+        .faults
+        .hold_nth(1, Calls::on(Op::Transact, Table::Events));
+    let poster = Api::new(&app.api.address);
+    let second = tokio::spawn(async move { post_at(&poster, "alice", "second", 2).await });
+    tokio::time::timeout(Duration::from_secs(30), commit.reached())
+        .await
+        .expect("the post never made its commit");
+    follow(&app, "joiner", "alice").await;
+    unfollow(&app, "leaver", "alice").await;
+    app.wait_for_idle().await;
+    assert_eq!(
+        texts(&app.timeline("joiner").await),
+        ["first"],
+        "backfilled"
+    );
+    commit.open();
+    tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the post was never answered")
+        .expect("the post task");
+    app.wait_for_idle().await;
+    assert_eq!(texts(&app.timeline("joiner").await), ["second", "first"]);
+    assert_eq!(
+        stored_rows(&app, Table::Timelines, "leaver").await,
+        Vec::<String>::new(),
+        "nothing of alice's is left with a reader who unfollowed"
+    );
+    assert_eq!(texts(&app.timeline("alice").await), ["second", "first"]);
+}
+
 async fn unfollow_under_a_held_write(app: &TestApp, calls: Calls, author: &str, reader: &str) {
     let write = app.faults.hold_nth(1, calls);
     post_at(app, author, "hello", 1).await;

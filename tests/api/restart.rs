@@ -140,7 +140,10 @@ pub(crate) async fn stop(process: Process) {
 
 async fn jobs_posted_before_a_restart_are_delivered_after_it(backend: Backend) {
     let store = TestStore::new(backend).await;
-    let (server, api) = serve(&store, 0);
+    let mut posting = fanline("serve", &store, 0);
+    // Every post leaves a job, not its own fan-out.
+    posting.env("FANLINE_FANOUT_IN_POST", "0");
+    let (server, api) = serve_command(posting);
     for follower in ["f1", "f2", "f3"] {
         assert_eq!(
             api.follow(follower, "author").await.status,

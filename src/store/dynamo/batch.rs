@@ -8,7 +8,8 @@ use std::time::Duration;
 use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    Delete, DeleteRequest, Put, PutRequest, ReturnConsumedCapacity, TransactWriteItem, WriteRequest,
+    ConditionCheck, Delete, DeleteRequest, Put, PutRequest, ReturnConsumedCapacity,
+    TransactWriteItem, WriteRequest,
 };
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -138,6 +139,23 @@ impl DynamoStore {
                     .map_err(build_error)?;
                 TransactWriteItem::builder().delete(delete).build()
             }
+            Write::Check {
+                partition,
+                row,
+                condition,
+                ..
+            } => {
+                let expression = ConditionExpression::new(&condition);
+                let check = ConditionCheck::builder()
+                    .table_name(table_name)
+                    .set_key(Some(key_attributes(&partition, &row)))
+                    .set_condition_expression(expression.expression)
+                    .set_expression_attribute_names(expression.names)
+                    .set_expression_attribute_values(expression.values)
+                    .build()
+                    .map_err(build_error)?;
+                TransactWriteItem::builder().condition_check(check).build()
+            }
         };
         Ok(item)
     }
@@ -265,6 +283,11 @@ fn write_request(write: &Write) -> StoreResult<WriteRequest> {
                     .map_err(build_error)?,
             )
             .build(),
+        Write::Check { .. } => {
+            return Err(StoreError::InvalidInput(
+                "a check belongs in a transaction, not a batch".into(),
+            ));
+        }
     };
     Ok(request)
 }

@@ -9,6 +9,8 @@ use prometheus_client::registry::Registry;
 pub struct FanoutMetrics {
     /// Timeline entries written or deleted by fan-out jobs (the author's own included).
     pub deliveries: Counter,
+    /// Events whose post wrote their fan-out itself, with no job (`fanout::in_post`).
+    pub in_post: Counter,
 }
 
 impl FanoutMetrics {
@@ -17,6 +19,11 @@ impl FanoutMetrics {
             "fanline_fanout_deliveries",
             "Timeline entries written (or removed) by fan-out",
             self.deliveries.clone(),
+        );
+        registry.register(
+            "fanline_fanout_in_post",
+            "Events fanned out by their own post, with no job",
+            self.in_post.clone(),
         );
     }
 }

@@ -17,6 +17,7 @@
 //! (`Merge`), or copying the merged events back in (`Unmerge`).
 
 mod edges;
+mod in_post;
 mod metrics;
 mod small;
 mod split;
@@ -43,6 +44,7 @@ use crate::keys::{Ticks, parse_event_row_key};
 use crate::notices::{Notice, Notices};
 use crate::store::{Item, Query, Store, Table, Write};
 
+pub use in_post::{FanoutInPost, Plan as InPostPlan};
 pub use metrics::FanoutMetrics;
 
 /// The job kind.

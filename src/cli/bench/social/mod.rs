@@ -80,6 +80,10 @@ pub struct SocialBenchArgs {
     /// The server's in-process worker tasks (`--workers`); by default the server's.
     #[arg(long)]
     pub workers: Option<usize>,
+    /// Followers up to which posts deliver their events themselves (`--fanout-in-post`); by
+    /// default the server's.
+    #[arg(long)]
+    pub fanout_in_post: Option<u32>,
     /// Megabytes of the embedded store's block cache (`--cache-mb`); by default the
     /// server's (32), which the page reads' 10,000 timelines do not fit in.
     #[arg(long, default_value_t = crate::config::Config::defaults().cache_mb)]
@@ -243,6 +247,9 @@ async fn start_server(
         }
         if let Some(workers) = args.workers {
             config.workers = workers;
+        }
+        if let Some(up_to) = args.fanout_in_post {
+            config.fanout_in_post = Some(up_to);
         }
     })
     .await

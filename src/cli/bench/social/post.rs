@@ -530,7 +530,7 @@ pub(in crate::cli::bench) async fn wait_until_drained(
 /// The server's fan-out counters.
 #[derive(Clone, Copy, Debug, Default)]
 struct Counters {
-    /// Fan-outs complete (every part done).
+    /// Fan-outs complete (every part done), by jobs or by their posts.
     completed: u64,
     /// Timeline entries written (or removed) by fan-out jobs.
     deliveries: u64,

@@ -15,6 +15,7 @@ fn tiny() -> SocialBenchArgs {
         lag_samples: 50,
         max_backlog: None,
         workers: None,
+        fanout_in_post: None,
         cache_mb: 32,
         fixed_followers: vec![1, 12],
         fixed_events: 30,

@@ -1,0 +1,437 @@
+//! Small fan-outs written in the post's own commit, with no job.
+//!
+//! A delivery job of an author with a few followers costs a queue write, a claim, a poll, the
+//! entries' write and an ending: four durable writes where one would do. So a post whose
+//! author has at most [`FanoutInPost::up_to`] followers writes their timeline entries, the
+//! author's own and a done status record in the transaction that creates the event. The
+//! followers are read just before; the transaction checks three rows of the author's that
+//! other writers move, so that what it read still holds when it commits:
+//! - the **audience mark**, which every follow's transaction moves: a follow in between
+//!   fails the commit, so no new follower misses the event (a follow after the commit
+//!   backfills it from the author's log);
+//! - the **unfollow mark**, which every unfollow's transaction moves: an unfollow in between
+//!   fails the commit, so no entry lands after that unfollow's cleanup has run (one after the
+//!   commit is cleaned up by it);
+//! - the **merged flag**, which must stay absent: an author merged at read time is delivered
+//!   by jobs, which also make its transitions.
+//!
+//! A commit refused by a check is posted again the usual way, with a job. The event's id is
+//! fresh, so no delete or edit of it can race the commit.
+//!
+//! Reading the followers and marks cost each post about a tenth of the process's CPU at 5
+//! followers, so a process remembers them per author ([`PLANS_KEPT`]). A remembered plan
+//! is as sound as a fresh one: its checks name the marks it was read with, so a follow or an
+//! unfollow since (by any process) fails the commit, and the plan is forgotten.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{FanoutMetrics, delivery_key};
+use crate::jobs::{self, JobMetrics};
+use crate::keys::Ticks;
+use crate::notices::{Notice, Notices};
+use crate::store::{Condition, Item, Query, Store, StoreResult, Table, Write};
+use crate::timeline::{DomainResult, Event, audience, live, merged_authors, trim};
+
+/// Authors whose plans a process remembers: a plan is at most 9 follower ids and 3 marks,
+/// about 1 KB with the cache's own, so 16 MB at most.
+const PLANS_KEPT: usize = 16_384;
+
+/// How posts write small fan-outs themselves.
+#[derive(Clone)]
+pub struct FanoutInPost {
+    /// Most followers a post delivers to itself; 0 leaves every fan-out to jobs.
+    up_to: usize,
+    max_timeline_len: usize,
+    status_retention: Duration,
+    metrics: FanoutMetrics,
+    /// Where the fan-out's completion and lag are counted, as a job's would be.
+    jobs: JobMetrics,
+    /// Plans as last read, per author.
+    plans: Arc<quick_cache::sync::Cache<String, Arc<Plan>>>,
+}
+
+/// Who gets a post's event, and the checks that keep that true until its commit.
+#[derive(Debug)]
+pub struct Plan {
+    /// The followers, then the author.
+    owners: Vec<String>,
+    guards: Vec<Write>,
+}
+
+impl FanoutInPost {
+    /// Posts deliver to at most `up_to` followers themselves (never past the merge threshold,
+    /// whose crossing only a job handles); they count their entries in `metrics`.
+    pub fn new(
+        up_to: usize,
+        settings: &super::FanoutSettings,
+        status_retention: Duration,
+        metrics: (FanoutMetrics, JobMetrics),
+    ) -> Self {
+        let (metrics, jobs) = metrics;
+        FanoutInPost {
+            up_to: up_to
+                .min(settings.merge_threshold)
+                .min(settings.split_above)
+                .min(settings.page_size),
+            max_timeline_len: settings.max_timeline_len,
+            status_retention,
+            metrics,
+            jobs,
+            plans: Arc::new(quick_cache::sync::Cache::new(PLANS_KEPT)),
+        }
+    }
+
+    /// Posts that never deliver themselves: every event gets a job.
+    pub fn never() -> Self {
+        Self::new(
+            0,
+            &super::FanoutSettings::default(),
+            Duration::ZERO,
+            (FanoutMetrics::default(), JobMetrics::default()),
+        )
+    }
+
+    /// A plan for a post of `author`'s, if the post may deliver its event itself: as last
+    /// read, or read now.
+    pub async fn plan(&self, store: &dyn Store, author: &str) -> StoreResult<Option<Arc<Plan>>> {
+        if self.up_to == 0 {
+            return Ok(None);
+        }
+        if let Some(plan) = self.plans.get(author) {
+            return Ok(Some(plan));
+        }
+        let plan = self.read_plan(store, author).await?.map(Arc::new);
+        if let Some(plan) = &plan {
+            self.plans.insert(author.to_owned(), plan.clone());
+        }
+        Ok(plan)
+    }
+
+    /// Forgets the plan of `author`'s: its followers changed, or a commit found it stale.
+    pub fn forget(&self, author: &str) {
+        self.plans.remove(author);
+    }
+
+    /// Reads `author`'s marks, then its followers: a follow or an unfollow between the two
+    /// reads moved a mark the plan's checks name as it was, so it fails the commit.
+    async fn read_plan(&self, store: &dyn Store, author: &str) -> StoreResult<Option<Plan>> {
+        let flag = merged_authors::flag_key(author);
+        let unfollowed = merged_authors::unfollowed_key(author);
+        let audience = audience::mark_key(author);
+        let marks = store
+            .get_many(vec![flag.clone(), unfollowed.clone(), audience.clone()])
+            .await?;
+        let [merged, unfollowed_mark, audience_mark] = <[Option<Bytes>; 3]>::try_from(marks)
+            .unwrap_or_else(|marks| unreachable!("three keys read, {} answers", marks.len()));
+        if merged.is_some() {
+            return Ok(None);
+        }
+        let followers = store
+            .query(Query::partition(
+                Table::SubjectFollowers,
+                author,
+                self.up_to + 1,
+            ))
+            .await?;
+        if followers.len() > self.up_to {
+            return Ok(None);
+        }
+        let unchanged = |mark: Option<Bytes>| mark.map_or(Condition::Absent, Condition::Equals);
+        let mut owners: Vec<String> = followers.into_iter().map(|edge| edge.row).collect();
+        owners.push(author.to_owned());
+        Ok(Some(Plan {
+            owners,
+            guards: vec![
+                Write::check(flag, Condition::Absent),
+                Write::check(unfollowed, unchanged(unfollowed_mark)),
+                Write::check(audience, unchanged(audience_mark)),
+            ],
+        }))
+    }
+
+    /// The writes that deliver `event` (received at `received`) as `plan` says, to commit
+    /// with the event's own: every owner's entry, a done status record, and the checks.
+    pub fn writes(&self, plan: &Plan, event: &Event, received: Ticks) -> Vec<Write> {
+        let entry = event.timeline_entry_body();
+        let mut writes: Vec<Write> = plan
+            .owners
+            .iter()
+            .map(|owner| {
+                Write::put(
+                    Table::Timelines,
+                    Item::new(owner, &event.row_key, entry.clone()),
+                )
+            })
+            .collect();
+        writes.push(jobs::done_without_job(
+            event.author.as_str(),
+            &delivery_key(event.event_id),
+            received,
+            plan.owners.len() as u64,
+            Some(plan.owners.len() as u64 - 1),
+            self.status_retention,
+        ));
+        writes.extend(plan.guards.iter().cloned());
+        writes
+    }
+
+    /// Once the writes of `plan` committed: tells the owners' live streams, and trims their
+    /// timelines and sweeps the author's status records as often as a delivery job would.
+    pub async fn delivered(
+        &self,
+        store: &dyn Store,
+        notices: &Notices,
+        plan: &Plan,
+        event: &Event,
+        received: Ticks,
+    ) -> DomainResult<()> {
+        self.metrics.deliveries.inc_by(plan.owners.len() as u64);
+        self.metrics.in_post.inc();
+        let lag_ticks = Ticks::now().get().saturating_sub(received.get());
+        self.jobs
+            .record_work_done(super::KIND, Duration::from_micros(lag_ticks / 10));
+        for owner in &plan.owners {
+            notices.publish(&live::timeline_topic(owner), Notice::Changed);
+        }
+        let trimmed = plan
+            .owners
+            .iter()
+            .filter(|owner| trim::trims(event.event_id, owner));
+        for owner in trimmed {
+            trim::trim(store, owner, self.max_timeline_len).await?;
+        }
+        let key = delivery_key(event.event_id);
+        jobs::sweep_after_done(store, event.author.as_str(), &key, self.status_retention).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::value::RawValue;
+
+    use super::*;
+    use crate::cursor::CursorCodec;
+    use crate::jobs::Wake;
+    use crate::store::EmbeddedStore;
+    use crate::timeline::fanout::status::{self, FanoutState};
+    use crate::timeline::{NewEvent, Posted, SubjectId, Timelines};
+
+    async fn store() -> (tempfile::TempDir, EmbeddedStore) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        (dir, store)
+    }
+
+    /// A process on `store` whose posts deliver to up to 2 followers themselves.
+    fn process(store: &EmbeddedStore) -> Timelines {
+        let fanout_in_post = FanoutInPost::new(
+            2,
+            &super::super::FanoutSettings::default(),
+            Duration::from_secs(3600),
+            (FanoutMetrics::default(), JobMetrics::default()),
+        );
+        Timelines::new(
+            Arc::new(store.clone()),
+            CursorCodec::new(b"test"),
+            crate::config::Config::defaults().timeline_settings(),
+            Wake::without_handoff(),
+        )
+        .with_fanout_in_post(fanout_in_post)
+    }
+
+    fn id(name: &str) -> SubjectId {
+        SubjectId::parse(name).expect("id")
+    }
+
+    async fn post(timelines: &Timelines, author: &str) -> Event {
+        let new = NewEvent {
+            client_id: None,
+            kind: None,
+            payload: RawValue::from_string("{}".into()).expect("json"),
+            at: None,
+        };
+        match timelines.post_event(&id(author), new).await.expect("post") {
+            Posted::Created(event) => event,
+            Posted::Existing(event) => panic!("a new post was a retry: {event:?}"),
+        }
+    }
+
+    async fn rows(store: &EmbeddedStore, owner: &str) -> Vec<String> {
+        store
+            .query(Query::partition(Table::Timelines, owner, 100))
+            .await
+            .expect("timeline")
+            .into_iter()
+            .map(|item| item.row)
+            .collect()
+    }
+
+    async fn state(store: &EmbeddedStore, event: &Event) -> (FanoutState, Option<u64>) {
+        let record = status::lookup(store, event.author.as_str(), event.event_id)
+            .await
+            .expect("lookup")
+            .expect("a status record");
+        (record.state, record.followers_total)
+    }
+
+    async fn queued(store: &EmbeddedStore) -> u64 {
+        crate::jobs::depth(store, 100).await.expect("depth")
+    }
+
+    /// Follows as a client's call does (its backfill job is queued, and never run here).
+    async fn follow(timelines: &Timelines, follower: &str, author: &str) {
+        timelines
+            .follow(&id(follower), &id(author))
+            .await
+            .expect("follow");
+    }
+
+    #[tokio::test]
+    async fn a_post_with_few_followers_writes_every_entry_and_a_done_status_with_no_job() {
+        let (_dir, store) = store().await;
+        let timelines = process(&store);
+        follow(&timelines, "fan1", "alice").await;
+        follow(&timelines, "fan2", "alice").await;
+        let jobs_of_follows = queued(&store).await;
+        let event = post(&timelines, "alice").await;
+        for owner in ["fan1", "fan2", "alice"] {
+            assert_eq!(
+                rows(&store, owner).await,
+                [event.row_key.as_str()],
+                "{owner}"
+            );
+        }
+        assert_eq!(state(&store, &event).await, (FanoutState::Done, Some(2)));
+        assert_eq!(
+            queued(&store).await,
+            jobs_of_follows,
+            "the post queued no job"
+        );
+        // One follower more than the bound: a job, and nothing delivered yet.
+        follow(&timelines, "fan3", "alice").await;
+        let big = post(&timelines, "alice").await;
+        assert_eq!(state(&store, &big).await.0, FanoutState::Pending);
+        assert_eq!(
+            queued(&store).await,
+            jobs_of_follows + 2,
+            "the follow's and the post's"
+        );
+        assert!(!rows(&store, "fan1").await.contains(&big.row_key));
+    }
+
+    /// Another process follows or unfollows after this one remembered the author's plan: the
+    /// plan's checks refuse the commit, and the event goes with a job, which reads the
+    /// followers as they are when it runs.
+    #[tokio::test]
+    async fn a_follow_or_unfollow_elsewhere_refuses_a_remembered_plan_and_the_event_gets_a_job() {
+        let (_dir, store) = store().await;
+        let (here, elsewhere) = (process(&store), process(&store));
+        follow(&here, "fan1", "alice").await;
+        let first = post(&here, "alice").await;
+        assert_eq!(state(&store, &first).await, (FanoutState::Done, Some(1)));
+        for change in ["follow", "unfollow"] {
+            match change {
+                "follow" => follow(&elsewhere, "fan2", "alice").await,
+                _ => elsewhere
+                    .unfollow(&id("fan1"), &id("alice"))
+                    .await
+                    .expect("unfollow"),
+            }
+            let before = queued(&store).await;
+            let refused = post(&here, "alice").await;
+            assert_eq!(
+                state(&store, &refused).await.0,
+                FanoutState::Pending,
+                "after the {change}"
+            );
+            assert_eq!(queued(&store).await, before + 1, "after the {change}");
+            assert!(
+                !rows(&store, "fan2").await.contains(&refused.row_key),
+                "after the {change}: nothing delivered by the refused commit"
+            );
+            // The plan was forgotten: the next post reads the followers as they are now.
+            let next = post(&here, "alice").await;
+            let followers = if change == "follow" { 2 } else { 1 };
+            assert_eq!(
+                state(&store, &next).await,
+                (FanoutState::Done, Some(followers)),
+                "after the {change}"
+            );
+            assert!(rows(&store, "fan2").await.contains(&next.row_key));
+            if change == "unfollow" {
+                assert!(!rows(&store, "fan1").await.contains(&next.row_key));
+            }
+        }
+    }
+
+    /// A follow or unfollow between the reads of a plan and its commit: the checks name the
+    /// marks as read, so either one refuses the commit.
+    #[tokio::test]
+    async fn a_follow_or_unfollow_between_the_plan_and_its_commit_refuses_it() {
+        let (_dir, store) = store().await;
+        let timelines = process(&store);
+        follow(&timelines, "fan1", "alice").await;
+        let in_post = FanoutInPost::new(
+            2,
+            &super::super::FanoutSettings::default(),
+            Duration::from_secs(3600),
+            (FanoutMetrics::default(), JobMetrics::default()),
+        );
+        for change in ["follow", "unfollow", "merge"] {
+            let plan = in_post
+                .plan(&store, "alice")
+                .await
+                .expect("plan")
+                .expect("small");
+            match change {
+                "follow" => follow(&timelines, "fan2", "alice").await,
+                "unfollow" => timelines
+                    .unfollow(&id("fan2"), &id("alice"))
+                    .await
+                    .expect("unfollow"),
+                _ => store
+                    .transact(vec![Write::put(
+                        Table::MergedAuthors,
+                        Item::new("alice", &merged_authors::flag_key("alice").row, "since"),
+                    )])
+                    .await
+                    .expect("flag"),
+            }
+            let event = post_event_rows(&in_post, &plan);
+            let refused = store.transact(event).await;
+            assert!(
+                matches!(refused, Err(crate::store::StoreError::ConditionFailed)),
+                "{change}: {refused:?}"
+            );
+            in_post.forget("alice");
+        }
+        assert!(
+            in_post.plan(&store, "alice").await.expect("plan").is_none(),
+            "a merged author is left to jobs"
+        );
+    }
+
+    /// The writes a post of `plan`'s author would commit, with a fresh event.
+    fn post_event_rows(in_post: &FanoutInPost, plan: &Plan) -> Vec<Write> {
+        let (at, event_id) = (Ticks::now(), uuid::Uuid::now_v7());
+        let event = Event {
+            event_id,
+            author: id("alice"),
+            kind: "post".into(),
+            payload: RawValue::from_string("{}".into()).expect("json"),
+            at,
+            row_key: crate::keys::event_row_key(at, event_id),
+            version: 1,
+            edited_at: None,
+        };
+        let mut writes = crate::timeline::posting::event_rows(&event);
+        writes.extend(in_post.writes(plan, &event, at));
+        writes
+    }
+}
