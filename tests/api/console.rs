@@ -1006,6 +1006,8 @@ async fn the_admin_sees_a_dead_lettered_fan_out_and_requeues_it() {
         |config| {
             config.max_attempts = 2;
             config.retry_base_ms = 1;
+            // The post's fan-out must be a job, for its writes to fail.
+            config.fanout_in_post = Some(0);
         },
     )
     .await;
