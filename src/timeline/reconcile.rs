@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use super::{Event, SubjectId, merged_authors, trim};
 use crate::jobs::{Claimed, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
-use crate::store::{Item, Query, Store, StoreResult, Table, Write};
+use crate::store::{Item, Query, Store, StoreExt, StoreResult, Table, Write};
 
 /// The job kind.
 const KIND: &str = "reconcile";
@@ -166,6 +166,10 @@ async fn backfill(
 /// the events and writing the copies may have run its removal job already; the events are
 /// read again after the write, so a delete either shows here or comes after the write, and
 /// then its removal job deletes the copy.
+///
+/// The range is read to its end: events posted meanwhile can land inside it (a fold's
+/// `readings` event is keyed by its batch's time), and a read of `copied.len()` rows then
+/// stopped short of the oldest copied events, which were taken for gone.
 pub(super) async fn take_back_deleted(
     store: &dyn Store,
     owner: &str,
@@ -176,7 +180,7 @@ pub(super) async fn take_back_deleted(
         return Ok(());
     };
     let still = store
-        .query(
+        .query_all(
             Query::partition(Table::Events, author, copied.len())
                 .range(Some(first.row.clone()), Some(format!("{}!", last.row))),
         )
@@ -232,4 +236,50 @@ pub(super) async fn clean_up(store: &dyn Store, follower: &str, author: &str) ->
         }
     }
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::EmbeddedStore;
+
+    async fn rows(store: &EmbeddedStore, table: Table, partition: &str) -> Vec<String> {
+        store
+            .query(Query::partition(table, partition, 100))
+            .await
+            .expect("query")
+            .into_iter()
+            .map(|item| item.row)
+            .collect()
+    }
+
+    /// An event posted between the copy and the check, inside the copied range (a fold's
+    /// event keyed by an earlier batch time), must not make the oldest copy look deleted;
+    /// a deleted one is still taken back.
+    #[tokio::test]
+    async fn an_event_landing_inside_the_copied_range_takes_back_no_copy() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let event = |row: &str| Item::new("author", row, "e");
+        let copied = vec![event("r1"), event("r3"), event("r5")];
+        let mut writes: Vec<Write> = copied
+            .iter()
+            .map(|item| Write::put(Table::Events, item.clone()))
+            .collect();
+        writes.extend(
+            copied
+                .iter()
+                .map(|item| Write::put(Table::Timelines, Item::new("reader", &item.row, "copy"))),
+        );
+        // Posted meanwhile, between copied events; and r3 deleted.
+        writes.push(Write::put(Table::Events, event("r2")));
+        writes.push(Write::put(Table::Events, event("r4")));
+        writes.push(Write::delete(Table::Events, "author", "r3"));
+        store.batch_write(writes).await.expect("seed");
+
+        take_back_deleted(&store, "reader", "author", &copied)
+            .await
+            .expect("take back");
+        assert_eq!(rows(&store, Table::Timelines, "reader").await, ["r1", "r5"]);
+    }
 }
