@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{DomainResult, Event, live, trim};
+use super::{DomainResult, Event};
 use crate::jobs;
 use crate::keys::Ticks;
-use crate::notices::{Notice, Notices};
+use crate::notices::Notices;
 use crate::store::{Condition, Item, Key, Query, Store, StoreResult, Table, Write};
 
 /// The row of an author's audience mark in `mergedAuthors`.
@@ -157,15 +157,14 @@ impl Quiet {
     /// Once the writes of `event` have committed: tells the author's live streams, and trims
     /// the author's timeline and sweeps its status records as often as a delivery would.
     pub async fn posted(&self, store: &dyn Store, event: &Event) -> DomainResult<()> {
-        let author = event.author.as_str();
-        self.notices
-            .publish(&live::timeline_topic(author), Notice::Changed);
-        if trim::trims(event.event_id, author) {
-            trim::trim(store, author, self.max_timeline_len).await?;
-        }
-        let key = super::fanout::delivery_key(event.event_id);
-        jobs::sweep_after_done(store, author, &key, self.status_retention).await?;
-        Ok(())
+        super::fanout::after_delivery(
+            store,
+            &self.notices,
+            &[event.author.as_str()],
+            event,
+            (self.max_timeline_len, self.status_retention),
+        )
+        .await
     }
 }
 

@@ -193,20 +193,41 @@ impl FanoutInPost {
         let lag_ticks = Ticks::now().get().saturating_sub(received.get());
         self.jobs
             .record_work_done(super::KIND, Duration::from_micros(lag_ticks / 10));
-        for owner in &plan.owners {
-            notices.publish(&live::timeline_topic(owner), Notice::Changed);
-        }
-        let trimmed = plan
-            .owners
-            .iter()
-            .filter(|owner| trim::trims(event.event_id, owner));
-        for owner in trimmed {
-            trim::trim(store, owner, self.max_timeline_len).await?;
-        }
-        let key = delivery_key(event.event_id);
-        jobs::sweep_after_done(store, event.author.as_str(), &key, self.status_retention).await?;
-        Ok(())
+        let owners: Vec<&str> = plan.owners.iter().map(String::as_str).collect();
+        after_delivery(
+            store,
+            notices,
+            &owners,
+            event,
+            (self.max_timeline_len, self.status_retention),
+        )
+        .await
     }
+}
+
+/// What follows a delivery written with its event's own commit (here, or for an author nobody
+/// follows): tells the owners' live streams, trims their timelines to `max_timeline_len`
+/// and sweeps the author's status records past `status_retention`, as often as a delivery
+/// job would.
+pub(crate) async fn after_delivery(
+    store: &dyn Store,
+    notices: &Notices,
+    owners: &[&str],
+    event: &Event,
+    (max_timeline_len, status_retention): (usize, Duration),
+) -> DomainResult<()> {
+    for owner in owners {
+        notices.publish(&live::timeline_topic(owner), Notice::Changed);
+    }
+    for owner in owners
+        .iter()
+        .filter(|owner| trim::trims(event.event_id, owner))
+    {
+        trim::trim(store, owner, max_timeline_len).await?;
+    }
+    let key = delivery_key(event.event_id);
+    jobs::sweep_after_done(store, event.author.as_str(), &key, status_retention).await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ use crate::keys::{Ticks, parse_event_row_key};
 use crate::notices::{Notice, Notices};
 use crate::store::{Item, Query, Store, Table, Write};
 
+pub(crate) use in_post::after_delivery;
 pub use in_post::{FanoutInPost, Plan as InPostPlan};
 pub use metrics::FanoutMetrics;
 
