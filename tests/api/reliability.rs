@@ -220,8 +220,11 @@ async fn sigkill_amid_batched_small_fanouts_leaves_every_timeline_each_event_onc
     }
     wait_until_unlocked(&store.config.data_dir).await;
 
-    // No worker yet: every event waits in the queue, so the kill lands amid their batches.
-    let (server, api) = serve_command(logs.capture(fanline("serve", &store, 0), "serve-0.log"));
+    // No worker yet: every event waits in the queue (none fans out in its own post), so the
+    // kill lands amid their batches.
+    let mut posting = fanline("serve", &store, 0);
+    posting.env("FANLINE_FANOUT_IN_POST", "0");
+    let (server, api) = serve_command(logs.capture(posting, "serve-0.log"));
     let posted: Vec<(String, String)> = futures::stream::iter(authors.iter())
         .map(|(author, _)| {
             let api = &api;
