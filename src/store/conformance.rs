@@ -12,9 +12,8 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::{
-    Condition, Item, Key, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_ROW_KEY_BYTES,
-    MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError, StoreExt, Table,
-    Write, item_bytes, write_bytes,
+    Condition, Item, Key, MAX_ITEM_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError,
+    StoreExt, Table, Write, item_bytes, write_bytes,
 };
 
 /// Expands to one `#[tokio::test]` per conformance case. `$fixture` is an expression of a
@@ -540,6 +539,14 @@ pub async fn a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_ref
     store: &dyn Store,
 ) {
     let p = partition("tx-bytes");
+    let most = store.limits().transaction_bytes;
+    // Items of the largest size, as many as leave room for the rest.
+    let full = (most
+        / write_bytes(&Write::put(
+            Table::SeriesBatches,
+            item_of_size(&p, "full0", MAX_ITEM_BYTES),
+        )))
+    .clamp(1, 10);
     store
         .put(
             Table::SeriesBatches,
@@ -548,9 +555,9 @@ pub async fn a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_ref
         )
         .await
         .unwrap();
-    // Ten items of the largest size (one created if absent), a delete, a compare-and-swap
-    // delete (conditions count too); a last put brings the total to the limit.
-    let mut writes: Vec<Write> = (0..10)
+    // Items of the largest size (one created if absent), a delete, a compare-and-swap delete
+    // (conditions count too); a last put brings the total to the limit.
+    let mut writes: Vec<Write> = (0..full)
         .map(|i| {
             let row = format!("full{i}");
             Write::put(Table::SeriesBatches, item_of_size(&p, &row, MAX_ITEM_BYTES))
@@ -576,11 +583,9 @@ pub async fn a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_ref
         all
     };
 
-    let over = store
-        .transact(with_last(MAX_TRANSACTION_BYTES - used + 1))
-        .await;
-    let over_bytes = format!("{} bytes", MAX_TRANSACTION_BYTES + 1);
-    let limit = MAX_TRANSACTION_BYTES.to_string();
+    let over = store.transact(with_last(most - used + 1)).await;
+    let over_bytes = format!("{} bytes", most + 1);
+    let limit = most.to_string();
     assert_invalid_input(over, &["transaction too large", &over_bytes, &limit]);
     assert_eq!(
         store.get(Table::SeriesBatches, &p, "full0").await.unwrap(),
@@ -594,11 +599,8 @@ pub async fn a_transaction_of_the_most_bytes_is_applied_and_one_byte_more_is_ref
             .is_some()
     );
 
-    let at_limit = with_last(MAX_TRANSACTION_BYTES - used);
-    assert_eq!(
-        at_limit.iter().map(write_bytes).sum::<usize>(),
-        MAX_TRANSACTION_BYTES
-    );
+    let at_limit = with_last(most - used);
+    assert_eq!(at_limit.iter().map(write_bytes).sum::<usize>(), most);
     store.transact(at_limit.clone()).await.unwrap();
     assert_eq!(
         store.get(Table::SeriesBatches, &p, "swap").await.unwrap(),
@@ -698,14 +700,15 @@ pub async fn a_batch_of_the_largest_items_lands_and_one_byte_more_is_refused(sto
 }
 
 pub async fn keys_at_their_size_limits_work_and_one_byte_more_is_refused(store: &dyn Store) {
+    let limits = store.limits();
     let unique = Uuid::new_v4().simple().to_string();
     let longest_partition = format!(
         "{unique}{}",
-        "p".repeat(MAX_PARTITION_KEY_BYTES - unique.len())
+        "p".repeat(limits.partition_key_bytes - unique.len())
     );
     // Multi-byte characters count as their UTF-8 bytes.
-    let longest_row = "é".repeat(MAX_ROW_KEY_BYTES / 2);
-    assert_eq!(longest_row.len(), MAX_ROW_KEY_BYTES);
+    let longest_row = "é".repeat(limits.row_key_bytes / 2);
+    assert_eq!(longest_row.len(), limits.row_key_bytes);
     store
         .put(
             Table::Events,
@@ -739,11 +742,16 @@ pub async fn keys_at_their_size_limits_work_and_one_byte_more_is_refused(store: 
             Condition::None,
         )
         .await;
-    assert_invalid_input(put, &["partition key too long", "2049 bytes", "2048"]);
+    let partition_bytes = limits.partition_key_bytes;
+    let over_bytes = format!("{} bytes", partition_bytes + 1);
+    let limit = partition_bytes.to_string();
+    assert_invalid_input(put, &["partition key too long", &over_bytes, &limit]);
     let get = store
         .get(Table::Events, &longest_partition, &row_over)
         .await;
-    assert_invalid_input(get, &["row key too long", "1025 bytes", "1024"]);
+    let over_bytes = format!("{} bytes", limits.row_key_bytes + 1);
+    let limit = limits.row_key_bytes.to_string();
+    assert_invalid_input(get, &["row key too long", &over_bytes, &limit]);
     let delete = store
         .transact(vec![Write::delete(Table::Events, &partition_over, "r")])
         .await;

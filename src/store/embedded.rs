@@ -35,7 +35,8 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable as 
 use tokio::sync::oneshot;
 
 use super::{
-    Condition, Direction, Item, Key, Query, Store, StoreError, StoreResult, Table, Write, validate,
+    Condition, Direction, Item, Key, Limits, Query, Store, StoreError, StoreResult, Table, Write,
+    validate,
 };
 
 /// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
@@ -259,7 +260,7 @@ impl EmbeddedStore {
 #[async_trait]
 impl Store for EmbeddedStore {
     async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>> {
-        validate::key(partition, row)?;
+        validate::key(&Limits::DYNAMODB, partition, row)?;
         let keyspace = self.inner.keyspaces.of(table)?.clone();
         let key = encode_key(partition, row);
         let db = self.inner.db.clone();
@@ -269,7 +270,7 @@ impl Store for EmbeddedStore {
     async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>> {
         let mut reads = Vec::with_capacity(keys.len());
         for key in keys {
-            validate::key(&key.partition, &key.row)?;
+            validate::key(&Limits::DYNAMODB, &key.partition, &key.row)?;
             let keyspace = self.inner.keyspaces.of(key.table)?.clone();
             reads.push((keyspace, encode_key(&key.partition, &key.row)));
         }
@@ -311,12 +312,12 @@ impl Store for EmbeddedStore {
     }
 
     async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
-        validate::transaction(&writes)?;
+        validate::transaction(&Limits::DYNAMODB, &writes)?;
         self.submit(writes, true).await
     }
 
     async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()> {
-        validate::batch(&writes)?;
+        validate::batch(&Limits::DYNAMODB, &writes)?;
         if writes.is_empty() {
             return Ok(());
         }
@@ -325,15 +326,15 @@ impl Store for EmbeddedStore {
 
     /// One request to the writer: the batch and `last` land in one commit, or neither.
     async fn batch_write_then(&self, batch: Vec<Write>, last: Write) -> StoreResult<()> {
-        validate::batch(&batch)?;
-        validate::transaction(std::slice::from_ref(&last))?;
+        validate::batch(&Limits::DYNAMODB, &batch)?;
+        validate::transaction(&Limits::DYNAMODB, std::slice::from_ref(&last))?;
         let mut writes = batch;
         writes.push(last);
         self.submit(writes, true).await
     }
 
     async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
-        validate::query(&query)?;
+        validate::query(&Limits::DYNAMODB, &query)?;
         let keyspace = self.inner.keyspaces.of(query.table)?.clone();
         let db = self.inner.db.clone();
         read(query.limit, move || {
@@ -345,7 +346,7 @@ impl Store for EmbeddedStore {
     async fn query_many(&self, queries: Vec<Query>) -> StoreResult<Vec<Vec<Item>>> {
         let mut reads = Vec::with_capacity(queries.len());
         for query in queries {
-            validate::query(&query)?;
+            validate::query(&Limits::DYNAMODB, &query)?;
             reads.push((self.inner.keyspaces.of(query.table)?.clone(), query));
         }
         // As of one moment: every query reads the same snapshot. They run on the calling

@@ -409,6 +409,14 @@ impl Store for FaultyStore {
     fn keys_cheaper_than_a_range(&self) -> usize {
         self.inner.keys_cheaper_than_a_range()
     }
+
+    fn atomic_scope(&self) -> crate::store::AtomicScope {
+        self.inner.atomic_scope()
+    }
+
+    fn limits(&self) -> crate::store::Limits {
+        self.inner.limits()
+    }
 }
 
 #[cfg(test)]

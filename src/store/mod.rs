@@ -15,6 +15,7 @@
 //! Item bodies are opaque bytes: the domain owns their encoding, and a backend only stores
 //! them (DynamoDB keeps them in one binary attribute, `Data`).
 
+mod backoff;
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 mod dynamo;
@@ -68,6 +69,38 @@ pub(crate) const ABSENT_CONDITION_BYTES: usize = "attribute_not_exists(Partition
 /// What a [`Condition::Equals`] adds to a transaction's size besides the value it compares
 /// with: its condition expression `#d = :v` and the attribute name `#d` stands for, `Data`.
 pub(crate) const EQUALS_CONDITION_BYTES: usize = "#d = :v".len() + "Data".len();
+
+/// The key and transaction sizes a backend takes, counted as [`validate`] counts them. Every
+/// backend refuses what is over its limits before it sends or stores anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub partition_key_bytes: usize,
+    pub row_key_bytes: usize,
+    /// Bytes of one transaction, counted by [`write_bytes`].
+    pub transaction_bytes: usize,
+}
+
+impl Limits {
+    /// DynamoDB's limits, which the embedded store keeps too.
+    pub const DYNAMODB: Limits = Limits {
+        partition_key_bytes: MAX_PARTITION_KEY_BYTES,
+        row_key_bytes: MAX_ROW_KEY_BYTES,
+        transaction_bytes: MAX_TRANSACTION_BYTES,
+    };
+}
+
+/// What one [`Store::transact`] may span on a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicScope {
+    /// Any items of any tables, checks of absent rows included (DynamoDB's
+    /// `TransactWriteItems`, the embedded store's commits).
+    AnyItems,
+    /// Items of one partition of one table, and no check that a row is absent unless the
+    /// transaction holds only checks (Azure's entity group transactions). A transaction
+    /// beyond it is [`StoreError::InvalidInput`], refused by the backend before it sends
+    /// anything.
+    OnePartition,
+}
 
 /// An item's size as DynamoDB counts it: its attribute names and values, that is the UTF-8
 /// bytes of both keys, the value's raw bytes, and [`ITEM_NAME_BYTES`].
@@ -528,6 +561,16 @@ pub trait Store: Send + Sync + 'static {
     /// partitions, where each query is a request of its own; the embedded store's range read
     /// seeks each run of the table once, where each point read probes every run.
     fn keys_cheaper_than_a_range(&self) -> usize;
+
+    /// What one [`Store::transact`] may span here.
+    fn atomic_scope(&self) -> AtomicScope {
+        AtomicScope::AnyItems
+    }
+
+    /// The key and transaction sizes this backend takes.
+    fn limits(&self) -> Limits {
+        Limits::DYNAMODB
+    }
 }
 
 /// Conveniences over [`Store`], for every implementation.

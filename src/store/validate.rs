@@ -6,28 +6,27 @@
 use std::collections::HashSet;
 
 use super::{
-    Condition, Item, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_ROW_KEY_BYTES,
-    MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, StoreError, StoreResult, Write,
-    item_bytes, write_bytes,
+    Condition, Item, Limits, MAX_ITEM_BYTES, MAX_TRANSACTION_WRITES, Query, StoreError,
+    StoreResult, Write, item_bytes, write_bytes,
 };
 
-/// Keys: not empty, within DynamoDB's key sizes.
-pub(super) fn key(partition: &str, row: &str) -> StoreResult<()> {
+/// Keys: not empty, within the backend's key sizes.
+pub(super) fn key(limits: &Limits, partition: &str, row: &str) -> StoreResult<()> {
     if partition.is_empty() || row.is_empty() {
         return Err(StoreError::InvalidInput("keys must not be empty".into()));
     }
-    if partition.len() > MAX_PARTITION_KEY_BYTES {
-        return Err(partition_key_too_long(partition));
+    if partition.len() > limits.partition_key_bytes {
+        return Err(partition_key_too_long(limits, partition));
     }
-    if row.len() > MAX_ROW_KEY_BYTES {
-        return Err(row_key_too_long(row));
+    if row.len() > limits.row_key_bytes {
+        return Err(row_key_too_long(limits, row));
     }
     Ok(())
 }
 
 /// One item to put: its keys, and its size within [`MAX_ITEM_BYTES`].
-pub(super) fn item(item: &Item) -> StoreResult<()> {
-    key(&item.partition, &item.row)?;
+pub(super) fn item(limits: &Limits, item: &Item) -> StoreResult<()> {
+    key(limits, &item.partition, &item.row)?;
     let size = item_bytes(item);
     if size > MAX_ITEM_BYTES {
         return Err(StoreError::InvalidInput(format!(
@@ -39,10 +38,10 @@ pub(super) fn item(item: &Item) -> StoreResult<()> {
 }
 
 /// One write of a transaction or a batch: its keys, and the item it puts.
-pub(super) fn write(write: &Write) -> StoreResult<()> {
+pub(super) fn write(limits: &Limits, write: &Write) -> StoreResult<()> {
     match write {
-        Write::Put { item: put, .. } => item(put),
-        Write::Delete { partition, row, .. } => key(partition, row),
+        Write::Put { item: put, .. } => item(limits, put),
+        Write::Delete { partition, row, .. } => key(limits, partition, row),
         Write::Check {
             partition,
             row,
@@ -52,14 +51,14 @@ pub(super) fn write(write: &Write) -> StoreResult<()> {
             if *condition == Condition::None {
                 return Err(StoreError::InvalidInput("a check needs a condition".into()));
             }
-            key(partition, row)
+            key(limits, partition, row)
         }
     }
 }
 
 /// 1 to [`MAX_TRANSACTION_WRITES`] writes, each valid, one item at most once, and together
-/// within [`MAX_TRANSACTION_BYTES`].
-pub(super) fn transaction(writes: &[Write]) -> StoreResult<()> {
+/// within the backend's transaction bytes.
+pub(super) fn transaction(limits: &Limits, writes: &[Write]) -> StoreResult<()> {
     if writes.is_empty() || writes.len() > MAX_TRANSACTION_WRITES {
         return Err(StoreError::InvalidInput(format!(
             "a transaction holds 1 to {MAX_TRANSACTION_WRITES} writes, got {}",
@@ -69,7 +68,7 @@ pub(super) fn transaction(writes: &[Write]) -> StoreResult<()> {
     let mut seen = HashSet::with_capacity(writes.len());
     let mut total = 0;
     for one in writes {
-        write(one)?;
+        write(limits, one)?;
         let (partition, row) = one.key();
         if !seen.insert((one.table(), partition, row)) {
             return Err(StoreError::InvalidInput(
@@ -78,20 +77,21 @@ pub(super) fn transaction(writes: &[Write]) -> StoreResult<()> {
         }
         total += write_bytes(one);
     }
-    if total > MAX_TRANSACTION_BYTES {
+    if total > limits.transaction_bytes {
         return Err(StoreError::InvalidInput(format!(
             "transaction too large: {total} bytes in {} writes (items, keys and \
-             conditions), the limit is {MAX_TRANSACTION_BYTES}",
-            writes.len()
+             conditions), the limit is {}",
+            writes.len(),
+            limits.transaction_bytes
         )));
     }
     Ok(())
 }
 
 /// Unconditional writes, each valid; any number of them, of any total size.
-pub(super) fn batch(writes: &[Write]) -> StoreResult<()> {
+pub(super) fn batch(limits: &Limits, writes: &[Write]) -> StoreResult<()> {
     for one in writes {
-        write(one)?;
+        write(limits, one)?;
         if *one.condition() != Condition::None {
             return Err(StoreError::InvalidInput(
                 "batch writes are unconditional".into(),
@@ -102,37 +102,39 @@ pub(super) fn batch(writes: &[Write]) -> StoreResult<()> {
 }
 
 /// A query's partition key, and its row bounds (which name row keys), within the key sizes.
-pub(super) fn query(query: &Query) -> StoreResult<()> {
+pub(super) fn query(limits: &Limits, query: &Query) -> StoreResult<()> {
     if query.partition.is_empty() {
         return Err(StoreError::InvalidInput(
             "partition key must not be empty".into(),
         ));
     }
-    if query.partition.len() > MAX_PARTITION_KEY_BYTES {
-        return Err(partition_key_too_long(&query.partition));
+    if query.partition.len() > limits.partition_key_bytes {
+        return Err(partition_key_too_long(limits, &query.partition));
     }
     let bounds = [&query.start, &query.end, &query.start_after];
     match bounds
         .into_iter()
         .flatten()
-        .find(|row| row.len() > MAX_ROW_KEY_BYTES)
+        .find(|row| row.len() > limits.row_key_bytes)
     {
-        Some(row) => Err(row_key_too_long(row)),
+        Some(row) => Err(row_key_too_long(limits, row)),
         None => Ok(()),
     }
 }
 
-fn partition_key_too_long(partition: &str) -> StoreError {
+fn partition_key_too_long(limits: &Limits, partition: &str) -> StoreError {
     StoreError::InvalidInput(format!(
-        "partition key too long: {} bytes, the limit is {MAX_PARTITION_KEY_BYTES}",
-        partition.len()
+        "partition key too long: {} bytes, the limit is {}",
+        partition.len(),
+        limits.partition_key_bytes
     ))
 }
 
-fn row_key_too_long(row: &str) -> StoreError {
+fn row_key_too_long(limits: &Limits, row: &str) -> StoreError {
     StoreError::InvalidInput(format!(
-        "row key too long: {} bytes, the limit is {MAX_ROW_KEY_BYTES}",
-        row.len()
+        "row key too long: {} bytes, the limit is {}",
+        row.len(),
+        limits.row_key_bytes
     ))
 }
 
@@ -164,10 +166,11 @@ mod tests {
 
     #[test]
     fn keys_count_utf8_bytes_not_characters() {
-        let partition = "é".repeat(MAX_PARTITION_KEY_BYTES / 2);
-        assert!(key(&partition, "r").is_ok());
+        let limits = Limits::DYNAMODB;
+        let partition = "é".repeat(limits.partition_key_bytes / 2);
+        assert!(key(&limits, &partition, "r").is_ok());
         let over = format!("{partition}x");
-        let err = key(&over, "r").expect_err("one byte over");
+        let err = key(&limits, &over, "r").expect_err("one byte over");
         assert!(err.to_string().contains("2049 bytes"), "{err}");
     }
 }

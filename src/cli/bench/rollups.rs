@@ -105,6 +105,14 @@ impl Store for CountingStore {
     fn keys_cheaper_than_a_range(&self) -> usize {
         self.inner.keys_cheaper_than_a_range()
     }
+
+    fn atomic_scope(&self) -> crate::store::AtomicScope {
+        self.inner.atomic_scope()
+    }
+
+    fn limits(&self) -> crate::store::Limits {
+        self.inner.limits()
+    }
 }
 
 /// Writes `days` days of a 1 Hz series ending before `end_day`, then times the stepped

@@ -465,6 +465,14 @@ impl Store for Counting {
     fn keys_cheaper_than_a_range(&self) -> usize {
         self.inner.keys_cheaper_than_a_range()
     }
+
+    fn atomic_scope(&self) -> crate::store::AtomicScope {
+        self.inner.atomic_scope()
+    }
+
+    fn limits(&self) -> crate::store::Limits {
+        self.inner.limits()
+    }
 }
 
 #[tokio::test]

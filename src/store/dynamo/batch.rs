@@ -19,7 +19,8 @@ use super::attribute::{ConditionExpression, item_attributes, key_attributes};
 use super::error::{
     build_error, map_cancellation, map_sdk_error, retry_reason, transact_retry_reason,
 };
-use super::retry::{Operation, RetryBudget, backoff};
+use super::retry::Operation;
+use crate::store::backoff::{RetryBudget, backoff};
 use crate::store::{MAX_ITEM_BYTES, RetryReason, StoreError, StoreResult, Write};
 
 /// `BatchWriteItem` takes at most 25 requests.

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use super::DynamoStore;
 use super::attribute::{PARTITION_KEY, ROW_KEY, key_attributes, take_data, take_string};
 use super::error::{build_error, map_sdk_error, retry_reason};
-use super::retry::{Operation, backoff};
+use super::retry::Operation;
+use crate::store::backoff::backoff;
 use crate::store::{Key, RetryReason, StoreError, StoreResult, Table};
 
 /// `BatchGetItem` takes at most 100 keys.

@@ -33,7 +33,9 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::ConsumedCapacity;
 use bytes::Bytes;
 
-use super::{Condition, Item, Key, Query, Store, StoreResult, StoreStats, Table, Write, validate};
+use super::{
+    Condition, Item, Key, Limits, Query, Store, StoreResult, StoreStats, Table, Write, validate,
+};
 
 /// Queries of one `query_many` in flight at once: a points write may read hundreds of
 /// buckets at once.
@@ -86,19 +88,19 @@ impl DynamoStore {
 #[async_trait]
 impl Store for DynamoStore {
     async fn get(&self, table: Table, partition: &str, row: &str) -> StoreResult<Option<Bytes>> {
-        validate::key(partition, row)?;
+        validate::key(&Limits::DYNAMODB, partition, row)?;
         self.get_item(table, partition, row).await
     }
 
     async fn get_many(&self, keys: Vec<Key>) -> StoreResult<Vec<Option<Bytes>>> {
         for key in &keys {
-            validate::key(&key.partition, &key.row)?;
+            validate::key(&Limits::DYNAMODB, &key.partition, &key.row)?;
         }
         self.batch_get_items(keys).await
     }
 
     async fn put(&self, table: Table, item: Item, condition: Condition) -> StoreResult<()> {
-        validate::item(&item)?;
+        validate::item(&Limits::DYNAMODB, &item)?;
         self.put_item(table, item, condition).await
     }
 
@@ -109,29 +111,29 @@ impl Store for DynamoStore {
         row: &str,
         condition: Condition,
     ) -> StoreResult<()> {
-        validate::key(partition, row)?;
+        validate::key(&Limits::DYNAMODB, partition, row)?;
         self.delete_item(table, partition, row, condition).await
     }
 
     async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
-        validate::transaction(&writes)?;
+        validate::transaction(&Limits::DYNAMODB, &writes)?;
         self.transact_write_items(writes).await
     }
 
     async fn batch_write(&self, writes: Vec<Write>) -> StoreResult<()> {
-        validate::batch(&writes)?;
+        validate::batch(&Limits::DYNAMODB, &writes)?;
         self.batch_write_items(writes).await
     }
 
     async fn query(&self, query: Query) -> StoreResult<Vec<Item>> {
-        validate::query(&query)?;
+        validate::query(&Limits::DYNAMODB, &query)?;
         self.query_partition(query).await
     }
 
     async fn query_many(&self, queries: Vec<Query>) -> StoreResult<Vec<Vec<Item>>> {
         use futures::{StreamExt, TryStreamExt};
         for query in &queries {
-            validate::query(query)?;
+            validate::query(&Limits::DYNAMODB, query)?;
         }
         futures::stream::iter(queries.into_iter().map(|query| self.query_partition(query)))
             .buffered(QUERY_CONCURRENCY)
