@@ -12,8 +12,8 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::{
-    Condition, Item, Key, MAX_ITEM_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError,
-    StoreExt, Table, Write, item_bytes, write_bytes,
+    AtomicScope, Condition, Item, Key, MAX_ITEM_BYTES, MAX_TRANSACTION_WRITES, Query, Store,
+    StoreError, StoreExt, Table, Write, item_bytes, write_bytes,
 };
 
 /// Expands to one `#[tokio::test]` per conformance case. `$fixture` is an expression of a
@@ -40,6 +40,10 @@ macro_rules! store_conformance_tests {
             delete_is_idempotent_and_honours_conditions,
             transaction_writes_across_tables_and_partitions,
             transaction_with_a_failing_condition_writes_nothing,
+            a_transaction_within_one_partition_applies_whole,
+            compare_and_swap_goes_ahead_after_the_value_changed_and_changed_back,
+            keys_with_any_character_round_trip_and_sort_by_bytes,
+            values_over_64_kib_round_trip_by_every_read,
             checks_guard_a_transaction_without_writing_their_rows,
             empty_transactions_and_transactions_writing_an_item_twice_are_refused,
             a_transaction_of_the_most_writes_is_applied_and_one_more_is_refused,
@@ -99,6 +103,15 @@ fn partition(case: &str) -> String {
 
 fn rows(items: &[Item]) -> Vec<&str> {
     items.iter().map(|item| item.row.as_str()).collect()
+}
+
+/// The table a case's transaction writes beside `home`: `other` where the backend commits
+/// across tables, `home` itself where it commits one partition of one table.
+fn beside(store: &dyn Store, home: Table, other: Table) -> Table {
+    match store.atomic_scope() {
+        AtomicScope::AnyItems => other,
+        AtomicScope::OnePartition => home,
+    }
 }
 
 async fn seed(store: &dyn Store, table: Table, partition: &str, row_keys: &[&str]) {
@@ -280,7 +293,7 @@ pub async fn a_write_refused_by_a_condition_is_followed_by_reads_that_see_the_re
             let writes = vec![
                 Write::put_if_absent(Table::Idempotency, Item::new(p.as_str(), row, value)),
                 Write::put(
-                    Table::Events,
+                    beside(store, Table::Idempotency, Table::Events),
                     Item::new(p.as_str(), format!("{row}-event-{i}"), "e"),
                 ),
             ];
@@ -348,39 +361,65 @@ pub async fn transaction_writes_across_tables_and_partitions(store: &dyn Store) 
         )
         .await
         .unwrap();
-    store
+    let across = store
         .transact(vec![
             Write::put_if_absent(Table::SubjectFollowers, Item::new(&a, &b, "since")),
             Write::put(Table::SubjectFollowing, Item::new(&b, &a, "since")),
             Write::delete(Table::SubjectFollowing, &b, "gone"),
         ])
+        .await;
+    let followers = store.get(Table::SubjectFollowers, &a, &b).await.unwrap();
+    let following = store.get(Table::SubjectFollowing, &b, &a).await.unwrap();
+    let gone = store
+        .get(Table::SubjectFollowing, &b, "gone")
         .await
         .unwrap();
-    assert!(
-        store
-            .get(Table::SubjectFollowers, &a, &b)
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert!(
-        store
-            .get(Table::SubjectFollowing, &b, &a)
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert_eq!(
-        store
-            .get(Table::SubjectFollowing, &b, "gone")
-            .await
-            .unwrap(),
-        None
-    );
+    match store.atomic_scope() {
+        AtomicScope::AnyItems => {
+            across.unwrap();
+            assert!(followers.is_some() && following.is_some());
+            assert_eq!(gone, None);
+        }
+        // The backend itself refuses what it cannot commit at once, and writes nothing.
+        AtomicScope::OnePartition => {
+            assert_invalid_input(across, &["atomic scope"]);
+            assert!(followers.is_none() && following.is_none());
+            assert_eq!(gone, Some(Bytes::from("x")));
+        }
+    }
+}
+
+pub async fn a_transaction_within_one_partition_applies_whole(store: &dyn Store) {
+    let p = partition("tx-one");
+    store
+        .put(
+            Table::SubjectFollowers,
+            Item::new(&p, "gone", "x"),
+            Condition::None,
+        )
+        .await
+        .unwrap();
+    store
+        .transact(vec![
+            Write::put_if_absent(Table::SubjectFollowers, Item::new(&p, "new", "since")),
+            Write::put(Table::SubjectFollowers, Item::new(&p, "other", "since")),
+            Write::delete(Table::SubjectFollowers, &p, "gone"),
+            // Deleting a row that is absent is no failure.
+            Write::delete(Table::SubjectFollowers, &p, "never"),
+        ])
+        .await
+        .unwrap();
+    let rows_now = store
+        .query(Query::partition(Table::SubjectFollowers, &p, 10))
+        .await
+        .unwrap();
+    assert_eq!(rows(&rows_now), ["new", "other"]);
 }
 
 pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Store) {
     let p = partition("tx-fail");
+    let jobs = beside(store, Table::Idempotency, Table::Jobs);
+    let events = beside(store, Table::Idempotency, Table::Events);
     store
         .put(
             Table::Idempotency,
@@ -390,17 +429,13 @@ pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Sto
         .await
         .unwrap();
     store
-        .put(
-            Table::Jobs,
-            Item::new(&p, "doomed", "keep"),
-            Condition::None,
-        )
+        .put(jobs, Item::new(&p, "doomed", "keep"), Condition::None)
         .await
         .unwrap();
     let result = store
         .transact(vec![
-            Write::put(Table::Events, Item::new(&p, "event", "e")),
-            Write::delete(Table::Jobs, &p, "doomed"),
+            Write::put(events, Item::new(&p, "event", "e")),
+            Write::delete(jobs, &p, "doomed"),
             Write::put_if_absent(Table::Idempotency, Item::new(&p, "taken", "second")),
         ])
         .await;
@@ -408,9 +443,9 @@ pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Sto
         matches!(result, Err(StoreError::ConditionFailed)),
         "{result:?}"
     );
-    assert_eq!(store.get(Table::Events, &p, "event").await.unwrap(), None);
+    assert_eq!(store.get(events, &p, "event").await.unwrap(), None);
     assert_eq!(
-        store.get(Table::Jobs, &p, "doomed").await.unwrap(),
+        store.get(jobs, &p, "doomed").await.unwrap(),
         Some(Bytes::from("keep"))
     );
     assert_eq!(
@@ -421,6 +456,8 @@ pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Sto
 
 pub async fn checks_guard_a_transaction_without_writing_their_rows(store: &dyn Store) {
     let p = partition("tx-check");
+    let events = beside(store, Table::MergedAuthors, Table::Events);
+    let absence_checks = store.atomic_scope() == AtomicScope::AnyItems;
     store
         .put(
             Table::MergedAuthors,
@@ -431,17 +468,25 @@ pub async fn checks_guard_a_transaction_without_writing_their_rows(store: &dyn S
         .unwrap();
     let mark = || Key::new(Table::MergedAuthors, &p, "mark");
     let missing = || Key::new(Table::MergedAuthors, &p, "flag");
-    // Both hold: the put lands, and neither checked row is written.
-    store
-        .transact(vec![
-            Write::put(Table::Events, Item::new(&p, "first", "e")),
-            Write::check(mark(), Condition::Equals("v1".into())),
-            Write::check(missing(), Condition::Absent),
-        ])
-        .await
-        .unwrap();
+    // Both hold: the put lands, and neither checked row is written. A backend that commits
+    // one partition cannot check that a row is absent beside a write, and says so.
+    let mut guarded = vec![
+        Write::put(events, Item::new(&p, "first", "e")),
+        Write::check(mark(), Condition::Equals("v1".into())),
+    ];
+    let absent = Write::check(missing(), Condition::Absent);
+    if absence_checks {
+        guarded.push(absent);
+    } else {
+        let mut beyond = guarded.clone();
+        beyond.push(absent.clone());
+        assert_invalid_input(store.transact(beyond).await, &["atomic scope", "absent"]);
+        // Alone, checks are reads.
+        store.transact(vec![absent]).await.unwrap();
+    }
+    store.transact(guarded).await.unwrap();
     assert_eq!(
-        store.get(Table::Events, &p, "first").await.unwrap(),
+        store.get(events, &p, "first").await.unwrap(),
         Some(Bytes::from("e"))
     );
     assert_eq!(
@@ -462,14 +507,17 @@ pub async fn checks_guard_a_transaction_without_writing_their_rows(store: &dyn S
         )
         .await
         .unwrap();
-    for guard in [
+    let mut guards = vec![
         Write::check(mark(), Condition::Equals("v1".into())),
-        Write::check(mark(), Condition::Absent),
         Write::check(missing(), Condition::Equals("v1".into())),
-    ] {
+    ];
+    if absence_checks {
+        guards.push(Write::check(mark(), Condition::Absent));
+    }
+    for guard in guards {
         let refused = store
             .transact(vec![
-                Write::put(Table::Events, Item::new(&p, "second", "e")),
+                Write::put(events, Item::new(&p, "second", "e")),
                 guard.clone(),
             ])
             .await;
@@ -477,7 +525,7 @@ pub async fn checks_guard_a_transaction_without_writing_their_rows(store: &dyn S
             matches!(refused, Err(StoreError::ConditionFailed)),
             "{guard:?}: {refused:?}"
         );
-        assert_eq!(store.get(Table::Events, &p, "second").await.unwrap(), None);
+        assert_eq!(store.get(events, &p, "second").await.unwrap(), None);
     }
     // A check writes nothing, so it has no place in a batch, nor without a condition.
     let batched = store
@@ -1128,6 +1176,170 @@ pub async fn multi_byte_utf8_keys_sort_by_bytes(store: &dyn Store) {
             .unwrap(),
         Some(Bytes::from("v-€uro"))
     );
+}
+
+pub async fn compare_and_swap_goes_ahead_after_the_value_changed_and_changed_back(
+    store: &dyn Store,
+) {
+    let p = partition("aba");
+    store
+        .put(Table::Markers, Item::new(&p, "m", "a"), Condition::None)
+        .await
+        .unwrap();
+    store
+        .put(Table::Markers, Item::new(&p, "m", "b"), Condition::None)
+        .await
+        .unwrap();
+    store
+        .put(Table::Markers, Item::new(&p, "m", "a"), Condition::None)
+        .await
+        .unwrap();
+    // The contract compares values, not versions.
+    let swap = |to: &str| Write::Put {
+        table: Table::Markers,
+        item: Item::new(&p, "m", to.to_owned()),
+        condition: Condition::Equals("a".into()),
+    };
+    store.write_one(swap("c")).await.unwrap();
+    store
+        .put(Table::Markers, Item::new(&p, "m", "a"), Condition::None)
+        .await
+        .unwrap();
+    store.transact(vec![swap("d")]).await.unwrap();
+    assert_eq!(
+        store.get(Table::Markers, &p, "m").await.unwrap(),
+        Some(Bytes::from("d"))
+    );
+}
+
+/// Every character a key may hold, those some backends cannot store as they are among them
+/// (`/ \ # ?`, control characters, characters beyond U+FFFF), round-trips, and keys keep the
+/// byte order of their UTF-8 in queries and range bounds.
+pub async fn keys_with_any_character_round_trip_and_sort_by_bytes(store: &dyn Store) {
+    let p = format!("{}/\\#?\u{1}\u{7f}\u{85} 😀", partition("chars"));
+    let mut row_keys: Vec<String> = [
+        "\u{0}",
+        "\u{1f}",
+        " ",
+        "\"",
+        "#",
+        ".",
+        "/",
+        ">",
+        "?",
+        "[",
+        "\\",
+        "~",
+        "\u{7f}",
+        "\u{80}",
+        "\u{9f}",
+        "\u{a0}",
+        "é",
+        "\u{fffd}",
+        "\u{ffff}",
+        "😀",
+        "\u{10ffff}",
+    ]
+    .iter()
+    .flat_map(|character| [format!("k{character}"), format!("k{character}z")])
+    .collect();
+    row_keys.push("k".into());
+    let writes = row_keys
+        .iter()
+        .map(|row| Write::put(Table::Events, Item::new(&p, row, row.clone())))
+        .collect();
+    store.batch_write(writes).await.unwrap();
+    row_keys.sort();
+    for row in &row_keys {
+        assert_eq!(
+            store.get(Table::Events, &p, row).await.unwrap(),
+            Some(Bytes::from(row.clone())),
+            "{row:?}"
+        );
+    }
+    let all = store
+        .query(Query::partition(Table::Events, &p, 100))
+        .await
+        .unwrap();
+    assert_eq!(
+        rows(&all),
+        row_keys.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    for item in &all {
+        assert_eq!(item.value, Bytes::from(item.row.clone()));
+    }
+    // A range bounded by keys of such characters holds exactly the keys between.
+    let (start, end) = ("k/".to_owned(), "k\u{80}".to_owned());
+    let between = store
+        .query(
+            Query::partition(Table::Events, &p, 100).range(Some(start.clone()), Some(end.clone())),
+        )
+        .await
+        .unwrap();
+    let expected: Vec<&str> = row_keys
+        .iter()
+        .filter(|row| **row >= start && **row < end)
+        .map(String::as_str)
+        .collect();
+    assert_eq!(rows(&between), expected);
+    let reversed = store
+        .query(
+            Query::partition(Table::Events, &p, 3)
+                .reverse()
+                .after(Some("k?".into())),
+        )
+        .await
+        .unwrap();
+    let below: Vec<&str> = row_keys
+        .iter()
+        .rev()
+        .filter(|row| row.as_str() < "k?")
+        .take(3)
+        .map(String::as_str)
+        .collect();
+    assert_eq!(rows(&reversed), below);
+}
+
+/// Values larger than one property of some backends (Azure's 64 KiB) read back whole, by
+/// key, by many keys and by query.
+pub async fn values_over_64_kib_round_trip_by_every_read(store: &dyn Store) {
+    let p = partition("big-values");
+    let value = |seed: u8, size: usize| -> Bytes {
+        (0..size)
+            .map(|index| seed.wrapping_add((index % 253) as u8))
+            .collect::<Vec<u8>>()
+            .into()
+    };
+    let sizes = [64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1, 200_000];
+    for (index, size) in sizes.iter().enumerate() {
+        store
+            .put(
+                Table::Events,
+                Item::new(&p, format!("r{index}"), value(index as u8, *size)),
+                Condition::None,
+            )
+            .await
+            .unwrap();
+    }
+    let keys = (0..sizes.len())
+        .map(|index| Key::new(Table::Events, &p, format!("r{index}")))
+        .collect();
+    let many = store.get_many(keys).await.unwrap();
+    let queried = store
+        .query(Query::partition(Table::Events, &p, 10))
+        .await
+        .unwrap();
+    assert_eq!(queried.len(), sizes.len());
+    for (index, size) in sizes.iter().enumerate() {
+        let expected = value(index as u8, *size);
+        let row = format!("r{index}");
+        assert_eq!(
+            store.get(Table::Events, &p, &row).await.unwrap(),
+            Some(expected.clone())
+        );
+        assert_eq!(many[index], Some(expected.clone()));
+        assert_eq!(queried[index].value, expected);
+    }
 }
 
 pub async fn ping_answers(store: &dyn Store) {

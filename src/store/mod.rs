@@ -15,6 +15,7 @@
 //! Item bodies are opaque bytes: the domain owns their encoding, and a backend only stores
 //! them (DynamoDB keeps them in one binary attribute, `Data`).
 
+mod azure;
 mod backoff;
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use azure::{AzureConfig, AzureStore, development_connection_string};
 pub use dynamo::DynamoStore;
 pub use dynamo::client::DynamoConfig;
 pub use embedded::{EmbeddedSettings, EmbeddedStore, FJALL_WORKER_THREADS, keyspace_options};

@@ -1,12 +1,14 @@
 //! HTTP and store tests against the real app, on the embedded store and on DynamoDB Local.
 //! One binary, so one DynamoDB Local serves the whole run.
 
+mod azurite;
 mod dynamo_local;
 #[macro_use]
 mod helpers;
 
 mod after;
 mod auth;
+mod azure_conformance;
 mod backpressure;
 mod browser;
 mod conformance;
