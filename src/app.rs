@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::mqtt::{MqttSettings, Subscriber};
 use crate::notices::Notices;
 use crate::series::{self, Series};
-use crate::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
+use crate::store::{AzureStore, DynamoStore, EmbeddedStore, Store, StoreStats};
 use crate::timeline::audience::Quiet;
 use crate::timeline::fanout::FanoutInPost;
 use crate::timeline::{Timelines, cursor_key};
@@ -65,17 +65,28 @@ pub async fn open_store(config: &Config) -> anyhow::Result<OpenStore> {
             anyhow::ensure!(
                 store.tables_exist().await?,
                 "the DynamoDB tables (prefix `{}`) are not there: run `fanline init` first",
-                config.table_prefix
+                config.table_prefix()
             );
             OpenStore {
                 stats: store.stats(),
                 store: Arc::new(store),
             }
         }
+        StoreKind::Azure => {
+            // The settings are checked first, so a bad prefix or connection string says so.
+            AzureStore::connect(&config.azure_config()?)?;
+            anyhow::bail!(AZURE_NOT_SERVED)
+        }
     })
 }
 
-/// Creates the tables (DynamoDB) or the data directory (embedded).
+/// Why `serve` and `worker` do not run on Azure yet.
+const AZURE_NOT_SERVED: &str = "the Azure Table Storage backend stores and reads items \
+     (`fanline init` creates its tables), but serving on it is not supported yet: posting, \
+     following, deleting, editing and ending jobs write across partitions in one transaction, \
+     which Azure cannot commit; see docs/operations.md, \"Running on Azure\"";
+
+/// Creates the tables (DynamoDB, Azure) or the data directory (embedded).
 pub async fn init_store(config: &Config) -> anyhow::Result<()> {
     match config.store {
         StoreKind::Embedded => {
@@ -92,6 +103,17 @@ pub async fn init_store(config: &Config) -> anyhow::Result<()> {
                 .await
                 .context("failed to create the DynamoDB tables")?;
         }
+        StoreKind::Azure => {
+            let store = AzureStore::connect(&config.azure_config()?)?;
+            store
+                .create_tables()
+                .await
+                .context("failed to create the Azure tables")?;
+            store
+                .ping()
+                .await
+                .context("the Azure tables do not answer")?;
+        }
     }
     Ok(())
 }
@@ -101,7 +123,7 @@ pub async fn init_store(config: &Config) -> anyhow::Result<()> {
 fn notices_for(config: &Config, store: &Arc<dyn Store>, shutdown: &CancellationToken) -> Notices {
     match config.store {
         StoreKind::Embedded => Notices::local(),
-        StoreKind::Dynamodb => Notices::shared(store.clone(), shutdown.clone()),
+        StoreKind::Dynamodb | StoreKind::Azure => Notices::shared(store.clone(), shutdown.clone()),
     }
 }
 

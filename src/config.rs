@@ -10,7 +10,7 @@ use crate::http::serve::ConnectionLimits;
 use crate::http::stream::StreamLimits;
 use crate::jobs::RunnerSettings;
 use crate::series::{Retention, RetentionSettings};
-use crate::store::{DynamoConfig, EmbeddedSettings};
+use crate::store::{AzureConfig, DynamoConfig, EmbeddedSettings};
 use crate::timeline::Settings;
 use crate::timeline::fanout::FanoutSettings;
 
@@ -21,6 +21,9 @@ pub enum StoreKind {
     Embedded,
     /// Amazon DynamoDB (any number of processes share the tables).
     Dynamodb,
+    /// Azure Table Storage: `fanline init` creates the tables; serving is not yet supported
+    /// (see docs/operations.md, "Running on Azure").
+    Azure,
 }
 
 /// The headings of the settings in `--help`, in the order shown; each command takes the
@@ -37,7 +40,7 @@ pub const WORKER: &str = "Worker";
 
 #[derive(Clone, Debug, Args)]
 pub struct Config {
-    /// Backend: `embedded` (fjall) or `dynamodb`.
+    /// Backend: `embedded` (fjall), `dynamodb` or `azure` (`init` only, for now).
     #[arg(long, help_heading = STORE, env = "FANLINE_STORE", value_enum, default_value = "embedded")]
     pub store: StoreKind,
 
@@ -49,9 +52,15 @@ pub struct Config {
     #[arg(long, help_heading = STORE, env = "FANLINE_DYNAMODB_ENDPOINT")]
     pub dynamodb_endpoint: Option<String>,
 
-    /// Prefix of the DynamoDB table names.
-    #[arg(long, help_heading = STORE, env = "FANLINE_TABLE_PREFIX", default_value = "fanline-")]
-    pub table_prefix: String,
+    /// Prefix of the table names: default `fanline-` on DynamoDB, `fanline` on Azure (whose
+    /// table names are letters and digits).
+    #[arg(long, help_heading = STORE, env = "FANLINE_TABLE_PREFIX")]
+    pub table_prefix: Option<String>,
+
+    /// Azure Storage connection string (Azure's standard one; `UseDevelopmentStorage=true`
+    /// for Azurite on its default port).
+    #[arg(long, help_heading = STORE, env = "AZURE_STORAGE_CONNECTION_STRING", hide_env_values = true)]
+    pub azure_connection_string: Option<String>,
 
     /// Megabytes of the embedded store's block cache, shared by every table.
     #[arg(long, help_heading = STORE, hide_short_help = true, env = "FANLINE_CACHE_MB", default_value_t = 32,
@@ -365,7 +374,9 @@ impl Config {
     pub fn fanout_in_post(&self) -> usize {
         let default = match self.store {
             StoreKind::Embedded => 8,
-            StoreKind::Dynamodb => 0,
+            // A transaction's writes cost twice a batch's on DynamoDB; Azure cannot commit a
+            // post's rows and its followers' entries at once.
+            StoreKind::Dynamodb | StoreKind::Azure => 0,
         };
         self.fanout_in_post.map_or(default, |up_to| up_to as usize)
     }
@@ -396,11 +407,34 @@ impl Config {
         }
     }
 
+    /// The table prefix set, or the backend's default.
+    pub fn table_prefix(&self) -> String {
+        match (&self.table_prefix, self.store) {
+            (Some(prefix), _) => prefix.clone(),
+            (None, StoreKind::Azure) => "fanline".into(),
+            (None, _) => "fanline-".into(),
+        }
+    }
+
     pub fn dynamo_config(&self) -> DynamoConfig {
         DynamoConfig {
             endpoint: self.dynamodb_endpoint.clone(),
-            table_prefix: self.table_prefix.clone(),
+            table_prefix: self.table_prefix(),
         }
+    }
+
+    /// The Azure account and tables; fails, naming the setting, without a connection string.
+    pub fn azure_config(&self) -> anyhow::Result<AzureConfig> {
+        let connection_string = self.azure_connection_string.clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "AZURE_STORAGE_CONNECTION_STRING (or --azure-connection-string) is not set; \
+                 for Azurite on its default port, `UseDevelopmentStorage=true`"
+            )
+        })?;
+        Ok(AzureConfig {
+            connection_string,
+            table_prefix: self.table_prefix(),
+        })
     }
 }
 
@@ -426,12 +460,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_backend_has_its_table_prefix_and_in_post_fan_out_default() {
+        let mut config = Config::defaults();
+        assert_eq!(config.fanout_in_post(), 8);
+        config.store = StoreKind::Azure;
+        assert_eq!(config.table_prefix(), "fanline");
+        assert_eq!(config.fanout_in_post(), 0);
+        assert!(config.azure_config().is_err(), "no connection string");
+        config.table_prefix = Some("mine".into());
+        config.azure_connection_string = Some("UseDevelopmentStorage=true".into());
+        assert_eq!(config.azure_config().expect("config").table_prefix, "mine");
+        config.store = StoreKind::Dynamodb;
+        config.table_prefix = None;
+        assert_eq!(config.table_prefix(), "fanline-");
+        assert_eq!(config.fanout_in_post(), 0);
+    }
+
+    #[test]
     fn defaults_match_the_documented_values() {
         let config = Config::defaults();
         assert_eq!(config.listen, "127.0.0.1:8080".parse().expect("addr"));
         assert_eq!(config.store, StoreKind::Embedded);
         assert_eq!(config.data_dir, PathBuf::from("./fanline-data"));
-        assert_eq!(config.table_prefix, "fanline-");
+        assert_eq!(config.table_prefix(), "fanline-");
         assert_eq!(config.max_payload_bytes, 65_536);
         assert_eq!(config.fanout_page_size, 1000);
         assert_eq!(config.fanout_split_above, 5000);

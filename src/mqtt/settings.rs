@@ -207,8 +207,9 @@ fn default_client_id(config: &Config, role: &str) -> String {
         StoreKind::Dynamodb => format!(
             "dynamodb:{}:{}",
             config.dynamodb_endpoint.as_deref().unwrap_or_default(),
-            config.table_prefix
+            config.table_prefix()
         ),
+        StoreKind::Azure => format!("azure:{}", config.table_prefix()),
     };
     let address = match role {
         "worker" => config

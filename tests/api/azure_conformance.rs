@@ -40,3 +40,90 @@ async fn creating_tables_that_exist_already_succeeds() {
     store.create_tables().await.expect("create tables again");
     store.ping().await.expect("ping");
 }
+
+/// What each call costs in requests, from the store's counters (docs/operations.md,
+/// "Running on Azure"): one request a single-entity call, one more read for a value
+/// compared, one per partition (up to 100 entities) of a batch, one per 1,000 rows a query
+/// passes, a reverse read passing its whole range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_call_costs_the_requests_documented() {
+    use fanline::store::{Condition, Item, Query, StoreExt, Table, Write};
+    let ((), store) = store().await;
+    let p = format!("costs-{}", uuid::Uuid::new_v4().simple());
+    let counted = || store.stats().snapshot().requests;
+    let mut before = counted();
+    let mut cost = |what: &str, expected: u64| {
+        let now = counted();
+        assert_eq!(now - before, expected, "{what}");
+        before = now;
+    };
+
+    store
+        .put(Table::Markers, Item::new(&p, "m", "a"), Condition::None)
+        .await
+        .expect("put");
+    cost("a put", 1);
+    store
+        .put(Table::Markers, Item::new(&p, "n", "a"), Condition::Absent)
+        .await
+        .expect("create");
+    cost("a create if absent", 1);
+    store
+        .put(
+            Table::Markers,
+            Item::new(&p, "m", "b"),
+            Condition::Equals("a".into()),
+        )
+        .await
+        .expect("swap");
+    cost("a compare-and-swap: a read and a write", 2);
+    store
+        .transact(vec![
+            Write::put(Table::Markers, Item::new(&p, "o", "x")),
+            Write::check(
+                fanline::store::Key::new(Table::Markers, &p, "m"),
+                Condition::Equals("b".into()),
+            ),
+        ])
+        .await
+        .expect("transaction");
+    cost("a transaction comparing one value: a read and one group", 2);
+
+    let deliveries: Vec<Write> = (0..250)
+        .map(|index| {
+            Write::put(
+                Table::Timelines,
+                Item::new(format!("{p}-{index}"), "e", "r"),
+            )
+        })
+        .collect();
+    store.batch_write(deliveries).await.expect("deliveries");
+    cost("250 deliveries to 250 partitions", 250);
+    let rows: Vec<Write> = (0..2_500)
+        .map(|index| Write::put(Table::Timelines, Item::new(&p, format!("{index:05}"), "r")))
+        .collect();
+    store.batch_write(rows).await.expect("rows");
+    cost("2,500 rows of one partition, 100 a group", 25);
+
+    let page = store
+        .query(Query::partition(Table::Timelines, &p, 250))
+        .await
+        .expect("page");
+    assert_eq!(page.len(), 250);
+    cost("a page of 250", 1);
+    let all = store
+        .query_all(Query::partition(Table::Timelines, &p, 2_500))
+        .await
+        .expect("all");
+    assert_eq!(all.len(), 2_500);
+    cost(
+        "2,500 rows: 3 requests of up to 1,000, and 1 that finds no more",
+        4,
+    );
+    let oldest = store
+        .query(Query::partition(Table::Timelines, &p, 1).reverse())
+        .await
+        .expect("oldest");
+    assert_eq!(oldest[0].row, "02499");
+    cost("a reverse read of 1 passes the whole range", 3);
+}

@@ -39,7 +39,7 @@ impl TestStore {
         if backend == Backend::Dynamo {
             config.store = StoreKind::Dynamodb;
             config.dynamodb_endpoint = Some(dynamo_local::endpoint());
-            config.table_prefix = format!("t{}-", uuid::Uuid::new_v4().simple());
+            config.table_prefix = Some(format!("t{}-", uuid::Uuid::new_v4().simple()));
             fanline::app::init_store(&config)
                 .await
                 .expect("create tables");

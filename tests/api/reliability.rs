@@ -919,7 +919,7 @@ async fn store_on_dynamodb_at(endpoint: &str) -> TestStore {
     config.data_dir = dir.path().join("data");
     config.store = StoreKind::Dynamodb;
     config.dynamodb_endpoint = Some(endpoint.to_owned());
-    config.table_prefix = format!("t{}-", Uuid::new_v4().simple());
+    config.table_prefix = Some(format!("t{}-", Uuid::new_v4().simple()));
     fanline::app::init_store(&config)
         .await
         .expect("create tables");

@@ -29,7 +29,7 @@ pub(crate) fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Co
         .env("FANLINE_MERGE_THRESHOLD", "100000")
         // Short leases, so a killed process's jobs are taken over in seconds.
         .env("FANLINE_LEASE_MS", "1000")
-        .env("FANLINE_TABLE_PREFIX", &config.table_prefix)
+        .env("FANLINE_TABLE_PREFIX", config.table_prefix())
         .env("FANLINE_ADMIN_TOKEN", crate::helpers::TEST_ADMIN_TOKEN)
         .env(
             "FANLINE_STORE",

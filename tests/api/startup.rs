@@ -387,3 +387,61 @@ fn assert_one_error_line(stderr: &str, setting: &str) {
     assert!(lines[0].contains(setting), "it names {setting}: {stderr:?}");
     assert!(!stderr.contains("\x1b["), "no colour codes: {stderr:?}");
 }
+
+/// On Azure, `init` creates the tables (the table prefix its default, `fanline`, or a given
+/// one) and `serve` and `worker` refuse to start, saying why; settings Azure cannot take fail
+/// first, in one line naming them.
+#[test]
+fn azure_init_creates_the_tables_and_serving_says_it_is_not_supported_yet() {
+    let connection_string = crate::azurite::connection_string();
+    let prefix = format!("init{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let azure = |subcommand: &str| {
+        let mut command = bare_fanline(data_dir.path());
+        command
+            .arg(subcommand)
+            .env("FANLINE_STORE", "azure")
+            .env("AZURE_STORAGE_CONNECTION_STRING", &connection_string)
+            .env("FANLINE_ADMIN_TOKEN", crate::helpers::TEST_ADMIN_TOKEN);
+        command
+    };
+
+    let mut init = azure("init");
+    init.env("FANLINE_TABLE_PREFIX", &prefix);
+    let (status, stderr) = run_to_exit(init);
+    assert_eq!(status.code(), Some(0), "init: {stderr}");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        use fanline::store::{AzureConfig, AzureStore, Condition, Item, Store, Table};
+        let store = AzureStore::connect(&AzureConfig {
+            connection_string: connection_string.clone(),
+            table_prefix: prefix.clone(),
+        })
+        .expect("connect");
+        store.ping().await.expect("the tables are there");
+        store
+            .put(
+                Table::Events,
+                Item::new("alice", "r", "v"),
+                Condition::Absent,
+            )
+            .await
+            .expect("a table takes items");
+    });
+
+    for subcommand in ["serve", "worker"] {
+        let (status, stderr) = run_to_exit(azure(subcommand));
+        assert_eq!(status.code(), Some(1), "{subcommand}: {stderr}");
+        assert_one_error_line(&stderr, "Running on Azure");
+    }
+    let mut bad_prefix = azure("init");
+    bad_prefix.env("FANLINE_TABLE_PREFIX", "fanline-");
+    let (status, stderr) = run_to_exit(bad_prefix);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_one_error_line(&stderr, "invalid table prefix \"fanline-\"");
+    let mut no_account = azure("init");
+    no_account.env_remove("AZURE_STORAGE_CONNECTION_STRING");
+    let (status, stderr) = run_to_exit(no_account);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_one_error_line(&stderr, "AZURE_STORAGE_CONNECTION_STRING");
+}

@@ -179,6 +179,10 @@ impl BenchStore {
                     dynamo: Some(dynamo),
                 })
             }
+            StoreKind::Azure => anyhow::bail!(
+                "the benchmarks run on the embedded store and on DynamoDB: the service does \
+                 not run on Azure yet"
+            ),
         }
     }
 
