@@ -27,6 +27,8 @@ mod escape;
 mod http;
 mod item;
 mod query;
+#[cfg(test)]
+mod scripted_tests;
 mod transact;
 
 use std::sync::Arc;
