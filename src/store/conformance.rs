@@ -12,8 +12,8 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::{
-    AtomicScope, Condition, Item, Key, MAX_ITEM_BYTES, MAX_TRANSACTION_WRITES, Query, Store,
-    StoreError, StoreExt, Table, Write, item_bytes, write_bytes,
+    Condition, Item, Key, MAX_ITEM_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError,
+    StoreExt, Table, Write, item_bytes, write_bytes,
 };
 
 /// Expands to one `#[tokio::test]` per conformance case. `$fixture` is an expression of a
@@ -106,11 +106,16 @@ fn rows(items: &[Item]) -> Vec<&str> {
 }
 
 /// The table a case's transaction writes beside `home`: `other` where the backend commits
-/// across tables, `home` itself where it commits one partition of one table.
+/// both tables' rows of one partition at once, `home` itself otherwise.
 fn beside(store: &dyn Store, home: Table, other: Table) -> Table {
-    match store.atomic_scope() {
-        AtomicScope::AnyItems => other,
-        AtomicScope::OnePartition => home,
+    let both = [
+        Write::put(home, Item::new("p", "a", "v")),
+        Write::put(other, Item::new("p", "b", "v")),
+    ];
+    if store.commits_at_once(&both) {
+        other
+    } else {
+        home
     }
 }
 
@@ -361,27 +366,27 @@ pub async fn transaction_writes_across_tables_and_partitions(store: &dyn Store) 
         )
         .await
         .unwrap();
-    let across = store
-        .transact(vec![
-            Write::put_if_absent(Table::SubjectFollowers, Item::new(&a, &b, "since")),
-            Write::put(Table::SubjectFollowing, Item::new(&b, &a, "since")),
-            Write::delete(Table::SubjectFollowing, &b, "gone"),
-        ])
-        .await;
+    let writes = vec![
+        Write::put_if_absent(Table::SubjectFollowers, Item::new(&a, &b, "since")),
+        Write::put(Table::SubjectFollowing, Item::new(&b, &a, "since")),
+        Write::delete(Table::SubjectFollowing, &b, "gone"),
+    ];
+    let at_once = store.commits_at_once(&writes);
+    let across = store.transact(writes).await;
     let followers = store.get(Table::SubjectFollowers, &a, &b).await.unwrap();
     let following = store.get(Table::SubjectFollowing, &b, &a).await.unwrap();
     let gone = store
         .get(Table::SubjectFollowing, &b, "gone")
         .await
         .unwrap();
-    match store.atomic_scope() {
-        AtomicScope::AnyItems => {
+    match at_once {
+        true => {
             across.unwrap();
             assert!(followers.is_some() && following.is_some());
             assert_eq!(gone, None);
         }
         // The backend itself refuses what it cannot commit at once, and writes nothing.
-        AtomicScope::OnePartition => {
+        false => {
             assert_invalid_input(across, &["atomic scope"]);
             assert!(followers.is_none() && following.is_none());
             assert_eq!(gone, Some(Bytes::from("x")));
@@ -457,7 +462,13 @@ pub async fn transaction_with_a_failing_condition_writes_nothing(store: &dyn Sto
 pub async fn checks_guard_a_transaction_without_writing_their_rows(store: &dyn Store) {
     let p = partition("tx-check");
     let events = beside(store, Table::MergedAuthors, Table::Events);
-    let absence_checks = store.atomic_scope() == AtomicScope::AnyItems;
+    let absence_checks = store.commits_at_once(&[
+        Write::put(events, Item::new(&p, "first", "e")),
+        Write::check(
+            Key::new(Table::MergedAuthors, &p, "flag"),
+            Condition::Absent,
+        ),
+    ]);
     store
         .put(
             Table::MergedAuthors,

@@ -410,8 +410,8 @@ impl Store for FaultyStore {
         self.inner.keys_cheaper_than_a_range()
     }
 
-    fn atomic_scope(&self) -> crate::store::AtomicScope {
-        self.inner.atomic_scope()
+    fn commits_at_once(&self, writes: &[Write]) -> bool {
+        self.inner.commits_at_once(writes)
     }
 
     fn limits(&self) -> crate::store::Limits {

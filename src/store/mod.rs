@@ -91,19 +91,6 @@ impl Limits {
     };
 }
 
-/// What one [`Store::transact`] may span on a backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomicScope {
-    /// Any items of any tables, checks of absent rows included (DynamoDB's
-    /// `TransactWriteItems`, the embedded store's commits).
-    AnyItems,
-    /// Items of one partition of one table, and no check that a row is absent unless the
-    /// transaction holds only checks (Azure's entity group transactions). A transaction
-    /// beyond it is [`StoreError::InvalidInput`], refused by the backend before it sends
-    /// anything.
-    OnePartition,
-}
-
 /// An item's size as DynamoDB counts it: its attribute names and values, that is the UTF-8
 /// bytes of both keys, the value's raw bytes, and [`ITEM_NAME_BYTES`].
 pub(crate) fn item_bytes(item: &Item) -> usize {
@@ -564,9 +551,14 @@ pub trait Store: Send + Sync + 'static {
     /// seeks each run of the table once, where each point read probes every run.
     fn keys_cheaper_than_a_range(&self) -> usize;
 
-    /// What one [`Store::transact`] may span here.
-    fn atomic_scope(&self) -> AtomicScope {
-        AtomicScope::AnyItems
+    /// Whether one [`Store::transact`] may hold all of `writes` here: the backend's atomic
+    /// scope. DynamoDB and the embedded store commit any items at once; Azure one partition
+    /// of one Azure table (where a subject's tables share one), with no check that a row is
+    /// absent beside a write. A transaction beyond it is [`StoreError::InvalidInput`],
+    /// refused by the backend before it sends anything; the domain asks first and takes
+    /// another path.
+    fn commits_at_once(&self, _writes: &[Write]) -> bool {
+        true
     }
 
     /// The key and transaction sizes this backend takes.

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::escape::{escape, unescape};
-use crate::store::{StoreError, StoreResult};
+use super::layout::placement;
+use crate::store::{StoreError, StoreResult, Table};
 
 /// Azure's limit on one binary property.
 pub(super) const MAX_PROPERTY_BYTES: usize = 64 * 1024;
@@ -23,17 +24,30 @@ const MAX_ENTITY_BYTES: usize = 1024 * 1024;
 /// Azure's limit on an entity's properties, the three system ones included.
 const MAX_PROPERTIES: usize = 255;
 
-/// The keys of an item as Azure holds them, checked against Azure's key limit.
-pub(super) fn written_keys(partition: &str, row: &str) -> StoreResult<(String, String)> {
+/// The keys of an item of `table` as Azure holds them, checked against Azure's key limit.
+pub(super) fn written_keys(
+    table: Table,
+    partition: &str,
+    row: &str,
+) -> StoreResult<(String, String)> {
     Ok((
         written_key(partition, "partition")?,
-        written_key(row, "row")?,
+        written_row(table, row)?,
     ))
 }
 
-/// One key as Azure holds it, checked against its limit.
+/// A row key of `table` as Azure holds it: its table's tag, then the key escaped.
+pub(super) fn written_row(table: Table, row: &str) -> StoreResult<String> {
+    checked(format!("{}{}", placement(table).tag, escape(row)), "row")
+}
+
+/// A partition key as Azure holds it, checked against its limit.
 pub(super) fn written_key(key: &str, which: &str) -> StoreResult<String> {
-    let written = escape(key);
+    checked(escape(key), which)
+}
+
+/// `written` if it is within Azure's key limit.
+fn checked(written: String, which: &str) -> StoreResult<String> {
     let units = written.encode_utf16().count();
     if units > MAX_KEY_UNITS {
         return Err(StoreError::InvalidInput(format!(
@@ -86,14 +100,18 @@ pub(super) struct ReadEntity {
     pub value: Bytes,
 }
 
-/// An entity of a read (a get, or one of a query's `value`), without OData metadata.
-pub(super) fn read_entity(entity: &Map<String, Value>) -> StoreResult<ReadEntity> {
+/// An entity of a read (a get, or one of a query's `value`) of a table whose row keys start
+/// with `tag`, without OData metadata.
+fn read_entity(entity: &Map<String, Value>, tag: &str) -> StoreResult<ReadEntity> {
     let corrupt = |what: &str| StoreError::Other(format!("stored entity is corrupt: {what}"));
     let written_row = entity
         .get("RowKey")
         .and_then(Value::as_str)
         .ok_or_else(|| corrupt("no RowKey"))?;
-    let row = unescape(written_row).ok_or_else(|| corrupt("a RowKey this store did not write"))?;
+    let row = written_row
+        .strip_prefix(tag)
+        .and_then(unescape)
+        .ok_or_else(|| corrupt("a RowKey this store did not write"))?;
     let mut value = Vec::new();
     for index in 0.. {
         let Some(chunk) = entity.get(&format!("D{index}")) else {
@@ -111,22 +129,27 @@ pub(super) fn read_entity(entity: &Map<String, Value>) -> StoreResult<ReadEntity
     })
 }
 
-/// The entity of a single get's body.
-pub(super) fn parse_entity(body: &[u8]) -> StoreResult<ReadEntity> {
+/// The entity of a single get's body, of `table`.
+pub(super) fn parse_entity(body: &[u8], table: Table) -> StoreResult<ReadEntity> {
     let entity: Map<String, Value> = serde_json::from_slice(body)
         .map_err(|err| StoreError::Other(format!("an entity is not JSON: {err}")))?;
-    read_entity(&entity)
+    read_entity(&entity, placement(table).tag)
 }
 
-/// The entities of a query's body.
-pub(super) fn parse_entities(body: &[u8]) -> StoreResult<Vec<ReadEntity>> {
+/// The entities of a query's body, of `table`.
+pub(super) fn parse_entities(body: &[u8], table: Table) -> StoreResult<Vec<ReadEntity>> {
     #[derive(serde::Deserialize)]
     struct Entities {
         value: Vec<Map<String, Value>>,
     }
     let entities: Entities = serde_json::from_slice(body)
         .map_err(|err| StoreError::Other(format!("a query answer is not JSON: {err}")))?;
-    entities.value.iter().map(read_entity).collect()
+    let tag = placement(table).tag;
+    entities
+        .value
+        .iter()
+        .map(|entity| read_entity(entity, tag))
+        .collect()
 }
 
 #[cfg(test)]
@@ -134,8 +157,10 @@ mod tests {
     use super::*;
 
     fn round_trip(value: &[u8]) -> Vec<u8> {
-        let json = entity_json("p", &escape("r/1"), value).expect("encode");
-        let entity = parse_entity(&json).expect("decode");
+        let row = written_row(Table::Events, "r/1").expect("row");
+        assert!(row.starts_with("ev"));
+        let json = entity_json("p", &row, value).expect("encode");
+        let entity = parse_entity(&json, Table::Events).expect("decode");
         assert_eq!(entity.row, "r/1");
         entity.value.to_vec()
     }
@@ -163,10 +188,19 @@ mod tests {
     }
 
     #[test]
-    fn entities_this_store_did_not_write_are_corrupt_not_missing() {
-        let err = parse_entity(br#"{"PartitionKey":"p","RowKey":"a/b"}"#).expect_err("bad key");
+    fn a_row_of_another_tag_is_corrupt() {
+        let err = parse_entity(br#"{"PartitionKey":"p","RowKey":"eir"}"#, Table::Events)
+            .expect_err("another table's row");
         assert!(err.to_string().contains("corrupt"), "{err}");
-        let err = parse_entity(br#"{"PartitionKey":"p","RowKey":"a","D0":7}"#).expect_err("bad");
+    }
+
+    #[test]
+    fn entities_this_store_did_not_write_are_corrupt_not_missing() {
+        let err = parse_entity(br#"{"PartitionKey":"p","RowKey":"a/b"}"#, Table::Jobs)
+            .expect_err("bad key");
+        assert!(err.to_string().contains("corrupt"), "{err}");
+        let err = parse_entity(br#"{"PartitionKey":"p","RowKey":"a","D0":7}"#, Table::Jobs)
+            .expect_err("bad");
         assert!(err.to_string().contains("base64"), "{err}");
     }
 }

@@ -48,7 +48,7 @@ fn etag_of(headers: &reqwest::header::HeaderMap) -> StoreResult<String> {
 impl AzureStore {
     /// The path of the entity of `partition` and `row` in `table`, the keys escaped.
     pub(super) fn path_of(&self, table: Table, partition: &str, row: &str) -> StoreResult<String> {
-        let (partition, row) = written_keys(partition, row)?;
+        let (partition, row) = written_keys(table, partition, row)?;
         Ok(entity_path(&self.table_name(table), &partition, &row))
     }
 
@@ -66,7 +66,7 @@ impl AzureStore {
         match answer.status {
             StatusCode::OK => {
                 let etag = etag_of(&answer.headers)?;
-                Ok(Some((parse_entity(&answer.body)?.value, etag)))
+                Ok(Some((parse_entity(&answer.body, table)?.value, etag)))
             }
             StatusCode::NOT_FOUND if answer.error_code() != "TableNotFound" => Ok(None),
             _ => Err(answer.into_error("reading an entity")),
@@ -79,7 +79,7 @@ impl AzureStore {
         item: &Item,
         condition: &Condition,
     ) -> StoreResult<()> {
-        let (partition, row) = written_keys(&item.partition, &item.row)?;
+        let (partition, row) = written_keys(table, &item.partition, &item.row)?;
         let body = entity_json(&partition, &row, &item.value)?;
         let path = entity_path(&self.table_name(table), &partition, &row);
         match condition {

@@ -1,5 +1,6 @@
-//! The Azure Table Storage backend: one Azure table per [`Table`], named `prefix +
-//! Table::name()`, over the Table service's REST API with Shared Key authorization.
+//! The Azure Table Storage backend, over the Table service's REST API with Shared Key
+//! authorization. The tables partitioned by subject id share one Azure table, so that one
+//! subject's rows of every table are one partition ([`layout`]); the others have their own.
 //!
 //! No maintained Rust crate speaks the Table API (`azure_data_tables` is frozen at 0.21 and
 //! the official SDK has no tables crate), and fanline needs a small part of it: entities by
@@ -8,12 +9,13 @@
 //!
 //! Every item is an entity with the escaped keys ([`escape`]: Azure forbids some characters
 //! in keys and orders keys by UTF-16) and the value in binary properties ([`entity`]).
-//! Azure's only atomic write is an entity group transaction: so this store declares
-//! [`AtomicScope::OnePartition`] and refuses a wider transaction itself (Azurite would take
-//! one across partitions).
+//! Azure's only atomic write is an entity group transaction, of one partition of one Azure
+//! table: this store says what fits one ([`Store::commits_at_once`]) and refuses a wider
+//! transaction itself (Azurite would take one across partitions).
 //!
 //! - `account.rs`: the connection string and Shared Key signatures;
 //! - `http.rs`: sending a request, retries, what a failed answer means;
+//! - `layout.rs`: which Azure table holds each table (a subject's tables share one);
 //! - `escape.rs`, `entity.rs`: keys and values as Azure holds them, and Azure's limits;
 //! - `item.rs`: single-entity reads and writes, compare-and-swap by ETag;
 //! - `batch.rs`: entity group transactions;
@@ -26,6 +28,7 @@ mod entity;
 mod escape;
 mod http;
 mod item;
+mod layout;
 mod query;
 #[cfg(test)]
 mod scripted_tests;
@@ -42,20 +45,20 @@ pub use account::development_connection_string;
 use http::{Operation, Request};
 
 use super::{
-    AtomicScope, Condition, Item, Key, Limits, Query, Store, StoreError, StoreResult, StoreStats,
-    Table, Write, validate,
+    Condition, Item, Key, Limits, Query, Store, StoreError, StoreResult, StoreStats, Table, Write,
+    validate,
 };
 
 /// Requests of one `query_many` or `get_many` in flight at once.
 const CONCURRENCY: usize = 16;
 
 /// What this backend takes: keys of Azure's 512 UTF-16 code units (a key of at most 512
-/// bytes has at most as many; counted again as written, after escaping, in
-/// [`entity::written_key`]) and transactions whose entity group, values in base64, stays
-/// within Azure's 4 MiB.
+/// bytes has at most as many), less a row key's two-letter tag ([`layout`]); counted again as
+/// written, after escaping, in [`entity::written_key`]; and transactions whose entity group,
+/// values in base64, stays within Azure's 4 MiB.
 const AZURE_LIMITS: Limits = Limits {
     partition_key_bytes: entity::MAX_KEY_UNITS,
-    row_key_bytes: entity::MAX_KEY_UNITS,
+    row_key_bytes: entity::MAX_KEY_UNITS - 2,
     transaction_bytes: 3_000_000,
 };
 
@@ -103,15 +106,15 @@ impl AzureStore {
         Arc::clone(&self.stats)
     }
 
-    /// Physical name: prefix + [`Table::name`].
+    /// The Azure table holding `table`'s rows: prefix + its name ([`layout`]).
     fn table_name(&self, table: Table) -> String {
-        format!("{}{}", self.table_prefix, table.name())
+        format!("{}{}", self.table_prefix, layout::placement(table).physical)
     }
 
     /// Creates every table that does not exist yet.
     pub async fn create_tables(&self) -> StoreResult<()> {
-        for table in Table::ALL {
-            let name = self.table_name(table);
+        for physical in layout::physical_tables() {
+            let name = format!("{}{physical}", self.table_prefix);
             let body = serde_json::to_vec(&serde_json::json!({ "TableName": name }))
                 .map_err(|err| StoreError::Other(err.to_string()))?;
             let request = Request::new(Operation::CreateTable, Method::POST, "/Tables".into())
@@ -129,8 +132,8 @@ impl AzureStore {
 
     /// Deletes every table (for tests and benchmarks); absent ones are fine.
     pub async fn delete_tables(&self) -> StoreResult<()> {
-        for table in Table::ALL {
-            let name = self.table_name(table);
+        for physical in layout::physical_tables() {
+            let name = format!("{}{physical}", self.table_prefix);
             let request = Request::new(
                 Operation::DeleteTable,
                 Method::DELETE,
@@ -148,9 +151,9 @@ impl AzureStore {
 /// Azure's table names are 3 to 63 letters and digits, starting with a letter: the prefix
 /// must keep every name so.
 fn check_table_prefix(prefix: &str) -> anyhow::Result<()> {
-    let longest = Table::ALL
+    let longest = layout::physical_tables()
         .iter()
-        .map(|table| table.name().len())
+        .map(|name| name.len())
         .max()
         .unwrap_or(0);
     if !prefix.chars().all(|c| c.is_ascii_alphanumeric())
@@ -260,8 +263,8 @@ impl Store for AzureStore {
         1
     }
 
-    fn atomic_scope(&self) -> AtomicScope {
-        AtomicScope::OnePartition
+    fn commits_at_once(&self, writes: &[Write]) -> bool {
+        transact::beyond_one_partition(writes).is_none()
     }
 
     fn limits(&self) -> Limits {

@@ -15,8 +15,9 @@ use std::sync::Arc;
 use reqwest::{Method, StatusCode};
 
 use super::AzureStore;
-use super::entity::{parse_entities, written_key};
+use super::entity::{parse_entities, written_key, written_row};
 use super::http::{Operation, Request};
+use super::layout::{placement, tag_end};
 use crate::store::{Direction, Item, Query, StoreResult};
 
 /// Azure's most entities in one query answer.
@@ -56,7 +57,7 @@ impl AzureStore {
             if answer.status != StatusCode::OK {
                 return Err(answer.into_error("querying a partition"));
             }
-            for entity in parse_entities(&answer.body)? {
+            for entity in parse_entities(&answer.body, query.table)? {
                 kept.push_back(Item {
                     partition: partition.clone(),
                     row: entity.row,
@@ -86,21 +87,26 @@ fn filter_of(query: &Query) -> StoreResult<String> {
         "PartitionKey eq {}",
         literal(&written_key(&query.partition, "partition")?)
     );
-    let mut bound = |operator: &str, row: &str| -> StoreResult<()> {
-        let written = written_key(row, "row")?;
-        filter.push_str(&format!(" and RowKey {operator} {}", literal(&written)));
-        Ok(())
+    let mut bound = |operator: &str, written: &str| {
+        filter.push_str(&format!(" and RowKey {operator} {}", literal(written)));
     };
-    if let Some(start) = &query.start {
-        bound("ge", start)?;
+    let tag = placement(query.table).tag;
+    match &query.start {
+        Some(start) => bound("ge", &written_row(query.table, start)?),
+        // A shared table's rows of other tables lie before and after the tag's range.
+        None if !tag.is_empty() => bound("ge", tag),
+        None => {}
     }
-    if let Some(end) = &query.end {
-        bound("lt", end)?;
+    match &query.end {
+        Some(end) => bound("lt", &written_row(query.table, end)?),
+        None if !tag.is_empty() => bound("lt", &tag_end(tag)),
+        None => {}
     }
     if let Some(after) = &query.start_after {
+        let after = written_row(query.table, after)?;
         match query.direction {
-            Direction::Forward => bound("gt", after)?,
-            Direction::Reverse => bound("lt", after)?,
+            Direction::Forward => bound("gt", &after),
+            Direction::Reverse => bound("lt", &after),
         }
     }
     Ok(filter)

@@ -93,7 +93,7 @@ async fn an_empty_page_with_a_continuation_is_followed_to_the_rows_after_it() {
     ])
     .await;
     let items = store
-        .query(Query::partition(Table::Timelines, "p", 10))
+        .query(Query::partition(Table::Jobs, "p", 10))
         .await
         .expect("query");
     assert_eq!(
@@ -131,7 +131,7 @@ async fn a_short_page_with_a_continuation_is_read_on_to_the_limit_and_no_further
     ])
     .await;
     let items = store
-        .query(Query::partition(Table::Timelines, "p", 3))
+        .query(Query::partition(Table::Jobs, "p", 3))
         .await
         .expect("query");
     assert_eq!(items.len(), 3);

@@ -1,6 +1,6 @@
 //! The store's transactions and batches as entity group transactions.
 //!
-//! A transaction must name one partition of one table ([`AtomicScope::OnePartition`]); then
+//! A transaction must name one partition of one Azure table ([`Store::commits_at_once`]); then
 //! it is one group, whose operations carry its conditions:
 //!
 //! | write | operation |
@@ -28,29 +28,33 @@ use super::AzureStore;
 use super::batch::{BatchOp, MAX_BATCH_BODY_BYTES, MAX_BATCH_OPERATIONS, OpKind};
 use super::entity::{entity_json, written_keys};
 use super::item::{MAX_SWAP_ATTEMPTS, entity_path, swap_contended};
-use crate::store::{AtomicScope, Condition, StoreError, StoreResult, Table, Write};
+use super::layout::placement;
+use crate::store::{Condition, StoreError, StoreResult, Table, Write};
 
 /// Groups of one batch in flight at once.
 const GROUP_CONCURRENCY: usize = 8;
 /// Bytes of entities a batch puts in one group, leaving room for the multipart envelope.
 const GROUP_ENTITY_BYTES: usize = MAX_BATCH_BODY_BYTES - 256 * 1024;
 
-/// Why a transaction is beyond [`AtomicScope::OnePartition`], if it is.
+/// Why a transaction is beyond one partition of one Azure table, if it is.
 pub(super) fn beyond_one_partition(writes: &[Write]) -> Option<String> {
     let first = writes.first()?;
     let (partition, _) = first.key();
-    if let Some(other) = writes.iter().find(|write| write.table() != first.table()) {
+    let physical = placement(first.table()).physical;
+    if let Some(other) = writes
+        .iter()
+        .find(|write| placement(write.table()).physical != physical)
+    {
         return Some(format!(
-            "it writes tables {} and {}",
+            "it writes tables {} and {}, which are not in one Azure table",
             first.table(),
             other.table()
         ));
     }
     if let Some(other) = writes.iter().find(|write| write.key().0 != partition) {
         return Some(format!(
-            "it writes partitions {partition:?} and {:?} of {}",
-            other.key().0,
-            first.table()
+            "it writes partitions {partition:?} and {:?}",
+            other.key().0
         ));
     }
     let only_checks = writes
@@ -78,9 +82,8 @@ impl AzureStore {
     pub(super) async fn transact_in_one_partition(&self, writes: Vec<Write>) -> StoreResult<()> {
         if let Some(why) = beyond_one_partition(&writes) {
             return Err(StoreError::InvalidInput(format!(
-                "transaction beyond the backend's atomic scope ({:?}): Azure Table Storage \
-                 commits one partition of one table at once, and {why}",
-                AtomicScope::OnePartition
+                "transaction beyond the backend's atomic scope: Azure Table Storage commits \
+                 one partition of one Azure table at once, and {why}"
             )));
         }
         if writes
@@ -175,7 +178,7 @@ impl AzureStore {
     fn op_of(&self, write: &Write, etag_opt: Option<String>) -> StoreResult<BatchOp> {
         let table_name = self.table_name(write.table());
         let (partition, row) = write.key();
-        let (partition, row) = written_keys(partition, row)?;
+        let (partition, row) = written_keys(write.table(), partition, row)?;
         let entity_path = entity_path(&table_name, &partition, &row);
         let table_path = format!("/{table_name}");
         let op = |kind, body, if_match| BatchOp {
@@ -335,10 +338,15 @@ mod tests {
             beyond_one_partition(&[put(Table::Events, "a", "1"), put(Table::Events, "a", "2")]),
             None
         );
+        // A subject's tables share one Azure table: one partition of it.
+        assert_eq!(
+            beyond_one_partition(&[put(Table::Events, "a", "1"), put(Table::EventIds, "a", "1")]),
+            None
+        );
         let tables =
-            beyond_one_partition(&[put(Table::Events, "a", "1"), put(Table::EventIds, "a", "1")])
+            beyond_one_partition(&[put(Table::Events, "a", "1"), put(Table::Jobs, "a", "1")])
                 .expect("two tables");
-        assert!(tables.contains("events and eventIds"), "{tables}");
+        assert!(tables.contains("events and fanoutJobs"), "{tables}");
         let partitions =
             beyond_one_partition(&[put(Table::Events, "a", "1"), put(Table::Events, "b", "1")])
                 .expect("two partitions");
