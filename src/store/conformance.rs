@@ -404,16 +404,14 @@ pub async fn a_transaction_within_one_partition_applies_whole(store: &dyn Store)
         )
         .await
         .unwrap();
-    store
-        .transact(vec![
-            Write::put_if_absent(Table::SubjectFollowers, Item::new(&p, "new", "since")),
-            Write::put(Table::SubjectFollowers, Item::new(&p, "other", "since")),
-            Write::delete(Table::SubjectFollowers, &p, "gone"),
-            // Deleting a row that is absent is no failure.
-            Write::delete(Table::SubjectFollowers, &p, "never"),
-        ])
-        .await
-        .unwrap();
+    let mut writes = vec![
+        Write::put_if_absent(Table::SubjectFollowers, Item::new(&p, "new", "since")),
+        Write::put(Table::SubjectFollowers, Item::new(&p, "other", "since")),
+        Write::delete(Table::SubjectFollowers, &p, "gone"),
+    ];
+    // Deleting rows that are absent is no failure, however many (a cleanup's).
+    writes.extend((0..20).map(|i| Write::delete(Table::SubjectFollowers, &p, format!("never{i}"))));
+    store.transact(writes).await.unwrap();
     let rows_now = store
         .query(Query::partition(Table::SubjectFollowers, &p, 10))
         .await

@@ -74,6 +74,14 @@ pub struct AzureConfig {
 
 /// A [`Store`] on Azure Table Storage (or Azurite). Cheap to clone: clones share one HTTP
 /// client and one [`StoreStats`].
+///
+/// Requests that fail on throttling, a timeout, a broken connection or a server error are
+/// sent again (at most 4 attempts within 6 s). Azure has no request token to make a resent
+/// write idempotent: an insert or an entity group whose first attempt applied but whose answer
+/// was lost finds its own write on the retry and returns
+/// [`StoreError::ConditionFailed`](super::StoreError::ConditionFailed) although it took
+/// effect, as a conditional put does on DynamoDB. Callers read what refused them (a post
+/// finds its own idempotency record and answers the event).
 #[derive(Clone, Debug)]
 pub struct AzureStore {
     http: reqwest::Client,

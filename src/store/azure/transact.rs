@@ -93,44 +93,43 @@ impl AzureStore {
             return self.read_checks(&writes).await;
         }
         let mut writes = writes;
-        for _ in 0..MAX_SWAP_ATTEMPTS {
+        // Groups refused because a compared row moved; deletes of rows already gone shrink
+        // the group and count apart (a cleanup may delete many).
+        let mut moved = 0;
+        while moved < MAX_SWAP_ATTEMPTS {
             let ops = self.group_of(&writes).await?;
-            match self.send_batch(&ops).await? {
-                Ok(()) => return Ok(()),
-                Err(refusal) => {
-                    let at = refusal.index.and_then(|index| writes.get(index));
-                    match (refusal.status, at) {
-                        // A row already gone: deleting it is done.
-                        (
-                            StatusCode::NOT_FOUND,
-                            Some(Write::Delete {
-                                condition: Condition::None,
-                                ..
-                            }),
-                        ) => {
-                            let index = refusal.index.unwrap_or(0);
-                            writes.remove(index);
-                            if writes.is_empty() {
-                                return Ok(());
-                            }
-                        }
-                        (StatusCode::NOT_FOUND, None) if refusal.code != "TableNotFound" => {
-                            // The service did not say which: drop the deletes of rows gone.
-                            let before = writes.len();
-                            writes = self.without_deletes_of_absent_rows(writes).await?;
-                            if writes.len() == before {
-                                return Err(StoreError::ConditionFailed);
-                            }
-                            if writes.is_empty() {
-                                return Ok(());
-                            }
-                        }
-                        // An ETag moved, or an entity read went: read the values again.
-                        (StatusCode::PRECONDITION_FAILED, _) | (StatusCode::NOT_FOUND, Some(_)) => {
-                        }
-                        _ => return Err(refusal.into_error()),
+            let Err(refusal) = self.send_batch(&ops).await? else {
+                return Ok(());
+            };
+            let at = refusal.index.and_then(|index| writes.get(index));
+            match (refusal.status, at) {
+                // A row already gone: deleting it is done.
+                (
+                    StatusCode::NOT_FOUND,
+                    Some(Write::Delete {
+                        condition: Condition::None,
+                        ..
+                    }),
+                ) => {
+                    writes.remove(refusal.index.unwrap_or(0));
+                }
+                (StatusCode::NOT_FOUND, None) if refusal.code != "TableNotFound" => {
+                    // The service did not say which: drop the deletes of rows gone, or read
+                    // the compared values again.
+                    let before = writes.len();
+                    writes = self.without_deletes_of_absent_rows(writes).await?;
+                    if writes.len() == before {
+                        moved += 1;
                     }
                 }
+                // An ETag moved, or a compared row went: read the values again.
+                (StatusCode::PRECONDITION_FAILED, _) | (StatusCode::NOT_FOUND, Some(_)) => {
+                    moved += 1;
+                }
+                _ => return Err(refusal.into_error()),
+            }
+            if writes.is_empty() {
+                return Ok(());
             }
         }
         Err(swap_contended())
