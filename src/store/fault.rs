@@ -163,6 +163,8 @@ pub struct FaultyStore {
     /// Woken when a call starts hanging.
     pub hung: Notify,
     hanging: AtomicBool,
+    /// Commits at once only what Azure commits at once (see [`FaultyStore::azure_shaped`]).
+    azure_shaped: bool,
 }
 
 impl FaultyStore {
@@ -175,8 +177,18 @@ impl FaultyStore {
             outage: Mutex::new(None),
             injected: AtomicU64::new(0),
             hung: Notify::new(),
+            azure_shaped: false,
             hanging: AtomicBool::new(false),
         }
+    }
+
+    /// The store as a one-partition backend sees it: it commits at once only what Azure
+    /// Table Storage would (one partition of one Azure table, where a subject's tables are
+    /// one), and refuses a wider transaction, so that a path meant for Azure is tested on
+    /// the embedded store.
+    pub fn azure_shaped(mut self) -> Self {
+        self.azure_shaped = true;
+        self
     }
 
     /// Every `n`th matching call fails with `fault`.
@@ -380,6 +392,11 @@ impl Store for FaultyStore {
 
     async fn transact(&self, writes: Vec<Write>) -> StoreResult<()> {
         self.check(Op::Transact, &tables_of(&writes)).await?;
+        if !self.commits_at_once(&writes) {
+            return Err(StoreError::InvalidInput(
+                "transaction beyond the backend's atomic scope (an Azure-shaped test store)".into(),
+            ));
+        }
         self.inner.transact(writes).await
     }
 
@@ -411,6 +428,9 @@ impl Store for FaultyStore {
     }
 
     fn commits_at_once(&self, writes: &[Write]) -> bool {
+        if self.azure_shaped {
+            return crate::store::azure::commits_at_once(writes);
+        }
         self.inner.commits_at_once(writes)
     }
 
@@ -425,6 +445,41 @@ mod tests {
 
     use super::*;
     use crate::store::EmbeddedStore;
+
+    #[tokio::test]
+    async fn an_azure_shaped_store_commits_one_subjects_rows_and_refuses_wider() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let shaped = FaultyStore::new(Arc::new(store.clone())).azure_shaped();
+        let of_alice = vec![
+            Write::put(Table::Events, Item::new("alice", "e", "v")),
+            Write::put(Table::EventIds, Item::new("alice", "i", "v")),
+        ];
+        assert!(shaped.commits_at_once(&of_alice));
+        shaped.transact(of_alice).await.expect("one subject's rows");
+        let wider = vec![
+            Write::put(Table::Events, Item::new("bob", "e", "v")),
+            Write::put(Table::Jobs, Item::new("shard-00", "j", "v")),
+        ];
+        assert!(!shaped.commits_at_once(&wider));
+        assert!(store.commits_at_once(&wider), "the store itself would");
+        let refused = shaped.transact(wider).await;
+        assert!(
+            matches!(refused, Err(StoreError::InvalidInput(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            store.get(Table::Events, "bob", "e").await.expect("get"),
+            None
+        );
+        assert!(
+            store
+                .get(Table::Events, "alice", "e")
+                .await
+                .expect("get")
+                .is_some()
+        );
+    }
 
     #[tokio::test]
     async fn rules_pick_the_calls_they_name() {

@@ -156,6 +156,12 @@ impl AzureStore {
     }
 }
 
+/// Whether Azure commits all of `writes` in one entity group (for [`Store::commits_at_once`],
+/// and for test stores shaped like this one).
+pub(crate) fn commits_at_once(writes: &[Write]) -> bool {
+    transact::beyond_one_partition(writes).is_none()
+}
+
 /// Azure's table names are 3 to 63 letters and digits, starting with a letter: the prefix
 /// must keep every name so.
 fn check_table_prefix(prefix: &str) -> anyhow::Result<()> {
@@ -272,7 +278,7 @@ impl Store for AzureStore {
     }
 
     fn commits_at_once(&self, writes: &[Write]) -> bool {
-        transact::beyond_one_partition(writes).is_none()
+        commits_at_once(writes)
     }
 
     fn limits(&self) -> Limits {
