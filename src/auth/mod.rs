@@ -26,7 +26,7 @@ use uuid::Uuid;
 use crate::cursor::{CursorCodec, InvalidCursor};
 use crate::keys::Ticks;
 use crate::notices::{Notice, Notices, Subscription};
-use crate::store::{Item, Query, Store, StoreError, StoreResult, Table, Write};
+use crate::store::{Item, Query, Store, StoreError, StoreExt, StoreResult, Table, Write};
 
 /// How long a token lookup is trusted before the store is asked again.
 pub const CACHE_TTL: Duration = Duration::from_millis(500);
@@ -236,15 +236,23 @@ impl Tokens {
             created_at: Ticks::now().get(),
         };
         let body = Bytes::from(serde_json::to_vec(&stored).unwrap_or_default());
-        self.store
-            .transact(vec![
-                Write::put_if_absent(Table::Tokens, Item::new(&id, TOKEN_ROW, body.clone())),
-                Write::put(
-                    Table::Tokens,
-                    Item::new(owner_partition(grant.owner()), &id, body),
-                ),
-            ])
-            .await?;
+        let token_row =
+            Write::put_if_absent(Table::Tokens, Item::new(&id, TOKEN_ROW, body.clone()));
+        let listed = Write::put(
+            Table::Tokens,
+            Item::new(owner_partition(grant.owner()), &id, body),
+        );
+        let writes = vec![token_row, listed];
+        if self.store.commits_at_once(&writes) {
+            self.store.transact(writes).await?;
+        } else {
+            // A store that commits one partition at once (Azure): the token first, then its
+            // listing. If the listing fails, the issue fails, and the token it left is
+            // inert: nobody ever got its secret.
+            for write in writes {
+                self.store.write_one(write).await?;
+            }
+        }
         Ok(Issued {
             token: format!("{PREFIX}{id}_{secret}"),
             token_id: id,
@@ -256,7 +264,7 @@ impl Tokens {
         let Some(body) = self.store.get(Table::Tokens, token_id, TOKEN_ROW).await? else {
             return Ok(false);
         };
-        let mut writes = vec![Write::delete(Table::Tokens, token_id, TOKEN_ROW)];
+        let mut writes = Vec::with_capacity(2);
         if let Ok(stored) = serde_json::from_slice::<StoredToken>(&body) {
             writes.push(Write::delete(
                 Table::Tokens,
@@ -264,7 +272,17 @@ impl Tokens {
                 token_id,
             ));
         }
-        self.store.transact(writes).await?;
+        writes.push(Write::delete(Table::Tokens, token_id, TOKEN_ROW));
+        if self.store.commits_at_once(&writes) {
+            self.store.transact(writes).await?;
+        } else {
+            // One partition at once (Azure): the listing first, then the token, which is
+            // what authentication reads. If the second delete fails, the revoke fails and the
+            // token still works, still found by id: revoking it again completes.
+            for write in writes {
+                self.store.write_one(write).await?;
+            }
+        }
         self.cache.remove(token_id);
         self.notices
             .publish(&revocation_topic(token_id), Notice::Message(Bytes::new()));
@@ -350,6 +368,56 @@ mod tests {
             tokens.authenticate(&issued.token).await.expect("lookup"),
             Some(Principal::Subject("alice".into()))
         );
+    }
+
+    /// On a store that commits one partition at once, issuing and revoking are ordered
+    /// writes: a failure between them leaves no listed token that does not work, and a
+    /// revoke that failed half-way completes when it is tried again.
+    #[tokio::test]
+    async fn on_a_one_partition_store_tokens_are_issued_and_revoked_by_ordered_writes() {
+        use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::store::EmbeddedStore::open_async(dir.path())
+            .await
+            .expect("open");
+        let shaped = Arc::new(FaultyStore::new(Arc::new(store)).azure_shaped());
+        let tokens = Tokens::new(shaped.clone(), CursorCodec::new(b"key"), "admin", 100);
+        let alice = || Grant::Subject("alice".into());
+        async fn listed(tokens: &Tokens) -> usize {
+            let page = tokens.list("alice", 10, None).await.expect("list");
+            page.items.len()
+        }
+
+        let issued = tokens.issue(alice()).await.expect("issue");
+        assert_eq!(
+            tokens.authenticate(&issued.token).await.expect("auth"),
+            Some(Principal::Subject("alice".into()))
+        );
+        assert_eq!(listed(&tokens).await, 1);
+
+        // The listing fails after the token row: the issue fails, nothing is listed.
+        shaped.fail_nth(2, Calls::on(Op::Put, Table::Tokens), Fault::Permanent);
+        assert!(tokens.issue(alice()).await.is_err());
+        assert_eq!(listed(&tokens).await, 1);
+
+        // The token's delete fails after its listing's: the token still works; a second
+        // revoke completes.
+        shaped.fail_nth(2, Calls::on(Op::Delete, Table::Tokens), Fault::Permanent);
+        assert!(tokens.revoke(&issued.token_id).await.is_err());
+        tokens.cache.remove(&issued.token_id);
+        assert!(
+            tokens
+                .authenticate(&issued.token)
+                .await
+                .expect("auth")
+                .is_some()
+        );
+        assert!(tokens.revoke(&issued.token_id).await.expect("revoke again"));
+        assert_eq!(
+            tokens.authenticate(&issued.token).await.expect("auth"),
+            None
+        );
+        assert_eq!(listed(&tokens).await, 0);
     }
 
     #[test]
