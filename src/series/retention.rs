@@ -31,7 +31,7 @@ use super::layout::{NAMES_PARTITION, TICKS_PER_SECOND};
 use super::recent::Recent;
 use super::{Series, SeriesName};
 use crate::keys::{MAX_TICKS, Ticks};
-use crate::store::{Item, Key, Query, Store, Table, Write};
+use crate::store::{Item, Key, Query, Store, StoreExt, Table, Write};
 use crate::timeline::{DomainError, DomainResult};
 
 /// The row of a series' own retention, in its `meta/{series}` partition.
@@ -224,7 +224,21 @@ impl Series {
             None => Write::delete(Table::SeriesIndex, meta_partition(name), RETENTION_ROW),
         };
         self.recent_retention.forget(name);
-        let written = self.store.transact(vec![own, register(name)]).await;
+        let writes = vec![register(name), own];
+        let written = if self.store.commits_at_once(&writes) {
+            self.store.transact(writes).await
+        } else {
+            // One partition at once (Azure): the series is in the catalogue first, then it
+            // has its setting, so a setting that failed never takes effect later. Both
+            // writes may be written twice.
+            async {
+                for write in writes {
+                    self.store.write_one(write).await?;
+                }
+                Ok(())
+            }
+            .await
+        };
         self.recent_retention.forget(name);
         written?;
         Ok(RetentionSetting {
@@ -238,6 +252,45 @@ impl Series {
 mod tests {
     use super::*;
     use crate::series::layout::PARTITION_SPAN;
+
+    /// On a store that commits one partition at once, a retention is set by ordered
+    /// writes: the series is catalogued first, so a setting whose write failed is not
+    /// found later; setting it again takes effect.
+    #[tokio::test]
+    async fn on_a_one_partition_store_a_retention_is_set_by_ordered_writes() {
+        use std::sync::Arc;
+
+        use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::store::EmbeddedStore::open_async(dir.path())
+            .await
+            .expect("open");
+        let shaped = Arc::new(FaultyStore::new(Arc::new(store)).azure_shaped());
+        let series = Series::new(
+            shaped.clone(),
+            crate::cursor::CursorCodec::new(b"key"),
+            crate::jobs::Wake::without_handoff(),
+        );
+        let name = SeriesName::parse("plant/boiler").expect("name");
+        let month = Retention::For(30 * 86_400);
+
+        shaped.fail_nth(2, Calls::on(Op::Put, Table::SeriesIndex), Fault::Permanent);
+        assert!(series.set_retention(&name, Some(month)).await.is_err());
+        let after_failure = series.retention(&name).await.expect("catalogued first");
+        assert!(!after_failure.own, "the failed setting did not land");
+
+        let set = series.set_retention(&name, Some(month)).await.expect("set");
+        assert_eq!(set.retention, month);
+        assert_eq!(
+            series.retention(&name).await.expect("read").retention,
+            month
+        );
+        series
+            .set_retention(&name, None)
+            .await
+            .expect("back to the default");
+        assert!(!series.retention(&name).await.expect("read").own);
+    }
 
     #[test]
     fn retentions_parse_from_durations_and_print_in_their_largest_whole_unit() {
