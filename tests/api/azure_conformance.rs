@@ -105,6 +105,22 @@ async fn each_call_costs_the_requests_documented() {
     store.batch_write(rows).await.expect("rows");
     cost("2,500 rows of one partition, 100 a group", 25);
 
+    // Reads by key: a query per 14 keys of one partition (of one Azure table: a subject's
+    // timeline and events share it).
+    let keys: Vec<fanline::store::Key> = (0..28)
+        .map(|index| fanline::store::Key::new(Table::Timelines, &p, format!("{index:05}")))
+        .chain([fanline::store::Key::new(Table::Events, &p, "none")])
+        .collect();
+    let found = store.get_many(keys).await.expect("get many");
+    assert!(found[..28].iter().all(Option::is_some) && found[28].is_none());
+    cost("29 keys of one partition by key", 3);
+    let spread: Vec<fanline::store::Key> = (0..50)
+        .map(|index| fanline::store::Key::new(Table::Timelines, format!("{p}-{index}"), "e"))
+        .collect();
+    let found = store.get_many(spread).await.expect("get many");
+    assert!(found.iter().all(Option::is_some));
+    cost("50 keys of 50 partitions", 50);
+
     let page = store
         .query(Query::partition(Table::Timelines, &p, 250))
         .await

@@ -100,18 +100,28 @@ pub(super) struct ReadEntity {
     pub value: Bytes,
 }
 
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Other(format!("stored entity is corrupt: {what}"))
+}
+
 /// An entity of a read (a get, or one of a query's `value`) of a table whose row keys start
 /// with `tag`, without OData metadata.
 fn read_entity(entity: &Map<String, Value>, tag: &str) -> StoreResult<ReadEntity> {
-    let corrupt = |what: &str| StoreError::Other(format!("stored entity is corrupt: {what}"));
-    let written_row = entity
-        .get("RowKey")
-        .and_then(Value::as_str)
-        .ok_or_else(|| corrupt("no RowKey"))?;
+    let (written_row, value) = written_entity(entity)?;
     let row = written_row
         .strip_prefix(tag)
         .and_then(unescape)
         .ok_or_else(|| corrupt("a RowKey this store did not write"))?;
+    Ok(ReadEntity { row, value })
+}
+
+/// An entity's row key as written, and its value.
+fn written_entity(entity: &Map<String, Value>) -> StoreResult<(String, Bytes)> {
+    let written_row = entity
+        .get("RowKey")
+        .and_then(Value::as_str)
+        .ok_or_else(|| corrupt("no RowKey"))?
+        .to_owned();
     let mut value = Vec::new();
     for index in 0.. {
         let Some(chunk) = entity.get(&format!("D{index}")) else {
@@ -123,10 +133,7 @@ fn read_entity(entity: &Map<String, Value>, tag: &str) -> StoreResult<ReadEntity
             .ok_or_else(|| corrupt("a value property is not base64"))?;
         value.extend_from_slice(&chunk);
     }
-    Ok(ReadEntity {
-        row,
-        value: Bytes::from(value),
-    })
+    Ok((written_row, Bytes::from(value)))
 }
 
 /// The entity of a single get's body, of `table`.
@@ -136,12 +143,21 @@ pub(super) fn parse_entity(body: &[u8], table: Table) -> StoreResult<ReadEntity>
     read_entity(&entity, placement(table).tag)
 }
 
+/// The entities of a query's body, by row key as written: those of a query that may span
+/// the tables sharing an Azure table.
+pub(super) fn parse_written_entities(body: &[u8]) -> StoreResult<Vec<(String, Bytes)>> {
+    let entities: Entities = serde_json::from_slice(body)
+        .map_err(|err| StoreError::Other(format!("a query answer is not JSON: {err}")))?;
+    entities.value.iter().map(written_entity).collect()
+}
+
+#[derive(serde::Deserialize)]
+struct Entities {
+    value: Vec<Map<String, Value>>,
+}
+
 /// The entities of a query's body, of `table`.
 pub(super) fn parse_entities(body: &[u8], table: Table) -> StoreResult<Vec<ReadEntity>> {
-    #[derive(serde::Deserialize)]
-    struct Entities {
-        value: Vec<Map<String, Value>>,
-    }
     let entities: Entities = serde_json::from_slice(body)
         .map_err(|err| StoreError::Other(format!("a query answer is not JSON: {err}")))?;
     let tag = placement(table).tag;

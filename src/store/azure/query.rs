@@ -24,7 +24,7 @@ use crate::store::{Direction, Item, Query, StoreResult};
 const PAGE: usize = 1000;
 
 /// A string literal of an OData filter.
-fn literal(value: &str) -> String {
+pub(super) fn literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
@@ -113,7 +113,7 @@ fn filter_of(query: &Query) -> StoreResult<String> {
 }
 
 /// The continuation an answer gives, if any.
-fn continuation_of(headers: &reqwest::header::HeaderMap) -> Option<(String, String)> {
+pub(super) fn continuation_of(headers: &reqwest::header::HeaderMap) -> Option<(String, String)> {
     let header = |name: &str| {
         headers
             .get(name)
