@@ -242,17 +242,11 @@ impl Tokens {
             Table::Tokens,
             Item::new(owner_partition(grant.owner()), &id, body),
         );
-        let writes = vec![token_row, listed];
-        if self.store.commits_at_once(&writes) {
-            self.store.transact(writes).await?;
-        } else {
-            // A store that commits one partition at once (Azure): the token first, then its
-            // listing. If the listing fails, the issue fails, and the token it left is
-            // inert: nobody ever got its secret.
-            for write in writes {
-                self.store.write_one(write).await?;
-            }
-        }
+        // Where the store cannot commit both (Azure), the token goes first: if its listing
+        // fails, the issue fails, and the token left is inert, as nobody got its secret.
+        self.store
+            .transact_or_in_order(vec![token_row, listed])
+            .await?;
         Ok(Issued {
             token: format!("{PREFIX}{id}_{secret}"),
             token_id: id,
@@ -272,17 +266,11 @@ impl Tokens {
                 token_id,
             ));
         }
+        // Where the store cannot commit both (Azure), the listing goes first, then the token,
+        // which is what authentication reads: if that delete fails, the revoke fails and the
+        // token still works, still found by id, and revoking it again completes.
         writes.push(Write::delete(Table::Tokens, token_id, TOKEN_ROW));
-        if self.store.commits_at_once(&writes) {
-            self.store.transact(writes).await?;
-        } else {
-            // One partition at once (Azure): the listing first, then the token, which is
-            // what authentication reads. If the second delete fails, the revoke fails and the
-            // token still works, still found by id: revoking it again completes.
-            for write in writes {
-                self.store.write_one(write).await?;
-            }
-        }
+        self.store.transact_or_in_order(writes).await?;
         self.cache.remove(token_id);
         self.notices
             .publish(&revocation_topic(token_id), Notice::Message(Bytes::new()));

@@ -224,21 +224,12 @@ impl Series {
             None => Write::delete(Table::SeriesIndex, meta_partition(name), RETENTION_ROW),
         };
         self.recent_retention.forget(name);
-        let writes = vec![register(name), own];
-        let written = if self.store.commits_at_once(&writes) {
-            self.store.transact(writes).await
-        } else {
-            // One partition at once (Azure): the series is in the catalogue first, then it
-            // has its setting, so a setting that failed never takes effect later. Both
-            // writes may be written twice.
-            async {
-                for write in writes {
-                    self.store.write_one(write).await?;
-                }
-                Ok(())
-            }
-            .await
-        };
+        // Where the store cannot commit both (Azure), the series is catalogued first, then
+        // it has its setting, so a setting that failed never takes effect later.
+        let written = self
+            .store
+            .transact_or_in_order(vec![register(name), own])
+            .await;
         self.recent_retention.forget(name);
         written?;
         Ok(RetentionSetting {

@@ -589,6 +589,20 @@ pub trait StoreExt: Store {
         }
     }
 
+    /// Applies `writes` in one transaction where the store commits them at once
+    /// ([`Store::commits_at_once`]), and otherwise one by one, in their order, stopping at
+    /// the first failure. For writes that each may be written twice, ordered so that a
+    /// failure after any of them leaves a state the caller can stand (and a retry completes).
+    async fn transact_or_in_order(&self, writes: Vec<Write>) -> StoreResult<()> {
+        if self.commits_at_once(&writes) {
+            return self.transact(writes).await;
+        }
+        for write in writes {
+            self.write_one(write).await?;
+        }
+        Ok(())
+    }
+
     /// Reads all items of a query's range, page by page (for small partitions and tools).
     async fn query_all(&self, query: Query) -> StoreResult<Vec<Item>> {
         let page_size = query.limit.max(1);

@@ -3,6 +3,7 @@
 
 mod azurite;
 mod dynamo_local;
+mod launcher;
 #[macro_use]
 mod helpers;
 

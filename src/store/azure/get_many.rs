@@ -7,12 +7,10 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use reqwest::{Method, StatusCode};
 
 use super::AzureStore;
 use super::entity::{parse_written_entities, written_keys};
-use super::http::{Operation, Request};
-use super::query::{continuation_of, literal};
+use super::query::literal;
 use crate::store::{Key, StoreResult};
 
 /// Row keys one query names: Azure allows 15 comparisons in a filter, and the partition's is
@@ -76,20 +74,11 @@ impl AzureStore {
         let mut items = Vec::with_capacity(rows.len());
         let mut continuation: Option<(String, String)> = None;
         loop {
-            let mut request = Request::new(Operation::QueryEntities, Method::GET, path.clone());
-            request.query.push(("$filter", filter.clone()));
-            if let Some((next_partition, next_row)) = &continuation {
-                request
-                    .query
-                    .push(("NextPartitionKey", next_partition.clone()));
-                request.query.push(("NextRowKey", next_row.clone()));
-            }
-            let answer = self.send(&request).await?;
-            if answer.status != StatusCode::OK {
-                return Err(answer.into_error("reading items by key"));
-            }
-            items.extend(parse_written_entities(&answer.body)?);
-            continuation = continuation_of(&answer.headers);
+            let (body, next) = self
+                .query_page(&path, &filter, None, continuation.as_ref())
+                .await?;
+            items.extend(parse_written_entities(&body)?);
+            continuation = next;
             if continuation.is_none() {
                 return Ok(items);
             }

@@ -29,7 +29,6 @@ pub(super) enum Operation {
     QueryEntities,
     InsertEntity,
     UpsertEntity,
-    UpdateEntity,
     DeleteEntity,
     Batch,
     CreateTable,
@@ -44,7 +43,6 @@ impl Operation {
             Operation::QueryEntities => "QueryEntities",
             Operation::InsertEntity => "InsertEntity",
             Operation::UpsertEntity => "InsertOrReplaceEntity",
-            Operation::UpdateEntity => "UpdateEntity",
             Operation::DeleteEntity => "DeleteEntity",
             Operation::Batch => "EntityGroupTransaction",
             Operation::CreateTable => "CreateTable",
@@ -58,7 +56,6 @@ impl Operation {
             self,
             Operation::InsertEntity
                 | Operation::UpsertEntity
-                | Operation::UpdateEntity
                 | Operation::DeleteEntity
                 | Operation::Batch
         )
@@ -111,25 +108,24 @@ impl Answer {
     /// The error code the service gave (`EntityAlreadyExists`, `UpdateConditionNotSatisfied`,
     /// `ResourceNotFound`, ...), from the `x-ms-error-code` header or the body.
     pub fn error_code(&self) -> String {
-        if let Some(code) = self
-            .headers
-            .get("x-ms-error-code")
-            .and_then(|code| code.to_str().ok())
-        {
-            return code.to_owned();
-        }
-        parse_error(&self.body).0
+        self.error().0
     }
 
     /// The answer as an error, for a status the caller does not expect.
     pub fn into_error(self, what: &str) -> StoreError {
+        let (code, message) = self.error();
+        status_error(self.status, &code, &message, what)
+    }
+
+    /// The error's code (the header's, else the body's) and message.
+    fn error(&self) -> (String, String) {
         let (code_in_body, message) = parse_error(&self.body);
         let code = self
             .headers
             .get("x-ms-error-code")
             .and_then(|code| code.to_str().ok())
             .map_or(code_in_body, str::to_owned);
-        status_error(self.status, &code, &message, what)
+        (code, message)
     }
 }
 

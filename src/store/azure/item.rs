@@ -1,10 +1,10 @@
 //! Single entities: reads, writes, and conditions as Azure can give them.
 //!
 //! - create-if-absent is an insert, which Azure refuses with 409 if the entity exists;
-//! - compare-and-swap on a value is a read of the entity's value and ETag, then a write
-//!   `If-Match` that ETag: if another write landed in between, the service refuses it (412)
-//!   and the value is read again, so the swap goes ahead whenever the value is the one
-//!   expected, even after it changed and changed back.
+//! - compare-and-swap on a value is a group of one write ([`super::transact`]): a read of
+//!   the value and ETag, then the write `If-Match` that ETag, read again if the ETag moved,
+//!   so the swap goes ahead whenever the value is the one expected, even after it changed
+//!   and changed back.
 
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
@@ -13,11 +13,7 @@ use reqwest::{Method, StatusCode};
 use super::AzureStore;
 use super::entity::{entity_json, parse_entity, written_keys};
 use super::http::{Operation, Request};
-use crate::store::{Condition, Item, StoreError, StoreResult, Table};
-
-/// Reads and writes a compare-and-swap retries when the ETag moved but the value may still be
-/// the one expected.
-pub(super) const MAX_SWAP_ATTEMPTS: usize = 8;
+use crate::store::{Condition, Item, Key, StoreError, StoreResult, Table, Write};
 
 /// Characters kept as they are in a key inside an entity's path.
 const KEY_IN_PATH: &AsciiSet = &NON_ALPHANUMERIC
@@ -102,36 +98,15 @@ impl AzureStore {
                 }
                 Err(answer.into_error("creating an entity"))
             }
-            Condition::Equals(expected) => {
-                for _ in 0..MAX_SWAP_ATTEMPTS {
-                    let etag = self.etag_if_equal(table, item, expected).await?;
-                    let request = Request::new(Operation::UpdateEntity, Method::PUT, path.clone())
-                        .header("If-Match", etag)
-                        .json(body.clone());
-                    let answer = self.send(&request).await?;
-                    match answer.status {
-                        status if status.is_success() => return Ok(()),
-                        // Changed or gone since the read: read again.
-                        StatusCode::PRECONDITION_FAILED | StatusCode::NOT_FOUND => {}
-                        _ => return Err(answer.into_error("replacing an entity")),
-                    }
-                }
-                Err(swap_contended())
+            // Compared by the transactions' ETag rounds, as one write of one group.
+            Condition::Equals(_) => {
+                let swap = Write::Put {
+                    table,
+                    item: item.clone(),
+                    condition: condition.clone(),
+                };
+                self.transact_in_one_partition(vec![swap]).await
             }
-        }
-    }
-
-    /// The ETag of the entity of `item`'s keys if its value is `expected`; otherwise the
-    /// condition failed.
-    async fn etag_if_equal(
-        &self,
-        table: Table,
-        item: &Item,
-        expected: &Bytes,
-    ) -> StoreResult<String> {
-        match self.get_entity(table, &item.partition, &item.row).await? {
-            Some((value, etag)) if value == *expected => Ok(etag),
-            _ => Err(StoreError::ConditionFailed),
         }
     }
 
@@ -142,59 +117,36 @@ impl AzureStore {
         row: &str,
         condition: &Condition,
     ) -> StoreResult<()> {
-        let path = self.path_of(table, partition, row)?;
-        let if_match = match condition {
-            Condition::None => "*".to_owned(),
-            Condition::Absent => {
-                // Deleting a row that must be absent deletes nothing.
-                return match self.get_entity(table, partition, row).await? {
-                    Some(_) => Err(StoreError::ConditionFailed),
-                    None => Ok(()),
-                };
-            }
-            Condition::Equals(expected) => {
-                for _ in 0..MAX_SWAP_ATTEMPTS {
-                    let key = Item::new(partition, row, Bytes::new());
-                    let etag = self.etag_if_equal(table, &key, expected).await?;
-                    let status = self.send_delete(&path, &etag).await?;
-                    // Changed or gone since the read: read again.
-                    if !matches!(
-                        status,
-                        StatusCode::PRECONDITION_FAILED | StatusCode::NOT_FOUND
-                    ) {
-                        return Ok(());
-                    }
+        match condition {
+            Condition::None => {
+                let path = self.path_of(table, partition, row)?;
+                let request = Request::new(Operation::DeleteEntity, Method::DELETE, path)
+                    .header("If-Match", "*");
+                let answer = self.send(&request).await?;
+                match answer.status {
+                    status if status.is_success() => Ok(()),
+                    // Absent already: a delete is idempotent.
+                    StatusCode::NOT_FOUND if answer.error_code() != "TableNotFound" => Ok(()),
+                    _ => Err(answer.into_error("deleting an entity")),
                 }
-                return Err(swap_contended());
             }
-        };
-        // Absent already (404) is fine: a delete is idempotent.
-        self.send_delete(&path, &if_match).await.map(|_| ())
-    }
-
-    /// Sends a delete `If-Match` `etag`; answers its status if it succeeded or was refused
-    /// on its condition (404, 412).
-    async fn send_delete(&self, path: &str, etag: &str) -> StoreResult<StatusCode> {
-        let request = Request::new(Operation::DeleteEntity, Method::DELETE, path.to_owned())
-            .header("If-Match", etag);
-        let answer = self.send(&request).await?;
-        match answer.status {
-            status if status.is_success() => Ok(status),
-            StatusCode::PRECONDITION_FAILED => Ok(StatusCode::PRECONDITION_FAILED),
-            StatusCode::NOT_FOUND if answer.error_code() != "TableNotFound" => {
-                Ok(StatusCode::NOT_FOUND)
+            // Deleting a row that must be absent deletes nothing: a check.
+            Condition::Absent => {
+                let key = Key::new(table, partition, row);
+                self.transact_in_one_partition(vec![Write::check(key, Condition::Absent)])
+                    .await
             }
-            _ => Err(answer.into_error("deleting an entity")),
+            Condition::Equals(_) => {
+                let delete = Write::Delete {
+                    table,
+                    partition: partition.to_owned(),
+                    row: row.to_owned(),
+                    condition: condition.clone(),
+                };
+                self.transact_in_one_partition(vec![delete]).await
+            }
         }
     }
-}
-
-/// A swap whose entity kept changing under it, read after read, with the value expected.
-pub(super) fn swap_contended() -> StoreError {
-    StoreError::Unavailable(format!(
-        "a compare-and-swap found the value it expected {MAX_SWAP_ATTEMPTS} times but the \
-         entity changed before each write"
-    ))
 }
 
 #[cfg(test)]

@@ -44,20 +44,10 @@ impl AzureStore {
                 Direction::Forward => (query.limit - kept.len()).min(PAGE),
                 Direction::Reverse => PAGE,
             };
-            let mut request = Request::new(Operation::QueryEntities, Method::GET, path.clone());
-            request.query.push(("$filter", filter.clone()));
-            request.query.push(("$top", top.to_string()));
-            if let Some((next_partition, next_row)) = &continuation {
-                request
-                    .query
-                    .push(("NextPartitionKey", next_partition.clone()));
-                request.query.push(("NextRowKey", next_row.clone()));
-            }
-            let answer = self.send(&request).await?;
-            if answer.status != StatusCode::OK {
-                return Err(answer.into_error("querying a partition"));
-            }
-            for entity in parse_entities(&answer.body, query.table)? {
+            let (body, next) = self
+                .query_page(&path, &filter, Some(top), continuation.as_ref())
+                .await?;
+            for entity in parse_entities(&body, query.table)? {
                 kept.push_back(Item {
                     partition: partition.clone(),
                     row: entity.row,
@@ -67,7 +57,7 @@ impl AzureStore {
                     kept.pop_front();
                 }
             }
-            continuation = continuation_of(&answer.headers);
+            continuation = next;
             let full = query.direction == Direction::Forward && kept.len() >= query.limit;
             if full || continuation.is_none() {
                 break;
@@ -78,6 +68,35 @@ impl AzureStore {
             items.reverse();
         }
         Ok(items)
+    }
+
+    /// One page of a query of the Azure table at `path` (`/{table}()`): its body and the
+    /// continuation it gives. At most `top` entities if given; a page may be short or empty
+    /// and still have a continuation.
+    pub(super) async fn query_page(
+        &self,
+        path: &str,
+        filter: &str,
+        top: Option<usize>,
+        continuation: Option<&(String, String)>,
+    ) -> StoreResult<(bytes::Bytes, Option<(String, String)>)> {
+        let mut request = Request::new(Operation::QueryEntities, Method::GET, path.to_owned());
+        request.query.push(("$filter", filter.to_owned()));
+        if let Some(top) = top {
+            request.query.push(("$top", top.to_string()));
+        }
+        if let Some((next_partition, next_row)) = continuation {
+            request
+                .query
+                .push(("NextPartitionKey", next_partition.clone()));
+            request.query.push(("NextRowKey", next_row.clone()));
+        }
+        let answer = self.send(&request).await?;
+        if answer.status != StatusCode::OK {
+            return Err(answer.into_error("querying a partition"));
+        }
+        let next = continuation_of(&answer.headers);
+        Ok((answer.body, next))
     }
 }
 
@@ -113,7 +132,7 @@ fn filter_of(query: &Query) -> StoreResult<String> {
 }
 
 /// The continuation an answer gives, if any.
-pub(super) fn continuation_of(headers: &reqwest::header::HeaderMap) -> Option<(String, String)> {
+fn continuation_of(headers: &reqwest::header::HeaderMap) -> Option<(String, String)> {
     let header = |name: &str| {
         headers
             .get(name)

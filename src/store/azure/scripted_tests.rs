@@ -243,3 +243,24 @@ async fn a_group_refused_for_a_row_already_gone_is_sent_again_without_it() {
         asked[1]
     );
 }
+
+#[tokio::test]
+async fn an_endpoint_that_refuses_connections_is_unavailable_after_the_last_attempt() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port(); // closed again: connections to it are refused
+    let store = AzureStore::connect(&AzureConfig {
+        connection_string: development_connection_string(port),
+        table_prefix: "scripted".into(),
+    })
+    .expect("connect");
+    let err = store.ping().await.expect_err("nothing listens");
+    assert!(
+        matches!(err, StoreError::Unavailable(ref m) if m.contains(&port.to_string())),
+        "{err}"
+    );
+    let stats = store.stats().snapshot();
+    assert_eq!(stats.requests, 4);
+    assert_eq!(stats.retries(RetryReason::Connection), 3);
+}

@@ -27,9 +27,22 @@ use reqwest::StatusCode;
 use super::AzureStore;
 use super::batch::{BatchOp, MAX_BATCH_BODY_BYTES, MAX_BATCH_OPERATIONS, OpKind};
 use super::entity::{entity_json, written_keys};
-use super::item::{MAX_SWAP_ATTEMPTS, entity_path, swap_contended};
+use super::item::entity_path;
 use super::layout::placement;
 use crate::store::{Condition, StoreError, StoreResult, Table, Write};
+
+/// Groups a transaction sends again when the ETag of a row it compares moved, while the value
+/// may still be the one expected.
+const MAX_SWAP_ATTEMPTS: usize = 8;
+
+/// A transaction whose compared rows kept changing under it, read after read, with the values
+/// expected.
+fn swap_contended() -> StoreError {
+    StoreError::Unavailable(format!(
+        "a compare-and-swap found the values it expected {MAX_SWAP_ATTEMPTS} times but a row \
+         changed before each write"
+    ))
+}
 
 /// Groups of one batch in flight at once.
 const GROUP_CONCURRENCY: usize = 8;
