@@ -7,10 +7,10 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::job::{Job, JobKey, now_ms, shard_name};
+use super::job::{Job, JobKey, StatusKey, now_ms, shard_name};
 use super::status::{self, RECORD_RACES};
 use super::{JobError, JobResult};
-use crate::store::{Condition, Item, Query, Store, StoreError, Table, Write};
+use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt as _, Table, Write};
 
 /// A job that failed too often, as kept in the dead-letter table.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -67,6 +67,20 @@ pub async fn requeue(store: &dyn Store, partition: &str, id_prefix: &str) -> Job
         job.failures = 0;
         job.lease_owner = None;
         job.hidden_until_ms = None;
+        let requeue = Write::put_if_absent(
+            Table::Jobs,
+            Item::new(shard_name(letter.shard), &item.row, job.encode()),
+        );
+        let letter_delete = Write::Delete {
+            table: Table::DeadLetters,
+            partition: partition.to_owned(),
+            row: item.row.clone(),
+            condition: Condition::Equals(item.value.clone()),
+        };
+        if !store.commits_at_once(&[requeue.clone(), letter_delete.clone()]) {
+            requeued += u32::from(requeue_in_steps(store, &job, requeue, letter_delete).await?);
+            continue;
+        }
         let mut races = 0;
         loop {
             races += 1;
@@ -75,34 +89,10 @@ pub async fn requeue(store: &dyn Store, partition: &str, id_prefix: &str) -> Job
                     "the work kept changing while it was re-queued".into(),
                 ));
             }
-            let mut writes = vec![
-                Write::Delete {
-                    table: Table::DeadLetters,
-                    partition: partition.to_owned(),
-                    row: item.row.clone(),
-                    condition: Condition::Equals(item.value.clone()),
-                },
-                Write::put_if_absent(
-                    Table::Jobs,
-                    Item::new(shard_name(letter.shard), &item.row, job.encode()),
-                ),
-            ];
+            let mut writes = vec![letter_delete.clone(), requeue.clone()];
             if let Some(key) = &job.status {
                 let mut slot = status::load(store, key, &job).await?;
-                slot.record.parts_failed = slot.record.parts_failed.saturating_sub(1);
-                slot.record.attempts = slot.record.attempts.saturating_sub(job.attempts);
-                // A record that only said "failed" (an unsplit job's) has nothing left to say:
-                // the job tells the status again.
-                let record = &slot.record;
-                let only_the_failure = record.parts_total.is_none()
-                    && record.parts_done == 0
-                    && record.parts_failed == 0
-                    && record.progress == 0;
-                writes.extend(if only_the_failure {
-                    slot.delete()
-                } else {
-                    Some(slot.write())
-                });
+                writes.extend(take_failure_off(&mut slot, &job));
             }
             match store.transact(writes).await {
                 Ok(()) => {
@@ -125,6 +115,73 @@ pub async fn requeue(store: &dyn Store, partition: &str, id_prefix: &str) -> Job
         }
     }
     Ok(requeued)
+}
+
+/// Takes a re-queued `job`'s failure off its work's record as read: the write that does it.
+fn take_failure_off(slot: &mut status::RecordSlot, job: &Job) -> Option<Write> {
+    slot.record.parts_failed = slot.record.parts_failed.saturating_sub(1);
+    slot.record.attempts = slot.record.attempts.saturating_sub(job.attempts);
+    // A record that only said "failed" (an unsplit job's) has nothing left to say: the job
+    // tells the status again.
+    let record = &slot.record;
+    let only_the_failure = record.parts_total.is_none()
+        && record.parts_done == 0
+        && record.parts_failed == 0
+        && record.progress == 0;
+    if only_the_failure {
+        slot.delete()
+    } else {
+        Some(slot.write())
+    }
+}
+
+/// Re-queues a letter's job on a store that cannot commit the job, the record and the
+/// letter's delete at once, in steps that may each be done twice: the job is enqueued if
+/// absent, its failure is taken off the record once (the record lists the jobs it counts
+/// failed, see `ending_in_order`), and the letter is deleted if unchanged. A crash after the
+/// first step leaves the letter: the job runs (and its ending takes its failure off), and a
+/// second re-queue runs it once more, which handlers, being idempotent, allow. Returns
+/// whether this call deleted the letter.
+async fn requeue_in_steps(
+    store: &dyn Store,
+    job: &Job,
+    requeue: Write,
+    letter_delete: Write,
+) -> JobResult<bool> {
+    match store.write_one(requeue).await {
+        Ok(()) | Err(StoreError::ConditionFailed) => {}
+        Err(err) => return Err(err.into()),
+    }
+    if let Some(key) = &job.status {
+        take_failure_off_once(store, key, job).await?;
+    }
+    match store.write_one(letter_delete).await {
+        Ok(()) => Ok(true),
+        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Takes `job`'s failure off its work's record if the record still counts it (see
+/// [`requeue_in_steps`]), by compare-and-swap, retried while other jobs change the record.
+async fn take_failure_off_once(store: &dyn Store, key: &StatusKey, job: &Job) -> JobResult<()> {
+    for _ in 0..RECORD_RACES {
+        let mut slot = status::load(store, key, job).await?;
+        if !slot.record.note_requeued(status::job_index(job)) {
+            return Ok(());
+        }
+        let Some(write) = take_failure_off(&mut slot, job) else {
+            return Ok(());
+        };
+        match store.write_one(write).await {
+            Ok(()) => return Ok(()),
+            Err(StoreError::ConditionFailed) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(JobError::Conflict(
+        "the work kept changing while it was re-queued".into(),
+    ))
 }
 
 /// A dead-lettered job, as an operator lists it.

@@ -12,6 +12,7 @@
 
 mod backlog;
 mod dead_letter;
+mod ending_in_order;
 mod floors;
 pub(crate) mod format;
 mod in_hand;
@@ -34,7 +35,7 @@ pub use backlog::{Backlog, BacklogView};
 pub use dead_letter::{DeadLetterView, list as dead_letters, requeue};
 pub use job::{FORMAT, JobKey, NewJob, now_ms};
 pub use metrics::{JobMetrics, KindLabel, LagCounts, LagSnapshot, RetryLabels};
-pub use queue::{Claimed, depth};
+pub use queue::{Claimed, commits_parts_with_checkpoints, depth};
 pub use runner::{JobDone, Processed, RunnerSettings, Worker};
 pub use status::{
     WorkState, WorkStatus, done_without_job, lookup as work_status, sweep_after_done,

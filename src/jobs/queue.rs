@@ -118,6 +118,14 @@ pub async fn depth(store: &dyn Store, cap: usize) -> StoreResult<u64> {
     Ok(total)
 }
 
+/// Whether `store` commits a part job with its root job's checkpoint (rows of two queue
+/// shards, see [`Claimed::part_write`]): where it cannot, a handler does its work in one job
+/// rather than split it.
+pub fn commits_parts_with_checkpoints(store: &dyn Store) -> bool {
+    let row = |shard| Write::put(Table::Jobs, Item::new(shard_name(shard), "job", ""));
+    store.commits_at_once(&[row(0), row(1)])
+}
+
 /// A job this worker holds: what a handler works on. Its payload and progress live here in
 /// memory until a checkpoint writes them back.
 ///

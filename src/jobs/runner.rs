@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
+use super::ending_in_order::{self, Finish};
 use super::job::{Job, SHARDS, StatusKey, millis, now_ms};
 use super::metrics::{JobMetrics, kind};
 use super::queue::{self, Claimed};
@@ -92,6 +94,9 @@ enum Ended {
 /// Most writes of its own a job may bring to a transaction ending several jobs (see
 /// [`Worker::finish_together`]); a job with more ends alone.
 const MAX_OWN_WRITES_TOGETHER: usize = 7;
+/// Jobs of a shared ending that failed (or that the store cannot commit together) ended
+/// one by one at once.
+const ENDS_AT_ONCE: usize = 16;
 /// Bytes a record of a job's status is given when packing a shared ending: records are a
 /// few hundred bytes.
 const RECORD_BYTES_BOUND: usize = 4096;
@@ -584,11 +589,17 @@ impl Worker {
         }
         // Any failure applied nothing: the jobs are ended one by one, each as its own
         // failures allow.
-        let together = !writes.is_empty() && self.store.transact(writes).await.is_ok();
+        let together = !writes.is_empty()
+            && self.store.commits_at_once(&writes)
+            && self.store.transact(writes).await.is_ok();
         if !together {
+            // Several at once: on a store that ends each in steps, each step is a request.
+            let mut ends = futures::stream::iter(chunk)
+                .map(|(job, ending)| self.finish(job, Ended::Done(ending)))
+                .buffer_unordered(ENDS_AT_ONCE);
             let mut first_error = None;
-            for (job, ending) in chunk {
-                if let Err(err) = self.finish(job, Ended::Done(ending)).await {
+            while let Some(ended) = ends.next().await {
+                if let Err(err) = ended {
                     first_error.get_or_insert(err);
                 }
             }
@@ -657,9 +668,9 @@ impl Worker {
         self.finish(job, Ended::Failed(error)).await
     }
 
-    /// Deletes a job and adds its outcome to its work's status record, in one transaction,
-    /// with the writes its ending asks for; a failed job is filed in the dead-letter table in
-    /// the same transaction.
+    /// Deletes a job and adds its outcome to its work's status record, with the writes its
+    /// ending asks for; a failed job is filed in the dead-letter table. In one transaction
+    /// where the store can commit it, in steps where it cannot (see [`ending_in_order`]).
     async fn finish(&self, mut job: Claimed, ended: Ended) -> JobResult<()> {
         let label = kind(job.kind());
         let snapshot = job.job.clone();
@@ -672,7 +683,44 @@ impl Worker {
                 Vec::new(),
             ),
         };
-        let record = if snapshot.status.is_none() {
+        let retention_ms = millis(self.settings.status_retention);
+        let update = |record: &mut StatusRecord| {
+            record.attempts += snapshot.attempts;
+            match &ended {
+                Ended::Failed(error) => {
+                    record.parts_failed += 1;
+                    record.last_error = Some(error.clone());
+                }
+                Ended::Done(ending) => {
+                    record_done(record, &snapshot, ending, retention_ms);
+                }
+                Ended::Split { parts, ending } => {
+                    record.parts_total = Some(*parts);
+                    record.total = ending.total.or(record.total);
+                    record.progress += snapshot.progress;
+                    record.finish_if_complete(retention_ms);
+                }
+            }
+        };
+        let record = if !self.ends_at_once(&job, &writes, &closing) {
+            let failed = matches!(ended, Ended::Failed(_));
+            match ending_in_order::end(
+                self.store.as_ref(),
+                &mut job,
+                writes,
+                closing,
+                failed,
+                update,
+            )
+            .await?
+            {
+                Finish::Deleted(record) => record,
+                Finish::Taken => {
+                    report_taken_before_end(&job);
+                    return Ok(());
+                }
+            }
+        } else if snapshot.status.is_none() {
             // Work without a status record is simply done (closing with it), or dead.
             let mut all = writes;
             all.extend(closing);
@@ -685,28 +733,10 @@ impl Worker {
                 Err(err) => return Err(err.into()),
             }
         } else {
-            let retention_ms = millis(self.settings.status_retention);
-            let ended_record = self
-                .commit_with_record(&mut job, writes, closing, |record| {
-                    record.attempts += snapshot.attempts;
-                    match &ended {
-                        Ended::Failed(error) => {
-                            record.parts_failed += 1;
-                            record.last_error = Some(error.clone());
-                        }
-                        Ended::Done(ending) => {
-                            record_done(record, &snapshot, ending, retention_ms);
-                        }
-                        Ended::Split { parts, ending } => {
-                            record.parts_total = Some(*parts);
-                            record.total = ending.total.or(record.total);
-                            record.progress += snapshot.progress;
-                            record.finish_if_complete(retention_ms);
-                        }
-                    }
-                })
-                .await?;
-            match ended_record {
+            match self
+                .commit_with_record(&mut job, writes, closing, update)
+                .await?
+            {
                 Some(record) => Some(record),
                 None => return Ok(()),
             }
@@ -737,6 +767,17 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Whether the store commits `job`'s whole ending in one transaction: its `writes`, its
+    /// `closing`, its record's update and its delete.
+    fn ends_at_once(&self, job: &Claimed, writes: &[Write], closing: &[Write]) -> bool {
+        let mut all: Vec<Write> = writes.iter().chain(closing).cloned().collect();
+        if let Some(key) = &job.job.status {
+            all.push(status::absent(key, &job.job).write());
+        }
+        all.push(job.delete_write());
+        self.store.commits_at_once(&all)
     }
 
     /// Deletes expired status records of the partition of work that just ended, if that work

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::job::{Job, JobKey, StatusKey, millis, now_ms};
 use super::{JobError, JobResult};
 use crate::keys::Ticks;
-use crate::store::{Condition, Item, Query, Store, Table, Write};
+use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt as _, Table, Write};
 
 /// Attempts at a compare-and-swap of a status record that other jobs of the same work are
 /// updating too.
@@ -50,7 +50,23 @@ pub(super) struct StatusRecord {
     /// Unix milliseconds after which a done record is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at_ms: Option<i64>,
+    /// The jobs whose good ending this record counts, by [`job_index`]: kept only where a
+    /// job ends in steps (see `ending_in_order`), so that an ending tried twice counts once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub done_jobs: Vec<u32>,
+    /// The jobs dead-lettered and not yet re-queued, by [`job_index`], kept likewise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_jobs: Vec<u32>,
 }
+
+/// Which job of its work a job is, in a record's [`StatusRecord::done_jobs`]: a part by
+/// its index, the root job as [`ROOT_JOB`].
+pub(super) fn job_index(job: &Job) -> u32 {
+    job.part.unwrap_or(ROOT_JOB)
+}
+
+/// The root job's place in [`StatusRecord::done_jobs`] (parts count from 0).
+pub(super) const ROOT_JOB: u32 = u32::MAX;
 
 impl StatusRecord {
     fn is_expired(&self, now_ms: i64) -> bool {
@@ -65,6 +81,41 @@ impl StatusRecord {
         if complete && self.finished_at.is_none() {
             self.finished_at = Some(Ticks::now().get());
             self.expires_at_ms = Some(now_ms().saturating_add(retention_ms));
+        }
+    }
+
+    /// Notes that job `index` ended, done or `failed`, for an ending in steps. `false` if the
+    /// record already counts that ending: it must then be left as it is. A job done after it
+    /// was dead-lettered (re-queued, and done before the re-queue took its failure off) takes
+    /// its failure off itself.
+    pub fn note_ended(&mut self, index: u32, failed: bool) -> bool {
+        if self.done_jobs.contains(&index) {
+            return false;
+        }
+        let was_failed = self.failed_jobs.iter().position(|job| *job == index);
+        match (failed, was_failed) {
+            (true, Some(_)) => return false,
+            (true, None) => self.failed_jobs.push(index),
+            (false, was_failed) => {
+                if let Some(at) = was_failed {
+                    self.failed_jobs.swap_remove(at);
+                    self.parts_failed = self.parts_failed.saturating_sub(1);
+                }
+                self.done_jobs.push(index);
+            }
+        }
+        true
+    }
+
+    /// Takes a re-queued job's failure off the record of an ending in steps; `false` if the
+    /// record does not count it (already taken off, or the job is done since).
+    pub fn note_requeued(&mut self, index: u32) -> bool {
+        match self.failed_jobs.iter().position(|job| *job == index) {
+            Some(at) => {
+                self.failed_jobs.swap_remove(at);
+                true
+            }
+            None => false,
         }
     }
 }
@@ -134,6 +185,38 @@ pub(super) fn absent(key: &StatusKey, job: &Job) -> RecordSlot {
         },
         seen: None,
     }
+}
+
+/// Counts the ending of `job` (done, or `failed`) in its work's record exactly once, for an
+/// ending in steps: `update` is applied only if the record does not count this job's ending
+/// yet, by compare-and-swap, retried while other jobs of the same work change the record.
+/// `fresh` guesses the record absent (an unsplit job on its first claim), sparing a read
+/// when right. Returns the record as it now stands.
+pub(super) async fn count_once(
+    store: &dyn Store,
+    key: &StatusKey,
+    job: &Job,
+    failed: bool,
+    fresh: bool,
+    update: impl Fn(&mut StatusRecord),
+) -> JobResult<StatusRecord> {
+    let mut slot = if fresh {
+        absent(key, job)
+    } else {
+        load(store, key, job).await?
+    };
+    for _ in 0..RECORD_RACES {
+        if !slot.record.note_ended(job_index(job), failed) {
+            return Ok(slot.record);
+        }
+        update(&mut slot.record);
+        match store.write_one(slot.write()).await {
+            Ok(()) => return Ok(slot.record),
+            Err(StoreError::ConditionFailed) => slot = load(store, key, job).await?,
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(JobError::Conflict("the status record kept changing".into()))
 }
 
 /// The record of work a writer did itself, in its own transaction, with no job: reads then
@@ -277,6 +360,10 @@ pub async fn lookup(
             last_error: job.last_error,
         }),
         (Some(record), job_opt) => {
+            // A job whose ending in steps the record already counts is as good as gone.
+            let job_opt = job_opt.filter(|_| {
+                !record.done_jobs.contains(&ROOT_JOB) && !record.failed_jobs.contains(&ROOT_JOB)
+            });
             let state = if record.finished_at.is_some() {
                 WorkState::Done
             } else if record.parts_failed > 0 {

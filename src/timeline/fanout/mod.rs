@@ -10,7 +10,9 @@
 //! A fresh event's job first reads up to `split_above + 1` followers. If there are no more
 //! than `split_above`, it delivers them itself. Otherwise it splits: it walks the follower
 //! list and enqueues one part job per `split_above` followers, each bounded by follower row
-//! keys, so that several workers deliver the event in parallel.
+//! keys, so that several workers deliver the event in parallel. On a store that cannot
+//! enqueue a part with its root's checkpoint (Azure: two queue partitions) the job does not
+//! split: it goes on past the followers it read first, page by page, as any job does.
 //!
 //! The same job notices when its author crosses the merge threshold, either way, and turns
 //! into the transition: marking every follower's timeline to merge the author at read time
@@ -331,6 +333,9 @@ pub struct FanoutHandler {
     batch_hint: std::sync::atomic::AtomicUsize,
     /// Tells live streams of the timelines written.
     notices: Notices,
+    /// Whether big events are split into part jobs: only where the store commits a part
+    /// with its root's checkpoint. Elsewhere one job walks every follower, page by page.
+    splits: bool,
 }
 
 #[async_trait]
@@ -427,6 +432,7 @@ impl FanoutHandler {
     ) -> Self {
         FanoutHandler {
             batch_hint: std::sync::atomic::AtomicUsize::new(1),
+            splits: crate::jobs::commits_parts_with_checkpoints(store.as_ref()),
             store,
             settings,
             metrics,
@@ -480,6 +486,9 @@ impl FanoutHandler {
         // A fresh job: one read tells whether to split (and whether the author is merged at
         // read time), and otherwise holds every follower to work on, in memory.
         let mut preread_opt = None;
+        // Whether the followers read first are all of them (a job that cannot split reads
+        // the rest page by page after them).
+        let mut preread_complete = true;
         if fresh {
             let threshold = self.settings.merge_threshold;
             let fresh_delivery = state.action == Action::Deliver;
@@ -543,9 +552,10 @@ impl FanoutHandler {
                 }
                 state.action = Action::Deliver;
             }
-            if followers.len() > self.settings.split_above {
+            preread_complete = followers.len() <= limit;
+            if followers.len() > self.settings.split_above && self.splits {
                 let first = split::Preread {
-                    complete: followers.len() <= limit,
+                    complete: preread_complete,
                     followers,
                 };
                 return self.split(job, state, Some(first)).await;
@@ -559,11 +569,11 @@ impl FanoutHandler {
                 return Ok(Step::Stopped);
             }
             let (followers, last_page) = match preread_opt.as_mut() {
-                Some(preread) => {
+                Some(preread) if preread.len() > 0 || preread_complete => {
                     let page: Vec<Item> = preread.by_ref().take(page_size).collect();
-                    (page, preread.len() == 0)
+                    (page, preread.len() == 0 && preread_complete)
                 }
-                None => {
+                _ => {
                     let mut query = Query::partition(Table::SubjectFollowers, &author, page_size)
                         .after(state.cursor.clone());
                     if let Some(FollowerRange { start, end }) = state.range.clone() {

@@ -1,5 +1,5 @@
 //! The fan-out handler driven step by step by a real worker, with faults injected.
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -1037,3 +1037,5 @@ async fn an_event_deleted_before_its_small_fanout_ran_keeps_no_copy_carried_or_n
         assert_eq!(done.followers_total, Some(0), "{author}: {done:?}");
     }
 }
+
+mod one_partition;
