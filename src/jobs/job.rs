@@ -57,6 +57,10 @@ pub struct Job {
     /// retry delay after a failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hidden_until_ms: Option<i64>,
+    /// Enqueued ahead of the write that makes it necessary and not confirmed by its writer
+    /// since (see [`NewJob::ahead`]): its handler checks whether that write happened.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unconfirmed: bool,
 }
 
 /// Only the format of a stored job: read when a job does not decode or is of another format,
@@ -89,6 +93,7 @@ impl Job {
             enqueued_at: enqueued_at.get(),
             lease_owner: None,
             hidden_until_ms: None,
+            unconfirmed: false,
         }
     }
 
@@ -229,6 +234,38 @@ impl NewJob {
         (self.key, job)
     }
 
+    /// For a store that cannot commit the job with the write that makes it necessary (on
+    /// Azure, a write in another partition): the job enqueued ahead of that write, and the
+    /// write that confirms it once that write has committed.
+    ///
+    /// The first is created if absent, hidden from workers for `hidden` and marked
+    /// unconfirmed; the second puts it back visible and confirmed. A job whose writer did not
+    /// get to confirm it (it died, or its write failed) shows after `hidden`, unconfirmed
+    /// ([`super::Claimed::unconfirmed`]): its handler checks whether the write happened, and
+    /// if not makes sure it never will (the write must hold a condition the handler can make
+    /// fail) before dropping the work.
+    pub fn ahead(self, hidden: std::time::Duration) -> Ahead {
+        let (key, mut job) = self.into_job(None);
+        job.hidden_until_ms = Some(now_ms().saturating_add(millis(hidden)));
+        job.unconfirmed = true;
+        let enqueue = Write::put_if_absent(
+            Table::Jobs,
+            Item::new(key.shard_name(), &key.id, job.encode()),
+        );
+        job.hidden_until_ms = None;
+        job.unconfirmed = false;
+        let confirm = Write::put(
+            Table::Jobs,
+            Item::new(key.shard_name(), &key.id, job.encode()),
+        );
+        let withdraw = Write::delete(Table::Jobs, key.shard_name(), key.id);
+        Ahead {
+            enqueue,
+            confirm,
+            withdraw,
+        }
+    }
+
     /// The write that enqueues the job (create-if-absent), to go in the transaction that
     /// makes the work necessary, so acknowledged work is always done.
     pub fn write(self) -> Write {
@@ -238,6 +275,19 @@ impl NewJob {
             Item::new(key.shard_name(), key.id, job.encode()),
         )
     }
+}
+
+/// A job enqueued ahead of the write that makes it necessary (see [`NewJob::ahead`]).
+#[derive(Debug)]
+pub struct Ahead {
+    /// Enqueues the job, hidden and unconfirmed: written before.
+    pub enqueue: Write,
+    /// Makes the job visible and confirmed: written once the write that makes it necessary
+    /// has committed. It is unconditional: a worker that took the job meanwhile (its writer
+    /// was slower than `hidden`) may then run it a second time, as at-least-once allows.
+    pub confirm: Write,
+    /// Deletes the job: for a writer whose write was refused, so the job does not show.
+    pub withdraw: Write,
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use crate::store::{StoreError, Write};
 
 pub use backlog::{Backlog, BacklogView};
 pub use dead_letter::{DeadLetterView, list as dead_letters, requeue};
-pub use job::{FORMAT, JobKey, NewJob, now_ms};
+pub use job::{Ahead, FORMAT, JobKey, NewJob, now_ms};
 pub use metrics::{JobMetrics, KindLabel, LagCounts, LagSnapshot, RetryLabels};
 pub use queue::{Claimed, commits_parts_with_checkpoints, depth};
 pub use runner::{JobDone, Processed, RunnerSettings, Worker};

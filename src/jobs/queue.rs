@@ -330,6 +330,19 @@ impl Claimed {
         self.job.part
     }
 
+    /// Whether the job was enqueued ahead of the write that makes it necessary and its
+    /// writer never confirmed it (see [`super::NewJob::ahead`]): the handler checks whether
+    /// that write happened, then says so with [`Self::confirm`].
+    pub fn unconfirmed(&self) -> bool {
+        self.job.unconfirmed
+    }
+
+    /// Records that the write which made the job necessary has happened (written by the next
+    /// checkpoint, if any).
+    pub fn confirm(&mut self) {
+        self.job.unconfirmed = false;
+    }
+
     /// The handler's state as last set.
     pub fn payload<T: serde::de::DeserializeOwned>(&self) -> JobResult<T> {
         self.job.payload()

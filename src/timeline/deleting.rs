@@ -49,7 +49,7 @@ impl Timelines {
                     ),
                     condition: Condition::Equals(seen),
                 },
-                removal_job(author.as_str(), &index.row_key, event_id, Ticks::now()),
+                removal_job(author.as_str(), &index.row_key, event_id, Ticks::now()).write(),
             ];
             match store.transact(writes).await {
                 Ok(()) => {

@@ -80,7 +80,7 @@ impl Timelines {
                     item: Item::new(author.as_str(), &edited.row_key, edited.encode()),
                     condition: Condition::Equals(stored),
                 },
-                edit_job(&edited, now),
+                edit_job(&edited, now).write(),
             ];
             match self.store.transact(writes).await {
                 Ok(()) => {

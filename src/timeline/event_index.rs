@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{DomainError, DomainResult, Event, SubjectId};
-use crate::store::{Store, Table};
+use crate::store::{Item, Store, StoreError, StoreExt as _, Table, Write};
 
 /// Body of an `eventIds` item: where an event lives, and whether it was deleted.
 #[derive(Debug, Serialize, Deserialize)]
@@ -64,4 +64,38 @@ pub(super) async fn current_version(
     let author = SubjectId::parse(author).map_err(DomainError::Corrupt)?;
     let event = Event::decode(&author, &row_key, &stored).map_err(DomainError::Corrupt)?;
     Ok(Some(event.version))
+}
+
+/// Whether `author`'s event `event_id` (at `row_key`) was posted, asked by a fan-out job
+/// enqueued ahead of its event and never confirmed by its writer (see
+/// `Timelines::post_ahead`). When the index holds nothing yet, a deleted index is created
+/// there first: a post still in flight creates its index only if absent, so it fails on
+/// that, and the event never exists without its fan-out.
+pub(super) async fn posted_or_fenced(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+    row_key: &str,
+) -> DomainResult<bool> {
+    let id_row = event_id.as_hyphenated().to_string();
+    let live = |body: Bytes| EventIndex::decode(&body, event_id).map(|index| !index.deleted);
+    if let Some(body) = store.get(Table::EventIds, author, &id_row).await? {
+        return live(body);
+    }
+    let fence = EventIndex {
+        row_key: row_key.to_owned(),
+        deleted: true,
+    };
+    let write = Write::put_if_absent(Table::EventIds, Item::new(author, &id_row, fence.encode()));
+    match store.write_one(write).await {
+        Ok(()) => Ok(false),
+        // The post landed in between.
+        Err(StoreError::ConditionFailed) => {
+            match store.get(Table::EventIds, author, &id_row).await? {
+                Some(body) => live(body),
+                None => Ok(false),
+            }
+        }
+        Err(err) => Err(err.into()),
+    }
 }

@@ -14,7 +14,8 @@ use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_prin
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
 use crate::keys::{Ticks, event_row_key};
 use crate::notices::Notice;
-use crate::store::{Item, StoreError, Table, Write};
+use crate::store::{Item, StoreError, StoreExt as _, Table, Write};
+use tracing::warn;
 
 /// An event as a client posts it.
 #[derive(Debug)]
@@ -88,17 +89,7 @@ impl Timelines {
             .into_iter()
             .map(Write::unconditional)
             .collect();
-        if let Some(client_id) = &new.client_id {
-            let record = IdempotencyRecord {
-                row_key: row_key.clone(),
-                request: request_digest(&new),
-            };
-            let body = Bytes::from(serde_json::to_vec(&record).unwrap_or_default());
-            writes.push(Write::put_if_absent(
-                Table::Idempotency,
-                Item::new(author.as_str(), client_id, body),
-            ));
-        }
+        writes.extend(idempotency_row(author, &event, &new));
 
         if let Some(plan) = self
             .fanout_in_post
@@ -107,7 +98,13 @@ impl Timelines {
         {
             let mut delivered = writes.clone();
             delivered.extend(self.fanout_in_post.writes(&plan, &event, received));
-            match self.store.transact(delivered).await {
+            // A store that cannot commit it all at once posts with a job.
+            let in_post = if self.store.commits_at_once(&delivered) {
+                self.store.transact(delivered).await
+            } else {
+                Err(StoreError::ConditionFailed)
+            };
+            match in_post {
                 Ok(()) => {
                     self.posted(author);
                     self.fanout_in_post
@@ -121,19 +118,83 @@ impl Timelines {
                 Err(err) => return Err(err.into()),
             }
         }
-        writes.push(delivery_job(&event, received));
-        let handover = self.wake_workers.handover(&writes);
-        match self.store.transact(writes).await {
+        let mut together = writes.clone();
+        together.push(delivery_job(&event, received).write());
+        if !self.store.commits_at_once(&together) {
+            return self.post_ahead(author, &new, event, received).await;
+        }
+        let handover = self.wake_workers.handover(&together);
+        match self.store.transact(together).await {
             Ok(()) => {
                 self.wake_workers.hand_over(handover);
                 self.posted(author);
                 Ok(Posted::Created(event))
             }
-            Err(StoreError::ConditionFailed) => match &new.client_id {
-                Some(client_id) => self.replay(author, client_id, &new).await,
-                None => Err(event_id_collision()),
-            },
+            Err(StoreError::ConditionFailed) => self.refused(author, &new).await,
             Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Posts on a store that cannot commit the event with its fan-out job (on Azure the job's
+    /// queue partition is not the author's), in three writes:
+    /// 1. the job, enqueued ahead, hidden and unconfirmed (see [`crate::jobs::NewJob::ahead`]);
+    /// 2. the author's rows in one transaction: the event, its index created if absent, and
+    ///    the client id's record;
+    /// 3. the job confirmed, visible at once, and handed to this process's workers.
+    ///
+    /// A job left unconfirmed (the writer died after 1 or 2, or 2 failed) shows after
+    /// [`AHEAD_HIDDEN`]. Its handler reads the event's index: live, it fans the event out;
+    /// absent, it writes a deleted index there first, so a transaction 2 still in flight
+    /// fails on it and the event never exists unfanned.
+    async fn post_ahead(
+        &self,
+        author: &SubjectId,
+        new: &NewEvent,
+        event: Event,
+        received: Ticks,
+    ) -> DomainResult<Posted> {
+        let ahead = delivery_job(&event, received).ahead(AHEAD_HIDDEN);
+        match self.store.write_one(ahead.enqueue).await {
+            Ok(()) => {}
+            Err(StoreError::ConditionFailed) => return Err(event_id_collision()),
+            Err(err) => return Err(err.into()),
+        }
+        let mut writes = vec![event_row(&event).unconditional(), index_row(&event)];
+        writes.extend(idempotency_row(author, &event, new));
+        match self.store.transact(writes).await {
+            Ok(()) => {}
+            Err(StoreError::ConditionFailed) => {
+                if let Err(err) = self.store.write_one(ahead.withdraw).await {
+                    // It shows after its delay, finds no event and ends.
+                    warn!(error = %err, "could not withdraw the fan-out job of a refused post");
+                }
+                return self.refused(author, new).await;
+            }
+            // Whether the event was written is unknown: the job settles it once it shows.
+            Err(err) => return Err(err.into()),
+        }
+        let handover = self
+            .wake_workers
+            .handover(std::slice::from_ref(&ahead.confirm));
+        match self.store.write_one(ahead.confirm).await {
+            Ok(()) => self.wake_workers.hand_over(handover),
+            // The event is posted: its job shows unconfirmed after its delay and fans it out.
+            Err(err) => warn!(
+                error = %err,
+                delay_s = AHEAD_HIDDEN.as_secs(),
+                "posted, but the fan-out job could not be confirmed: it starts after its delay"
+            ),
+        }
+        self.posted(author);
+        Ok(Posted::Created(event))
+    }
+
+    /// Answers a post whose create-if-absent write was refused: a retry of an earlier post
+    /// with the same client id, or an event id drawn twice.
+    async fn refused(&self, author: &SubjectId, new: &NewEvent) -> DomainResult<Posted> {
+        match &new.client_id {
+            Some(client_id) => self.replay(author, client_id, new).await,
+            None => Err(event_id_collision()),
         }
     }
 
@@ -204,28 +265,54 @@ fn event_id_collision() -> DomainError {
 /// out, or neither (series writes post their `readings` events with them too).
 pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
     let mut writes = event_rows(event);
-    writes.push(delivery_job(event, received));
+    writes.push(delivery_job(event, received).write());
     writes
 }
 
 /// The event's own rows: its log row and its event-id index entry (no fan-out job).
 pub(super) fn event_rows(event: &Event) -> Vec<Write> {
-    let author = event.author.as_str();
-    vec![
-        Write::put_if_absent(
-            Table::Events,
-            Item::new(author, &event.row_key, event.encode()),
-        ),
-        Write::put_if_absent(
-            Table::EventIds,
-            Item::new(
-                author,
-                event.event_id.as_hyphenated().to_string(),
-                EventIndex::live(&event.row_key).encode(),
-            ),
-        ),
-    ]
+    vec![event_row(event), index_row(event)]
 }
+
+/// The event in its author's log, created if absent.
+fn event_row(event: &Event) -> Write {
+    Write::put_if_absent(
+        Table::Events,
+        Item::new(event.author.as_str(), &event.row_key, event.encode()),
+    )
+}
+
+/// The event's index entry, created if absent.
+fn index_row(event: &Event) -> Write {
+    Write::put_if_absent(
+        Table::EventIds,
+        Item::new(
+            event.author.as_str(),
+            event.event_id.as_hyphenated().to_string(),
+            EventIndex::live(&event.row_key).encode(),
+        ),
+    )
+}
+
+/// The record of which event a post's client id made, created if absent (none without an
+/// id).
+fn idempotency_row(author: &SubjectId, event: &Event, new: &NewEvent) -> Option<Write> {
+    let client_id = new.client_id.as_ref()?;
+    let record = IdempotencyRecord {
+        row_key: event.row_key.clone(),
+        request: request_digest(new),
+    };
+    let body = Bytes::from(serde_json::to_vec(&record).unwrap_or_default());
+    Some(Write::put_if_absent(
+        Table::Idempotency,
+        Item::new(author.as_str(), client_id, body),
+    ))
+}
+
+/// How long a fan-out job enqueued ahead of its event stays hidden (see
+/// [`Timelines::post_ahead`]): longer than a post's writes take, retries included, so the
+/// job of a post still under way is not taken for one that failed.
+pub const AHEAD_HIDDEN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Deepest nesting of arrays and objects a payload may have: the payload is stored and served
 /// as it came, and readers' JSON parsers must not be made to recurse without bound.

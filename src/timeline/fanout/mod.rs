@@ -40,7 +40,7 @@ use tracing::info;
 use uuid::Uuid;
 
 use super::live::{self, LiveMessage};
-use super::{Event, SubjectId, changes, merged_authors, reconcile, removal, trim};
+use super::{Event, SubjectId, changes, event_index, merged_authors, reconcile, removal, trim};
 use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::keys::{Ticks, parse_event_row_key};
 use crate::notices::{Notice, Notices};
@@ -229,7 +229,7 @@ fn new_job(
     row_key: &str,
     entry: Option<CarriedEntry>,
     at: Ticks,
-) -> Write {
+) -> NewJob {
     let payload = FanoutJob {
         action,
         author: author.to_owned(),
@@ -242,12 +242,11 @@ fn new_job(
     NewJob::new(key, KIND, &payload)
         .with_status(author)
         .enqueued_at(at)
-        .write()
 }
 
-/// The write that enqueues fan-out of `event`; part of the posting transaction, so an
-/// acknowledged event is always fanned out. A small entry rides in the job.
-pub(super) fn delivery_job(event: &Event, posted: Ticks) -> Write {
+/// The job that fans `event` out; enqueued with the post, so an acknowledged event is
+/// always fanned out. A small entry rides in the job.
+pub(super) fn delivery_job(event: &Event, posted: Ticks) -> NewJob {
     new_job(
         delivery_key(event.event_id),
         Action::Deliver,
@@ -258,9 +257,9 @@ pub(super) fn delivery_job(event: &Event, posted: Ticks) -> Write {
     )
 }
 
-/// The write that enqueues removal of a deleted event's copies; part of the deleting
-/// transaction, so an acknowledged delete always completes.
-pub(super) fn removal_job(author: &str, row_key: &str, event_id: Uuid, deleted: Ticks) -> Write {
+/// The job that removes a deleted event's copies; enqueued with the delete, so an
+/// acknowledged delete always completes.
+pub(super) fn removal_job(author: &str, row_key: &str, event_id: Uuid, deleted: Ticks) -> NewJob {
     new_job(
         removal_key(event_id),
         Action::Remove,
@@ -271,9 +270,9 @@ pub(super) fn removal_job(author: &str, row_key: &str, event_id: Uuid, deleted: 
     )
 }
 
-/// The write that enqueues telling every follower's streams of an edit; part of the editing
-/// transaction, so every stream that sent the entry hears of an answered edit.
-pub(super) fn edit_job(event: &Event, edited: Ticks) -> Write {
+/// The job that tells every follower's streams of an edit; enqueued with the edit, so every
+/// stream that sent the entry hears of an answered edit.
+pub(super) fn edit_job(event: &Event, edited: Ticks) -> NewJob {
     new_job(
         edit_key(event.event_id, event.version),
         Action::Edit,
@@ -363,6 +362,9 @@ impl Handler for FanoutHandler {
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let mut state: FanoutJob = job.payload()?;
+        if !self.was_posted(job, &state).await? {
+            return Ok(small::done(0));
+        }
         let step = self.run_job(job, &mut state).await?;
         let closing = closing_writes(&state);
         Ok(match step {
@@ -445,6 +447,27 @@ impl FanoutHandler {
     pub fn with_notices(mut self, notices: Notices) -> Self {
         self.notices = notices;
         self
+    }
+
+    /// Whether the event of `job` was posted: asked only of a delivery job enqueued ahead
+    /// of its event and never confirmed by its writer (see `Timelines::post_ahead`), which
+    /// makes sure, if the event is not there, that it never will be. Confirms the job if so.
+    async fn was_posted(&self, job: &mut Claimed, state: &FanoutJob) -> JobResult<bool> {
+        if !job.unconfirmed() || state.action != Action::Deliver {
+            return Ok(true);
+        }
+        let posted = self.posted_or_fenced(state).await?;
+        if posted {
+            job.confirm();
+        }
+        Ok(posted)
+    }
+
+    async fn posted_or_fenced(&self, state: &FanoutJob) -> JobResult<bool> {
+        let (_, event_id) = parse_event_row_key(&state.row_key)
+            .ok_or_else(|| JobError::Corrupt(format!("job row key {:?}", state.row_key)))?;
+        let store = self.store.as_ref();
+        Ok(event_index::posted_or_fenced(store, &state.author, event_id, &state.row_key).await?)
     }
 
     fn author_id(author: &str) -> JobResult<SubjectId> {

@@ -122,6 +122,27 @@ impl FanoutHandler {
                 Err(err) => results[index] = Some(Err(err)),
             }
         }
+        // Jobs enqueued ahead of their events and never confirmed: those whose events were
+        // never posted end here (see `FanoutHandler::was_posted`).
+        let (unconfirmed, mut fresh): (Vec<_>, Vec<_>) = fresh
+            .into_iter()
+            .partition(|(index, _)| jobs[*index].unconfirmed());
+        if !unconfirmed.is_empty() {
+            let checks = unconfirmed
+                .iter()
+                .map(|(_, state)| self.posted_or_fenced(state));
+            let posted = futures::future::join_all(checks).await;
+            for ((index, state), posted) in unconfirmed.into_iter().zip(posted) {
+                match posted {
+                    Ok(true) => {
+                        jobs[index].confirm();
+                        fresh.push((index, state));
+                    }
+                    Ok(false) => results[index] = Some(Ok(done(0))),
+                    Err(err) => results[index] = Some(Err(err)),
+                }
+            }
+        }
         let states: Vec<&FanoutJob> = fresh.iter().map(|(_, state)| state).collect();
         let looks = self.look_all(&states).await;
         let mut small = Vec::new();
@@ -333,7 +354,7 @@ impl<'a> Delivery<'a> {
 }
 
 /// Done, with its follower count for the status record.
-fn done(followers: u64) -> Outcome {
+pub(super) fn done(followers: u64) -> Outcome {
     Outcome::Done(Ending {
         total: Some(followers),
         ..Ending::default()

@@ -643,12 +643,9 @@ async fn a_split_whose_first_read_holds_only_one_part_reads_the_rest_and_misses_
     // from reads of their own.
     fixture
         .store
-        .transact(vec![removal_job(
-            "author",
-            &fixture.row_key,
-            fixture.event_id,
-            Ticks::now(),
-        )])
+        .transact(vec![
+            removal_job("author", &fixture.row_key, fixture.event_id, Ticks::now()).write(),
+        ])
         .await
         .expect("enqueue the removal");
     step_until_job(&mut worker).await;

@@ -198,3 +198,287 @@ async fn workers_of_several_processes_through_random_faults_count_every_ending_o
     drain(&mut worker, &small.store).await;
     assert_small_fanouts_delivered_once(&small).await;
 }
+
+/// Posting where the store cannot commit an event with its job: the job goes ahead.
+mod posting_ahead {
+    use super::*;
+    use crate::store::Condition;
+    use crate::timeline::{DomainError, Posted};
+
+    fn timelines_on(store: Arc<dyn Store>) -> Timelines {
+        Timelines::new(
+            store,
+            CursorCodec::new(b"test"),
+            Settings {
+                max_payload_bytes: 1024,
+                ..crate::config::Config::defaults().timeline_settings()
+            },
+            Wake::without_handoff(),
+        )
+    }
+
+    fn new_event(client_id: Option<&str>) -> NewEvent {
+        NewEvent {
+            client_id: client_id.map(str::to_owned),
+            kind: None,
+            payload: serde_json::value::RawValue::from_string("{\"n\":1}".into()).expect("json"),
+            at: None,
+        }
+    }
+
+    /// A post's job as the store holds it, after its writer was cut off.
+    async fn the_one_job(store: &EmbeddedStore) -> StoredJob {
+        let mut all = jobs(store).await;
+        assert_eq!(all.len(), 1, "one job");
+        all.remove(0)
+    }
+
+    /// Makes every hidden job visible, as the passing of its delay would.
+    async fn let_time_pass(store: &EmbeddedStore) {
+        for shard in 0..8 {
+            let partition = format!("shard-{shard:02}");
+            let items = store
+                .query_all(Query::partition(Table::Jobs, &partition, 100))
+                .await
+                .expect("jobs");
+            for item in items {
+                let mut job: serde_json::Value = serde_json::from_slice(&item.value).expect("job");
+                job["hidden_until_ms"] = serde_json::Value::Null;
+                let body = serde_json::to_vec(&job).expect("json");
+                store
+                    .put(
+                        Table::Jobs,
+                        Item::new(&partition, &item.row, body),
+                        Condition::None,
+                    )
+                    .await
+                    .expect("reveal");
+            }
+        }
+    }
+
+    fn counting(store: &Arc<FaultyStore>) -> Arc<std::sync::atomic::AtomicU64> {
+        let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = calls.clone();
+        store.on_every(Calls::ANY, move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        calls
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_post_is_three_writes_and_its_job_shows_confirmed_at_once() {
+        let fixture = fixture().await;
+        let store = shaped(&fixture.store);
+        let timelines = timelines_on(store.clone());
+        for client_id in [None, Some("first")] {
+            let calls = counting(&store);
+            let posted = timelines
+                .post_event(
+                    &SubjectId::parse("poster").expect("id"),
+                    new_event(client_id),
+                )
+                .await
+                .expect("post");
+            assert!(matches!(posted, Posted::Created(_)));
+            assert_eq!(
+                calls.load(std::sync::atomic::Ordering::SeqCst),
+                3,
+                "the job ahead, the author's rows, the job confirmed ({client_id:?})"
+            );
+            store.clear();
+        }
+        let queued: Vec<StoredJob> = jobs(&fixture.store)
+            .await
+            .into_iter()
+            .filter(|job| job.payload.author == "poster")
+            .collect();
+        assert_eq!(queued.len(), 2);
+        assert!(
+            queued.iter().all(|job| job.hidden_until_ms.is_none()),
+            "visible at once"
+        );
+        // A retry with the same client id is the first event, and leaves no second job.
+        let again = timelines
+            .post_event(
+                &SubjectId::parse("poster").expect("id"),
+                new_event(Some("first")),
+            )
+            .await
+            .expect("retry");
+        assert!(matches!(again, Posted::Existing(_)));
+        let poster_jobs = jobs(&fixture.store)
+            .await
+            .into_iter()
+            .filter(|job| job.payload.author == "poster")
+            .count();
+        assert_eq!(poster_jobs, 2, "the retry's job was withdrawn");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_whose_writer_died_before_confirming_it_fans_the_event_out() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let followers: Vec<String> = (0..5).map(|i| format!("f{i}")).collect();
+        add_followers(&store, "author", &followers).await;
+        let crashing = shaped(&store);
+        // The confirmation is the second write to the queue.
+        crashing.fail_nth(2, Calls::on(Op::Put, Table::Jobs), Fault::Hang);
+        let timelines = timelines_on(crashing.clone());
+        let author = SubjectId::parse("author").expect("id");
+        tokio::select! {
+            posted = timelines.post_event(&author, new_event(None)) => {
+                panic!("the post should hang, got {posted:?}")
+            }
+            () = crashing.hung.notified() => {}
+        }
+        let job = the_one_job(&store).await;
+        assert!(job.hidden_until_ms.is_some(), "hidden, unconfirmed");
+        let (mut worker, metrics) = worker(
+            shaped(&store),
+            settings(Duration::from_secs(30)),
+            CancellationToken::new(),
+        );
+        assert_eq!(
+            worker.try_process_one().await.expect("step"),
+            Processed::Idle,
+            "not before its delay"
+        );
+        let_time_pass(&store).await;
+        step_until_job(&mut worker).await;
+        assert_eq!(
+            metrics.fanout.deliveries.get(),
+            6,
+            "five followers and the author"
+        );
+        for owner in followers.iter().map(String::as_str).chain(["author"]) {
+            let entries = store
+                .query(Query::partition(Table::Timelines, owner, 10))
+                .await
+                .expect("timeline");
+            assert_eq!(entries.len(), 1, "{owner}");
+            assert_eq!(entries[0].row, job.payload.row_key);
+        }
+        assert!(jobs(&store).await.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_that_shows_before_its_event_fences_the_event_out_for_good() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        add_followers(&store, "author", &["f0".to_owned()]).await;
+        let slow = shaped(&store);
+        // The author's rows are held in flight, past the job's delay.
+        let gate = slow.hold_nth(1, Calls::op(Op::Transact));
+        let timelines = Arc::new(timelines_on(slow.clone()));
+        let posting = {
+            let timelines = timelines.clone();
+            tokio::spawn(async move {
+                let author = SubjectId::parse("author").expect("id");
+                timelines.post_event(&author, new_event(Some("once"))).await
+            })
+        };
+        gate.reached().await;
+        let_time_pass(&store).await;
+        let (mut worker, metrics) = worker(
+            shaped(&store),
+            settings(Duration::from_secs(30)),
+            CancellationToken::new(),
+        );
+        step_until_job(&mut worker).await;
+        assert_eq!(metrics.fanout.deliveries.get(), 0);
+        assert!(jobs(&store).await.is_empty(), "the job ended");
+        gate.open();
+        let refused = posting.await.expect("post task");
+        assert!(
+            matches!(refused, Err(DomainError::Conflict(_))),
+            "the late rows fail on the fence: {refused:?}"
+        );
+        let events = store
+            .query(Query::partition(Table::Events, "author", 10))
+            .await
+            .expect("events");
+        assert!(events.is_empty(), "no event exists without its fan-out");
+        // The client's retry posts it anew.
+        let author = SubjectId::parse("author").expect("id");
+        let retried = timelines
+            .post_event(&author, new_event(Some("once")))
+            .await
+            .expect("retry");
+        assert!(matches!(retried, Posted::Created(_)));
+        step_until_job(&mut worker).await;
+        assert_eq!(metrics.fanout.deliveries.get(), 2);
+    }
+
+    /// Posts made at once through a store failing at random, with workers of two processes
+    /// running their jobs meanwhile: once the queue is drained (and every hidden job's delay
+    /// has passed), every acknowledged post exists and every event that exists is on every
+    /// follower's timeline, whatever failed where.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn posts_through_random_faults_leave_no_event_unfanned_and_lose_none_acknowledged() {
+        let seed = rand::random::<u64>();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let followers: Vec<String> = (0..3).map(|i| format!("f{i}")).collect();
+        add_followers(&store, "author", &followers).await;
+        let failing = shaped(&store);
+        failing.fail_every(rng.random_range(2..7), Calls::ANY, Fault::Unavailable);
+        let timelines = Arc::new(timelines_on(failing.clone()));
+        let posts = (0..40).map(|i| {
+            let timelines = timelines.clone();
+            tokio::spawn(async move {
+                let author = SubjectId::parse("author").expect("id");
+                let client_id = format!("post-{i}");
+                timelines
+                    .post_event(&author, new_event(Some(&client_id)))
+                    .await
+                    .ok()
+            })
+        });
+        let mut patient = settings(Duration::from_millis(200));
+        patient.runner.max_attempts = 1000;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let drains = (0..2).map(|_| {
+            let (mut worker, _) =
+                worker(failing.clone(), patient.clone(), CancellationToken::new());
+            let store = store.clone();
+            tokio::spawn(async move { drain_through_faults(&mut worker, &store, deadline).await })
+        });
+        let acknowledged: Vec<_> = futures::future::try_join_all(posts)
+            .await
+            .expect("posts")
+            .into_iter()
+            .flatten()
+            .collect();
+        futures::future::try_join_all(drains).await.expect("drains");
+        assert!(failing.injected() > 0, "seed {seed}: faults were injected");
+        failing.clear();
+        let_time_pass(&store).await;
+        let (mut worker, _) = worker(failing.clone(), patient, CancellationToken::new());
+        drain(&mut worker, &store).await;
+        let events = store
+            .query_all(Query::partition(Table::Events, "author", 100))
+            .await
+            .expect("events");
+        for posted in &acknowledged {
+            let (Posted::Created(event) | Posted::Existing(event)) = posted;
+            assert!(
+                events.iter().any(|item| item.row == event.row_key),
+                "seed {seed}: an acknowledged post exists"
+            );
+        }
+        for owner in followers.iter().map(String::as_str).chain(["author"]) {
+            let entries = store
+                .query_all(Query::partition(Table::Timelines, owner, 100))
+                .await
+                .expect("timeline");
+            let rows: Vec<&str> = entries.iter().map(|item| item.row.as_str()).collect();
+            let posted: Vec<&str> = events.iter().map(|item| item.row.as_str()).collect();
+            assert_eq!(
+                rows, posted,
+                "seed {seed}: {owner} has every event, and no other"
+            );
+        }
+    }
+}
