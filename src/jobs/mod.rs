@@ -35,6 +35,8 @@ pub use backlog::{Backlog, BacklogView};
 pub use dead_letter::{DeadLetterView, list as dead_letters, requeue};
 pub use job::{Ahead, FORMAT, JobKey, NewJob, now_ms};
 pub use metrics::{JobMetrics, KindLabel, LagCounts, LagSnapshot, RetryLabels};
+#[cfg(test)]
+pub use queue::show_hidden_jobs;
 pub use queue::{Claimed, commits_parts_with_checkpoints, depth};
 pub use runner::{JobDone, Processed, RunnerSettings, Worker};
 pub use status::{

@@ -126,6 +126,30 @@ pub fn commits_parts_with_checkpoints(store: &dyn Store) -> bool {
     store.commits_at_once(&[row(0), row(1)])
 }
 
+/// Makes every hidden job of the queue visible, as the passing of its delay or lease would:
+/// for tests of what workers do once a delay is over, without waiting it out.
+#[cfg(test)]
+pub async fn show_hidden_jobs(store: &dyn Store) {
+    for shard in 0..SHARDS {
+        let partition = shard_name(shard);
+        let items = store
+            .query_all(Query::partition(Table::Jobs, &partition, SCAN_LIMIT))
+            .await
+            .expect("jobs");
+        for item in items {
+            let mut job = Job::decode(&item.row, &item.value).expect("job");
+            job.hidden_until_ms = None;
+            store
+                .write_one(Write::put(
+                    Table::Jobs,
+                    Item::new(&partition, &item.row, job.encode()),
+                ))
+                .await
+                .expect("show the job");
+        }
+    }
+}
+
 /// A job this worker holds: what a handler works on. Its payload and progress live here in
 /// memory until a checkpoint writes them back.
 ///

@@ -32,6 +32,9 @@ impl Timelines {
             // Writers of the target's events that found no one to fan out to look again.
             audience::followed_mark(target.as_str()),
         ];
+        if !self.store.commits_at_once(&writes) {
+            return self.follow_in_steps(follower, target).await;
+        }
         let followed = self.store.transact(writes).await;
         // Posts of the target's read its followers again (those of other processes learn it
         // from the mark).
@@ -49,6 +52,12 @@ impl Timelines {
 
     /// `follower` stops following `target`; a no-op if it did not follow.
     pub async fn unfollow(&self, follower: &SubjectId, target: &SubjectId) -> DomainResult<()> {
+        if !self
+            .store
+            .commits_at_once(&unfollow_writes(follower, target))
+        {
+            return self.unfollow_in_steps(follower, target).await;
+        }
         let edge = self
             .store
             .get(Table::SubjectFollowing, follower.as_str(), target.as_str())
@@ -56,16 +65,7 @@ impl Timelines {
         if edge.is_none() {
             return Ok(());
         }
-        let writes = vec![
-            Write::delete(Table::SubjectFollowers, target.as_str(), follower.as_str()),
-            Write::delete(Table::SubjectFollowing, follower.as_str(), target.as_str()),
-            // A merged author leaves the timeline at once; pushed entries go with the job.
-            merged_authors::stop_merging(follower.as_str(), target.as_str()),
-            // Fan-out pages of the target written meanwhile see it and look again.
-            merged_authors::unfollowed_mark(target.as_str()),
-            reconcile::job(follower.as_str(), target.as_str()),
-        ];
-        let unfollowed = self.store.transact(writes).await;
+        let unfollowed = self.store.transact(unfollow_writes(follower, target)).await;
         self.fanout_in_post.forget(target.as_str());
         unfollowed?;
         self.wake_workers.enqueued();
@@ -78,4 +78,18 @@ impl Timelines {
         );
         Ok(())
     }
+}
+
+/// The writes of an unfollow, in one transaction where the store can.
+fn unfollow_writes(follower: &SubjectId, target: &SubjectId) -> Vec<Write> {
+    let (follower, target) = (follower.as_str(), target.as_str());
+    vec![
+        Write::delete(Table::SubjectFollowers, target, follower),
+        Write::delete(Table::SubjectFollowing, follower, target),
+        // A merged author leaves the timeline at once; pushed entries go with the job.
+        merged_authors::stop_merging(follower, target),
+        // Fan-out pages of the target written meanwhile see it and look again.
+        merged_authors::unfollowed_mark(target),
+        reconcile::job(follower, target),
+    ]
 }

@@ -8,6 +8,7 @@ mod editing;
 mod event_index;
 pub mod fanout;
 mod following;
+mod following_in_steps;
 mod hydrate;
 pub(crate) mod live;
 mod marker;

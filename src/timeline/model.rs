@@ -189,6 +189,14 @@ struct StoredRef<'a> {
 #[derive(Serialize, Deserialize)]
 struct StoredEdge {
     since: u64,
+    /// The follow or unfollow (its reconcile job's id) that last wrote the row, where edges
+    /// change in steps (see `Timelines::follow`): that job tells its own write from others'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    op: Option<String>,
+    /// Not followed: a row a reconcile job wrote so that the follow it was enqueued for,
+    /// still in flight, fails (its create-if-absent finds the row).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    gone: bool,
 }
 
 fn to_bytes(value: &impl Serialize) -> Bytes {
@@ -409,16 +417,48 @@ impl TimelineEntry {
 
 impl Edge {
     pub fn encode_since(since: Ticks) -> Bytes {
-        to_bytes(&StoredEdge { since: since.get() })
+        Edge::encode_stored(since, None, false)
     }
 
-    pub fn decode(subject: &str, body: &[u8]) -> Result<Edge, String> {
+    /// An edge written by the follow or unfollow whose reconcile job is `op`, `gone` if it
+    /// says "not followed" (see [`EdgeRow`]).
+    pub fn encode_stored(since: Ticks, op: Option<&str>, gone: bool) -> Bytes {
+        to_bytes(&StoredEdge {
+            since: since.get(),
+            op: op.map(str::to_owned),
+            gone,
+        })
+    }
+
+    /// The edge to `subject` as stored; `None` for a row that says "not followed".
+    pub fn decode(subject: &str, body: &[u8]) -> Result<Option<Edge>, String> {
+        let row = EdgeRow::decode(subject, body)?;
+        Ok((!row.gone).then(|| Edge {
+            subject: subject.to_owned(),
+            since: row.since,
+        }))
+    }
+}
+
+/// An edge row as stored, with what edges changed in steps keep (see `Timelines::follow`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EdgeRow {
+    pub since: Ticks,
+    /// The reconcile job of the follow or unfollow that last wrote it.
+    pub op: Option<String>,
+    /// The row says "not followed".
+    pub gone: bool,
+}
+
+impl EdgeRow {
+    pub fn decode(subject: &str, body: &[u8]) -> Result<EdgeRow, String> {
         let stored: StoredEdge =
             serde_json::from_slice(body).map_err(|_| corrupt("follow edge", subject))?;
         let since = Ticks::new(stored.since).ok_or_else(|| corrupt("follow edge", subject))?;
-        Ok(Edge {
-            subject: subject.to_owned(),
+        Ok(EdgeRow {
             since,
+            op: stored.op,
+            gone: stored.gone,
         })
     }
 }

@@ -93,7 +93,7 @@ impl Timelines {
         cursor: Option<&str>,
     ) -> DomainResult<Page<TimelineEntry>> {
         self.page(Table::Events, author, limit, cursor, |item| {
-            TimelineEntry::from_event_row(author.as_str(), item.row, item.value)
+            TimelineEntry::from_event_row(author.as_str(), item.row, item.value).map(Some)
         })
         .await
     }
@@ -106,7 +106,7 @@ impl Timelines {
         cursor: Option<&str>,
     ) -> DomainResult<Page<Event>> {
         self.page(Table::Events, author, limit, cursor, |item| {
-            Event::decode(author, &item.row, &item.value)
+            Event::decode(author, &item.row, &item.value).map(Some)
         })
         .await
     }
@@ -137,13 +137,15 @@ impl Timelines {
         .await
     }
 
+    /// A page of `table`'s rows of `partition`, each decoded; rows decoded to `None` (edges
+    /// that say "not followed") are left out of it.
     async fn page<T>(
         &self,
         table: Table,
         partition: &SubjectId,
         limit: usize,
         cursor: Option<&str>,
-        decode: impl Fn(Item) -> Result<T, String>,
+        decode: impl Fn(Item) -> Result<Option<T>, String>,
     ) -> DomainResult<Page<T>> {
         check_limit(limit)?;
         let scope = format!("{table}/{partition}");
@@ -164,7 +166,7 @@ impl Timelines {
             .flatten();
         let items = rows
             .into_iter()
-            .map(decode)
+            .filter_map(|row| decode(row).transpose())
             .collect::<Result<Vec<T>, String>>()
             .map_err(DomainError::Corrupt)?;
         Ok(Page {

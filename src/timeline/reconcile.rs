@@ -18,8 +18,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{Event, SubjectId, merged_authors, trim};
-use crate::jobs::{Claimed, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
+use super::following_in_steps::{self, Change};
+use super::{Edge, Event, SubjectId, merged_authors, trim};
+use crate::jobs::{Ahead, Claimed, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{Item, Query, Store, StoreExt, StoreResult, Table, Write};
 
 /// The job kind.
@@ -30,6 +31,10 @@ const KIND: &str = "reconcile";
 struct EdgeJob {
     follower: String,
     author: String,
+    /// What its call does, for a job enqueued ahead of the edge write (see
+    /// `following_in_steps`); such a job also brings the author's side in line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    change: Option<Change>,
 }
 
 /// The write that enqueues reconciling `follower`'s timeline with its edge to `author`; part
@@ -39,9 +44,27 @@ pub fn job(follower: &str, author: &str) -> Write {
     let edge = EdgeJob {
         follower: follower.to_owned(),
         author: author.to_owned(),
+        change: None,
     };
     NewJob::new(JobKey::new(Uuid::now_v7(), ".e"), KIND, &edge).write()
 }
+
+/// The reconcile job of a call that changes the edge in steps (see `following_in_steps`),
+/// enqueued ahead of its edge write; with its id, which the call writes into the edge.
+pub(super) fn job_ahead(follower: &str, author: &str, change: Change) -> (String, Ahead) {
+    let edge = EdgeJob {
+        follower: follower.to_owned(),
+        author: author.to_owned(),
+        change: Some(change),
+    };
+    let key = JobKey::new(Uuid::now_v7(), ".e");
+    let id = key.id.clone();
+    (id, NewJob::new(key, KIND, &edge).ahead(AHEAD_HIDDEN))
+}
+
+/// How long a reconcile job enqueued ahead of its edge write stays hidden: longer than a
+/// call's writes take, retries included.
+const AHEAD_HIDDEN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs reconcile jobs.
 pub struct ReconcileHandler {
@@ -57,13 +80,17 @@ impl Handler for ReconcileHandler {
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let edge: EdgeJob = job.payload()?;
-        let touched = reconcile(
-            self.store.as_ref(),
-            self.settings,
-            &edge.follower,
-            &edge.author,
-        )
-        .await?;
+        let store = self.store.as_ref();
+        if let Some(change) = &edge.change
+            && job.unconfirmed()
+        {
+            following_in_steps::settle(store, job.id(), &edge.follower, &edge.author, change)
+                .await?;
+            job.confirm();
+        }
+        let repairs = edge.change.is_some();
+        let touched =
+            reconcile(store, self.settings, &edge.follower, &edge.author, repairs).await?;
         job.add_progress(touched);
         Ok(Outcome::done())
     }
@@ -84,18 +111,29 @@ pub struct EdgeSettings {
     pub max_timeline_len: usize,
 }
 
-/// Brings `follower`'s timeline in line with whether it follows `author`; returns how many
-/// entries it wrote or deleted.
+/// Brings `follower`'s timeline in line with whether it follows `author`, and first the
+/// author's side of the edge if `repairs` (edges changed in steps, see
+/// `following_in_steps`); returns how many entries it wrote or deleted.
 pub async fn reconcile(
     store: &dyn Store,
     settings: EdgeSettings,
     follower: &str,
     author: &str,
+    repairs: bool,
 ) -> JobResult<u64> {
     let mut before = edge(store, follower, author).await?;
     let mut touched = 0;
     for _ in 0..EDGE_RACES {
-        touched += if before.is_some() {
+        if repairs {
+            following_in_steps::repair(store, follower, author, before.as_deref()).await?;
+        }
+        let follows = match &before {
+            Some(body) => Edge::decode(author, body)
+                .map_err(JobError::Corrupt)?
+                .is_some(),
+            None => false,
+        };
+        touched += if follows {
             backfill(store, settings, follower, author).await?
         } else {
             clean_up(store, follower, author).await?

@@ -72,7 +72,7 @@ pub async fn unfollow_cleanup(rig: &Rig, samples: usize) -> anyhow::Result<()> {
         seed_events(store, &author, FULL_TIMELINE, 0, &[&reader]).await?;
         let started = Instant::now();
         // No edge: the job cleans up.
-        reconcile::reconcile(store, settings, &reader, &author).await?;
+        reconcile::reconcile(store, settings, &reader, &author, false).await?;
         times.push(started.elapsed());
         let left = store
             .query(crate::store::Query::partition(

@@ -202,7 +202,6 @@ async fn workers_of_several_processes_through_random_faults_count_every_ending_o
 /// Posting where the store cannot commit an event with its job: the job goes ahead.
 mod posting_ahead {
     use super::*;
-    use crate::store::Condition;
     use crate::timeline::{DomainError, Posted};
 
     fn timelines_on(store: Arc<dyn Store>) -> Timelines {
@@ -231,30 +230,6 @@ mod posting_ahead {
         let mut all = jobs(store).await;
         assert_eq!(all.len(), 1, "one job");
         all.remove(0)
-    }
-
-    /// Makes every hidden job visible, as the passing of its delay would.
-    async fn let_time_pass(store: &EmbeddedStore) {
-        for shard in 0..8 {
-            let partition = format!("shard-{shard:02}");
-            let items = store
-                .query_all(Query::partition(Table::Jobs, &partition, 100))
-                .await
-                .expect("jobs");
-            for item in items {
-                let mut job: serde_json::Value = serde_json::from_slice(&item.value).expect("job");
-                job["hidden_until_ms"] = serde_json::Value::Null;
-                let body = serde_json::to_vec(&job).expect("json");
-                store
-                    .put(
-                        Table::Jobs,
-                        Item::new(&partition, &item.row, body),
-                        Condition::None,
-                    )
-                    .await
-                    .expect("reveal");
-            }
-        }
     }
 
     fn counting(store: &Arc<FaultyStore>) -> Arc<std::sync::atomic::AtomicU64> {
@@ -344,7 +319,7 @@ mod posting_ahead {
             Processed::Idle,
             "not before its delay"
         );
-        let_time_pass(&store).await;
+        crate::jobs::show_hidden_jobs(&store).await;
         step_until_job(&mut worker).await;
         assert_eq!(
             metrics.fanout.deliveries.get(),
@@ -379,7 +354,7 @@ mod posting_ahead {
             })
         };
         gate.reached().await;
-        let_time_pass(&store).await;
+        crate::jobs::show_hidden_jobs(&store).await;
         let (mut worker, metrics) = worker(
             shaped(&store),
             settings(Duration::from_secs(30)),
@@ -454,7 +429,7 @@ mod posting_ahead {
         futures::future::try_join_all(drains).await.expect("drains");
         assert!(failing.injected() > 0, "seed {seed}: faults were injected");
         failing.clear();
-        let_time_pass(&store).await;
+        crate::jobs::show_hidden_jobs(&store).await;
         let (mut worker, _) = worker(failing.clone(), patient, CancellationToken::new());
         drain(&mut worker, &store).await;
         let events = store
