@@ -7,14 +7,16 @@
 
 use uuid::Uuid;
 
-use super::event_index::EventIndex;
+use super::event_index::{EventIndex, delete_writes};
 use super::fanout::removal_job;
 use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
 use super::live::{self, LiveMessage};
+use super::posting::AHEAD_HIDDEN;
 use super::{DomainError, DomainResult, SubjectId, Timelines};
 use crate::keys::Ticks;
 use crate::notices::Notice;
-use crate::store::{Condition, Item, StoreError, Table, Write};
+use crate::store::{StoreError, StoreExt as _, Table, Write};
+use tracing::warn;
 
 impl Timelines {
     /// Deletes one of `author`'s events and starts removing its copies; returns the removal's
@@ -34,40 +36,67 @@ impl Timelines {
             .ok_or_else(not_found)?;
         let index = EventIndex::decode(&seen, event_id)?;
         if !index.deleted {
-            let writes = vec![
-                Write::delete(Table::Events, author.as_str(), &index.row_key),
-                Write::Put {
-                    table: Table::EventIds,
-                    item: Item::new(
-                        author.as_str(),
-                        &id_row,
-                        EventIndex {
-                            row_key: index.row_key.clone(),
-                            deleted: true,
-                        }
-                        .encode(),
-                    ),
-                    condition: Condition::Equals(seen),
-                },
-                removal_job(author.as_str(), &index.row_key, event_id, Ticks::now()).write(),
-            ];
-            match store.transact(writes).await {
-                Ok(()) => {
-                    self.events.changed(&index.row_key);
-                    self.wake_workers.enqueued();
-                    // Timelines that merge the author drop it now; pushed copies are told
-                    // as the removal job deletes them.
-                    self.notices.publish(
-                        &live::author_topic(author.as_str()),
-                        Notice::Message(LiveMessage::Removed { event_id }.encode()),
-                    );
-                }
+            let writes = delete_writes(author.as_str(), event_id, &index.row_key, seen);
+            let job = removal_job(author.as_str(), &index.row_key, event_id, Ticks::now());
+            let mut together = writes.clone();
+            together.push(job.write());
+            let deleted = if store.commits_at_once(&together) {
+                store.transact(together).await
+            } else {
+                self.delete_in_steps(writes, &index.row_key, event_id, author)
+                    .await
+            };
+            match deleted {
+                Ok(()) => self.deleted(author, &index.row_key, event_id),
                 // A concurrent delete won: its removal is the one to report.
                 Err(StoreError::ConditionFailed) => {}
                 Err(err) => return Err(err.into()),
             }
         }
         self.removal_status(author, event_id).await
+    }
+
+    /// Deletes on a store that cannot commit the delete with its removal job (on Azure the
+    /// job's queue partition is not the author's): the job enqueued ahead (see
+    /// [`crate::jobs::NewJob::ahead`]), then `writes` in one transaction, then the job
+    /// confirmed. Both outcomes of a delete mean "deleted", so a job its call never confirmed
+    /// makes the delete itself (see `fanout::ahead`). The job's key is the event's: a call
+    /// that finds it enqueued by another delete leaves it to that call.
+    async fn delete_in_steps(
+        &self,
+        writes: Vec<Write>,
+        row_key: &str,
+        event_id: Uuid,
+        author: &SubjectId,
+    ) -> Result<(), StoreError> {
+        let store = self.store.as_ref();
+        let ahead =
+            removal_job(author.as_str(), row_key, event_id, Ticks::now()).ahead(AHEAD_HIDDEN);
+        let owned = match store.write_one(ahead.enqueue).await {
+            Ok(()) => true,
+            Err(StoreError::ConditionFailed) => false,
+            Err(err) => return Err(err),
+        };
+        let deleted = store.transact(writes).await;
+        // Deleted, by this call or another: the job removes the copies.
+        if owned
+            && matches!(deleted, Ok(()) | Err(StoreError::ConditionFailed))
+            && let Err(err) = store.write_one(ahead.confirm).await
+        {
+            warn!(error = %err, "deleted; its removal job starts after its delay");
+        }
+        deleted
+    }
+
+    /// Once an event is deleted: caches and live streams of timelines that merge its author
+    /// drop it now; pushed copies are told as the removal job deletes them.
+    fn deleted(&self, author: &SubjectId, row_key: &str, event_id: Uuid) {
+        self.events.changed(row_key);
+        self.wake_workers.enqueued();
+        self.notices.publish(
+            &live::author_topic(author.as_str()),
+            Notice::Message(LiveMessage::Removed { event_id }.encode()),
+        );
     }
 
     async fn removal_status(

@@ -99,3 +99,29 @@ pub(super) async fn posted_or_fenced(
         Err(err) => Err(err.into()),
     }
 }
+
+/// The writes that delete `author`'s event `event_id` (at `row_key`): its log row, and its
+/// index marked deleted if it is still `seen` (so that of two deletes one wins).
+pub(super) fn delete_writes(
+    author: &str,
+    event_id: Uuid,
+    row_key: &str,
+    seen: Bytes,
+) -> Vec<Write> {
+    let deleted = EventIndex {
+        row_key: row_key.to_owned(),
+        deleted: true,
+    };
+    vec![
+        Write::delete(Table::Events, author, row_key),
+        Write::Put {
+            table: Table::EventIds,
+            item: Item::new(
+                author,
+                event_id.as_hyphenated().to_string(),
+                deleted.encode(),
+            ),
+            condition: crate::store::Condition::Equals(seen),
+        },
+    ]
+}

@@ -328,6 +328,7 @@ pub(super) async fn repair(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
 
     use rand::{Rng as _, SeedableRng as _};
@@ -426,10 +427,16 @@ mod tests {
         count
     }
 
-    /// Steps `worker` until the queue is empty (hidden jobs shown first when `show`), taking
-    /// failed steps in its stride, or until `deadline`.
-    async fn drain(worker: &mut Worker, store: &EmbeddedStore, deadline: Instant) {
-        while queued(store).await > 0 && Instant::now() < deadline {
+    /// Steps `worker` until `calls_done` is set and the queue is empty, taking failed steps
+    /// in its stride, or until `deadline`.
+    async fn drain(
+        worker: &mut Worker,
+        store: &EmbeddedStore,
+        calls_done: &AtomicBool,
+        deadline: Instant,
+    ) {
+        let done = || calls_done.load(Ordering::SeqCst);
+        while !(done() && queued(store).await == 0) && Instant::now() < deadline {
             match worker.try_process_one().await {
                 Ok(Processed::Job) => {}
                 Ok(Processed::Idle) | Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
@@ -445,6 +452,7 @@ mod tests {
         drain(
             &mut worker,
             &rig.store,
+            &AtomicBool::new(true),
             Instant::now() + Duration::from_secs(20),
         )
         .await;
@@ -549,6 +557,7 @@ mod tests {
         drain(
             &mut worker,
             &rig.store,
+            &AtomicBool::new(true),
             Instant::now() + Duration::from_secs(10),
         )
         .await;
@@ -590,6 +599,7 @@ mod tests {
         drain(
             &mut worker,
             &rig.store,
+            &AtomicBool::new(true),
             Instant::now() + Duration::from_secs(10),
         )
         .await;
@@ -634,8 +644,14 @@ mod tests {
         });
         let mut worker = worker(rig.shaped.clone());
         let deadline = Instant::now() + Duration::from_secs(3);
-        let draining = async { drain(&mut worker, &rig.store, deadline).await };
-        let (outcomes, ()) = futures::join!(futures::future::try_join_all(calls), draining);
+        let called = AtomicBool::new(false);
+        let calls = async {
+            let outcomes = futures::future::try_join_all(calls).await;
+            called.store(true, Ordering::SeqCst);
+            outcomes
+        };
+        let draining = drain(&mut worker, &rig.store, &called, deadline);
+        let (outcomes, ()) = futures::join!(calls, draining);
         let outcomes = outcomes.expect("calls");
         assert!(
             rig.shaped.injected() > 0,

@@ -18,6 +18,7 @@
 //! into the transition: marking every follower's timeline to merge the author at read time
 //! (`Merge`), or copying the merged events back in (`Unmerge`).
 
+mod ahead;
 mod edges;
 mod in_post;
 mod metrics;
@@ -40,7 +41,7 @@ use tracing::info;
 use uuid::Uuid;
 
 use super::live::{self, LiveMessage};
-use super::{Event, SubjectId, changes, event_index, merged_authors, reconcile, removal, trim};
+use super::{Event, SubjectId, changes, merged_authors, reconcile, removal, trim};
 use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::keys::{Ticks, parse_event_row_key};
 use crate::notices::{Notice, Notices};
@@ -184,6 +185,10 @@ struct FanoutJob {
     /// Last follower (row key in `subjectFollowers`) already worked on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cursor: Option<String>,
+    /// On an edit's job enqueued ahead of the edit: the edit, which the job makes itself if
+    /// its call never confirmed it (see `ahead`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    edit: Option<ahead::EditAhead>,
 }
 
 /// The followers a part job delivers to: row keys in `[start, end)`.
@@ -230,7 +235,23 @@ fn new_job(
     entry: Option<CarriedEntry>,
     at: Ticks,
 ) -> NewJob {
-    let payload = FanoutJob {
+    job_of(key, fresh_job(action, author, row_key, entry), at)
+}
+
+fn job_of(key: JobKey, payload: FanoutJob, at: Ticks) -> NewJob {
+    let author = payload.author.clone();
+    NewJob::new(key, KIND, &payload)
+        .with_status(&author)
+        .enqueued_at(at)
+}
+
+fn fresh_job(
+    action: Action,
+    author: &str,
+    row_key: &str,
+    entry: Option<CarriedEntry>,
+) -> FanoutJob {
+    FanoutJob {
         action,
         author: author.to_owned(),
         row_key: row_key.to_owned(),
@@ -238,10 +259,8 @@ fn new_job(
         range: None,
         split: None,
         cursor: None,
-    };
-    NewJob::new(key, KIND, &payload)
-        .with_status(author)
-        .enqueued_at(at)
+        edit: None,
+    }
 }
 
 /// The job that fans `event` out; enqueued with the post, so an acknowledged event is
@@ -281,6 +300,14 @@ pub(super) fn edit_job(event: &Event, edited: Ticks) -> NewJob {
         None,
         edited,
     )
+}
+
+/// [`edit_job`], for an edit made in steps (see `Timelines::edit_event`): enqueued ahead of
+/// the edit of `from` (the event as stored before it) into `event`, which it carries.
+pub(super) fn edit_job_ahead(event: &Event, edited: Ticks, from: &[u8]) -> NewJob {
+    let mut payload = fresh_job(Action::Edit, event.author.as_str(), &event.row_key, None);
+    payload.edit = Some(ahead::EditAhead::new(from, &event.encode()));
+    job_of(edit_key(event.event_id, event.version), payload, edited)
 }
 
 /// How a job's run ended, short of an error.
@@ -362,7 +389,7 @@ impl Handler for FanoutHandler {
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let mut state: FanoutJob = job.payload()?;
-        if !self.was_posted(job, &state).await? {
+        if job.unconfirmed() && !self.settle_unconfirmed(job, &state).await? {
             return Ok(small::done(0));
         }
         let step = self.run_job(job, &mut state).await?;
@@ -447,27 +474,6 @@ impl FanoutHandler {
     pub fn with_notices(mut self, notices: Notices) -> Self {
         self.notices = notices;
         self
-    }
-
-    /// Whether the event of `job` was posted: asked only of a delivery job enqueued ahead
-    /// of its event and never confirmed by its writer (see `Timelines::post_ahead`), which
-    /// makes sure, if the event is not there, that it never will be. Confirms the job if so.
-    async fn was_posted(&self, job: &mut Claimed, state: &FanoutJob) -> JobResult<bool> {
-        if !job.unconfirmed() || state.action != Action::Deliver {
-            return Ok(true);
-        }
-        let posted = self.posted_or_fenced(state).await?;
-        if posted {
-            job.confirm();
-        }
-        Ok(posted)
-    }
-
-    async fn posted_or_fenced(&self, state: &FanoutJob) -> JobResult<bool> {
-        let (_, event_id) = parse_event_row_key(&state.row_key)
-            .ok_or_else(|| JobError::Corrupt(format!("job row key {:?}", state.row_key)))?;
-        let store = self.store.as_ref();
-        Ok(event_index::posted_or_fenced(store, &state.author, event_id, &state.row_key).await?)
     }
 
     fn author_id(author: &str) -> JobResult<SubjectId> {

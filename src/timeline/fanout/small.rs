@@ -123,7 +123,7 @@ impl FanoutHandler {
             }
         }
         // Jobs enqueued ahead of their events and never confirmed: those whose events were
-        // never posted end here (see `FanoutHandler::was_posted`).
+        // never posted end here (see `ahead`).
         let (unconfirmed, mut fresh): (Vec<_>, Vec<_>) = fresh
             .into_iter()
             .partition(|(index, _)| jobs[*index].unconfirmed());

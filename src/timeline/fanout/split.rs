@@ -73,6 +73,7 @@ impl FanoutHandler {
                     }),
                     split: None,
                     cursor: None,
+                    edit: None,
                 };
                 part_writes.push(job.part_write(split.parts, &part));
                 split.parts += 1;

@@ -161,9 +161,16 @@ async fn a_dead_letter_is_requeued_in_steps_and_a_requeue_cut_short_loses_nothin
     );
 }
 
-/// Steps `worker` until the queue is empty or `deadline`, taking failed steps in its stride.
-async fn drain_through_faults(worker: &mut Worker, store: &EmbeddedStore, deadline: Instant) {
-    while !jobs(store).await.is_empty() && Instant::now() < deadline {
+/// Steps `worker` until `calls_done` is set and the queue is empty, or until `deadline`,
+/// taking failed steps in its stride.
+async fn drain_through_faults(
+    worker: &mut Worker,
+    store: &EmbeddedStore,
+    calls_done: &std::sync::atomic::AtomicBool,
+    deadline: Instant,
+) {
+    let done = || calls_done.load(std::sync::atomic::Ordering::SeqCst);
+    while !(done() && jobs(store).await.is_empty()) && Instant::now() < deadline {
         match worker.try_process_one().await {
             Ok(Processed::Job) => {}
             Ok(Processed::Idle) | Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
@@ -189,7 +196,10 @@ async fn workers_of_several_processes_through_random_faults_count_every_ending_o
     let drains = (0..3).map(|_| {
         let (mut worker, _) = worker(failing.clone(), fast.clone(), CancellationToken::new());
         let store = small.store.clone();
-        tokio::spawn(async move { drain_through_faults(&mut worker, &store, deadline).await })
+        tokio::spawn(async move {
+            let queued = std::sync::atomic::AtomicBool::new(true);
+            drain_through_faults(&mut worker, &store, &queued, deadline).await;
+        })
     });
     futures::future::try_join_all(drains).await.expect("drains");
     assert!(failing.injected() > 0, "seed {seed}: faults were injected");
@@ -204,7 +214,7 @@ mod posting_ahead {
     use super::*;
     use crate::timeline::{DomainError, Posted};
 
-    fn timelines_on(store: Arc<dyn Store>) -> Timelines {
+    pub(super) fn timelines_on(store: Arc<dyn Store>) -> Timelines {
         Timelines::new(
             store,
             CursorCodec::new(b"test"),
@@ -216,7 +226,7 @@ mod posting_ahead {
         )
     }
 
-    fn new_event(client_id: Option<&str>) -> NewEvent {
+    pub(super) fn new_event(client_id: Option<&str>) -> NewEvent {
         NewEvent {
             client_id: client_id.map(str::to_owned),
             kind: None,
@@ -414,11 +424,15 @@ mod posting_ahead {
         let mut patient = settings(Duration::from_millis(200));
         patient.runner.max_attempts = 1000;
         let deadline = Instant::now() + Duration::from_secs(5);
+        let posted = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let drains = (0..2).map(|_| {
             let (mut worker, _) =
                 worker(failing.clone(), patient.clone(), CancellationToken::new());
             let store = store.clone();
-            tokio::spawn(async move { drain_through_faults(&mut worker, &store, deadline).await })
+            let posted = posted.clone();
+            tokio::spawn(async move {
+                drain_through_faults(&mut worker, &store, &posted, deadline).await;
+            })
         });
         let acknowledged: Vec<_> = futures::future::try_join_all(posts)
             .await
@@ -426,6 +440,7 @@ mod posting_ahead {
             .into_iter()
             .flatten()
             .collect();
+        posted.store(true, std::sync::atomic::Ordering::SeqCst);
         futures::future::try_join_all(drains).await.expect("drains");
         assert!(failing.injected() > 0, "seed {seed}: faults were injected");
         failing.clear();
@@ -454,6 +469,282 @@ mod posting_ahead {
                 rows, posted,
                 "seed {seed}: {owner} has every event, and no other"
             );
+        }
+    }
+}
+
+/// Deleting and editing where the store cannot commit either with its job.
+mod deleting_and_editing_ahead {
+    use super::posting_ahead::{new_event, timelines_on};
+    use super::*;
+    use crate::timeline::{EventEdit, Posted};
+
+    /// An author with 3 followers and one event delivered to them, on an Azure-shaped store.
+    async fn delivered() -> (
+        tempfile::TempDir,
+        EmbeddedStore,
+        Arc<FaultyStore>,
+        Timelines,
+        crate::timeline::Event,
+        Vec<String>,
+    ) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let followers: Vec<String> = (0..3).map(|i| format!("f{i}")).collect();
+        add_followers(&store, "author", &followers).await;
+        let shaped = shaped(&store);
+        let timelines = timelines_on(shaped.clone());
+        let Posted::Created(event) = timelines
+            .post_event(&SubjectId::parse("author").expect("id"), new_event(None))
+            .await
+            .expect("post")
+        else {
+            panic!("not created")
+        };
+        let (mut worker, _) = worker(
+            shaped.clone(),
+            settings(Duration::from_secs(30)),
+            CancellationToken::new(),
+        );
+        drain(&mut worker, &store).await;
+        (dir, store, shaped, timelines, event, followers)
+    }
+
+    /// How many of `owners` hold an entry of the event at `row_key`.
+    async fn holders(store: &EmbeddedStore, owners: &[String], row_key: &str) -> usize {
+        let mut count = 0;
+        for owner in owners.iter().map(String::as_str).chain(["author"]) {
+            if store
+                .get(Table::Timelines, owner, row_key)
+                .await
+                .expect("get")
+                .is_some()
+            {
+                count += 1;
+            }
+        }
+        count
+    }
+
+    async fn show_and_drain(store: &EmbeddedStore, shaped: &Arc<FaultyStore>) {
+        shaped.clear();
+        crate::jobs::show_hidden_jobs(store).await;
+        let (mut worker, _) = worker(
+            shaped.clone(),
+            settings(Duration::from_secs(30)),
+            CancellationToken::new(),
+        );
+        drain(&mut worker, store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delete_in_steps_hides_the_event_at_once_and_its_job_takes_the_copies_back() {
+        let (_dir, store, shaped, timelines, event, followers) = delivered().await;
+        assert_eq!(holders(&store, &followers, &event.row_key).await, 4);
+        let author = SubjectId::parse("author").expect("id");
+        let id = event.event_id.to_string();
+        timelines.delete_event(&author, &id).await.expect("delete");
+        assert!(
+            store
+                .get(Table::Events, "author", &event.row_key)
+                .await
+                .expect("get")
+                .is_none(),
+            "gone from the log at the answer"
+        );
+        show_and_drain(&store, &shaped).await;
+        assert_eq!(holders(&store, &followers, &event.row_key).await, 0);
+        let again = timelines.delete_event(&author, &id).await.expect("again");
+        assert_eq!(
+            again.state,
+            FanoutState::Done,
+            "the same removal, reported again"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delete_whose_call_died_before_its_write_is_made_by_its_job() {
+        let (_dir, store, shaped, timelines, event, followers) = delivered().await;
+        shaped.fail_nth(1, Calls::on(Op::Transact, Table::Events), Fault::Hang);
+        let author = SubjectId::parse("author").expect("id");
+        let id = event.event_id.to_string();
+        tokio::select! {
+            deleted = timelines.delete_event(&author, &id) => panic!("should hang: {deleted:?}"),
+            () = shaped.hung.notified() => {}
+        }
+        assert!(
+            store
+                .get(Table::Events, "author", &event.row_key)
+                .await
+                .expect("get")
+                .is_some()
+        );
+        show_and_drain(&store, &shaped).await;
+        assert!(
+            store
+                .get(Table::Events, "author", &event.row_key)
+                .await
+                .expect("get")
+                .is_none(),
+            "the job made the delete"
+        );
+        assert_eq!(holders(&store, &followers, &event.row_key).await, 0);
+    }
+
+    fn edit(payload: &str) -> EventEdit {
+        EventEdit {
+            payload: serde_json::value::RawValue::from_string(payload.into()).expect("json"),
+            version: Some(1),
+        }
+    }
+
+    async fn stored_payload(
+        store: &EmbeddedStore,
+        event: &crate::timeline::Event,
+    ) -> (u64, String) {
+        let body = store
+            .get(Table::Events, "author", &event.row_key)
+            .await
+            .expect("get")
+            .expect("event");
+        let stored =
+            crate::timeline::Event::decode(&event.author, &event.row_key, &body).expect("decode");
+        (stored.version, stored.payload.get().to_owned())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_edit_in_steps_is_read_at_once_and_one_whose_call_died_is_made_by_its_job() {
+        let (_dir, store, shaped, timelines, event, _) = delivered().await;
+        let author = SubjectId::parse("author").expect("id");
+        let id = event.event_id.to_string();
+        let edited = timelines
+            .edit_event(&author, &id, edit("{\"n\":2}"))
+            .await
+            .expect("edit");
+        assert_eq!(edited.version, 2);
+        assert_eq!(
+            stored_payload(&store, &event).await,
+            (2, "{\"n\":2}".to_owned())
+        );
+        show_and_drain(&store, &shaped).await;
+
+        // The next edit's call dies before its swap.
+        shaped.fail_nth(1, Calls::on(Op::Put, Table::Events), Fault::Hang);
+        let next = EventEdit {
+            version: Some(2),
+            ..edit("{\"n\":3}")
+        };
+        tokio::select! {
+            edited = timelines.edit_event(&author, &id, next) => panic!("should hang: {edited:?}"),
+            () = shaped.hung.notified() => {}
+        }
+        assert_eq!(stored_payload(&store, &event).await.0, 2);
+        show_and_drain(&store, &shaped).await;
+        assert_eq!(
+            stored_payload(&store, &event).await,
+            (3, "{\"n\":3}".to_owned()),
+            "the job made the edit"
+        );
+        // The client's retry of that edit is answered with the event it made.
+        let retried = timelines
+            .edit_event(
+                &author,
+                &id,
+                EventEdit {
+                    version: Some(2),
+                    ..edit("{\"n\":3}")
+                },
+            )
+            .await
+            .expect("retry");
+        assert_eq!(retried.version, 3);
+    }
+
+    /// Edits and deletes of several events made at once through a store failing at random,
+    /// with a worker meanwhile: once settled, every event is either in the log with an entry
+    /// on every timeline, or deleted with none, and one whose delete was answered is deleted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn edits_and_deletes_through_random_faults_leave_every_event_whole_or_gone() {
+        let seed = rand::random::<u64>();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (_dir, store, shaped, timelines, _, followers) = delivered().await;
+        let timelines = Arc::new(timelines);
+        let author = SubjectId::parse("author").expect("id");
+        let mut events = Vec::new();
+        for _ in 0..6 {
+            let Posted::Created(event) = timelines
+                .post_event(&author, new_event(None))
+                .await
+                .expect("post")
+            else {
+                panic!("not created")
+            };
+            events.push(event);
+        }
+        let (mut delivering, _) = worker(
+            shaped.clone(),
+            settings(Duration::from_secs(30)),
+            CancellationToken::new(),
+        );
+        drain(&mut delivering, &store).await;
+        shaped.fail_every(rng.random_range(2..6), Calls::ANY, Fault::Unavailable);
+        let calls = events.iter().map(|event| {
+            let timelines = timelines.clone();
+            let author = author.clone();
+            let id = event.event_id.to_string();
+            let deletes = rng.random_bool(0.5);
+            tokio::spawn(async move {
+                let edited = timelines
+                    .edit_event(
+                        &author,
+                        &id,
+                        EventEdit {
+                            version: None,
+                            ..edit("{\"e\":1}")
+                        },
+                    )
+                    .await;
+                let deleted = deletes && timelines.delete_event(&author, &id).await.is_ok();
+                (edited.is_ok(), deleted)
+            })
+        });
+        let mut patient = settings(Duration::from_millis(200));
+        patient.runner.max_attempts = 1000;
+        let (mut busy, _) = worker(shaped.clone(), patient, CancellationToken::new());
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let called = std::sync::atomic::AtomicBool::new(false);
+        let calls = async {
+            let outcomes = futures::future::try_join_all(calls).await;
+            called.store(true, std::sync::atomic::Ordering::SeqCst);
+            outcomes
+        };
+        let (outcomes, ()) = futures::join!(
+            calls,
+            drain_through_faults(&mut busy, &store, &called, deadline)
+        );
+        let outcomes = outcomes.expect("calls");
+        assert!(shaped.injected() > 0, "seed {seed}: faults were injected");
+        show_and_drain(&store, &shaped).await;
+        for (event, (edited, deleted)) in events.iter().zip(outcomes) {
+            let stored = store
+                .get(Table::Events, "author", &event.row_key)
+                .await
+                .expect("get");
+            let held = holders(&store, &followers, &event.row_key).await;
+            match stored {
+                Some(_) => {
+                    assert!(!deleted, "seed {seed}: an answered delete is never undone");
+                    assert_eq!(held, 4, "seed {seed}: a live event is on every timeline");
+                    if edited {
+                        assert_eq!(
+                            stored_payload(&store, event).await.1,
+                            "{\"e\":1}",
+                            "seed {seed}: an answered edit stays"
+                        );
+                    }
+                }
+                None => assert_eq!(held, 0, "seed {seed}: a deleted event leaves no copy"),
+            }
         }
     }
 }
