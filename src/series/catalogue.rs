@@ -4,7 +4,9 @@
 //! In `seriesIndex`: `names` -> series; `meta/{series}` -> `tags` (the set, JSON); and
 //! `tag/{tag}` -> series. A tag change rewrites the set under a compare-and-swap in the
 //! same transaction as its index rows, so concurrent changes never leave the index and the
-//! set disagreeing.
+//! set disagreeing. A store that cannot commit them at once takes them in steps that may
+//! leave a row of a tag the series lacks, never miss one: its listings by tag check the
+//! sets (see `change_in_steps`).
 
 use bytes::Bytes;
 
@@ -12,7 +14,7 @@ use super::layout::NAMES_PARTITION;
 use super::{MAX_TAG_BYTES, MAX_TAGS, Series, SeriesName};
 use futures::{StreamExt as _, TryStreamExt as _};
 
-use crate::store::{Condition, Item, Key, Query, StoreError, Table, Write};
+use crate::store::{Condition, Item, Key, Query, StoreError, StoreExt as _, Table, Write};
 use crate::timeline::{DomainError, DomainResult, check_printable};
 
 /// Most names in one listing page, and the default.
@@ -48,6 +50,30 @@ pub fn register(series: &str) -> Write {
 
 fn decode_tags(body: &[u8]) -> DomainResult<Vec<String>> {
     serde_json::from_slice(body).map_err(|_| DomainError::Corrupt("series tags".into()))
+}
+
+/// A tag change on a store that cannot commit the set with its index rows (on Azure each
+/// tag's rows are a partition): the catalogue entry and the rows of added tags first, then
+/// the set's compare-and-swap (`writes[0]`, which decides), then the deletes of removed
+/// tags' rows. A crash or a lost swap may so leave a row of a tag the series does not
+/// carry, never miss one it does: listings by tag on such a store check each series' set
+/// (see [`Series::list`]).
+async fn change_in_steps(
+    store: &dyn crate::store::Store,
+    writes: Vec<Write>,
+) -> Result<(), StoreError> {
+    let mut writes = writes.into_iter();
+    let Some(swap) = writes.next() else {
+        return Ok(());
+    };
+    let (deletes, puts): (Vec<Write>, Vec<Write>) =
+        writes.partition(|write| matches!(write, Write::Delete { .. }));
+    store.batch_write(puts).await?;
+    store.write_one(swap).await?;
+    if !deletes.is_empty() {
+        store.batch_write(deletes).await?;
+    }
+    Ok(())
 }
 
 /// At most [`MAX_TAGS`], each printable and listed once.
@@ -186,7 +212,12 @@ impl Series {
                     Item::new(tag_partition(added), name, Bytes::new()),
                 ));
             }
-            match self.store.transact(writes).await {
+            let changed = if self.store.commits_at_once(&writes) {
+                self.store.transact(writes).await
+            } else {
+                change_in_steps(self.store.as_ref(), writes).await
+            };
+            match changed {
                 Ok(()) => {
                     self.recent_tags.forget(name);
                     return Ok(());
@@ -242,9 +273,40 @@ impl Series {
         } else {
             None
         };
+        if let Some(tag) = tag
+            && !self.store.commits_at_once(&[
+                register("a"),
+                Write::put(Table::SeriesIndex, Item::new(tag_partition(tag), "a", "")),
+            ])
+        {
+            series = self.carrying(series, tag).await?;
+        }
         Ok(SeriesList {
             items: series,
             next_cursor,
         })
+    }
+
+    /// Of `series` (listed under `tag`), those whose set carries it, for a store whose tag
+    /// changes may leave a row of a tag a series does not carry (see [`change_in_steps`]).
+    /// Such a row is left: a change adding the tag back writes it before its set, so a row
+    /// deleted here as stale could be that change's.
+    async fn carrying(&self, series: Vec<String>, tag: &str) -> DomainResult<Vec<String>> {
+        let keys = series
+            .iter()
+            .map(|name| Key::new(Table::SeriesIndex, meta_partition(name), TAGS_ROW))
+            .collect();
+        let sets = self.store.get_many(keys).await?;
+        let mut carrying = Vec::with_capacity(series.len());
+        for (name, set) in series.into_iter().zip(sets) {
+            let tags = match set {
+                Some(body) => decode_tags(&body)?,
+                None => Vec::new(),
+            };
+            if tags.iter().any(|carried| carried == tag) {
+                carrying.push(name);
+            }
+        }
+        Ok(carrying)
     }
 }

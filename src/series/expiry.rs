@@ -24,7 +24,7 @@ use super::retention::{Retention, effective, retention_key};
 use super::{Point, SeriesName, latest, rollup};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome, now_ms};
 use crate::keys::Ticks;
-use crate::store::{Condition, Item, Query, Store, StoreError, Table, Write};
+use crate::store::{Condition, Item, Query, Store, StoreError, StoreExt as _, Table, Write};
 use crate::timeline::DomainResult;
 
 /// Series read per page of a sweep (one checkpoint each).
@@ -225,15 +225,40 @@ async fn claim_sweep(store: &dyn Store, every: Duration) -> DomainResult<Option<
         item: Item::new(SWEEP_PARTITION, SWEEP_ROW, Bytes::from(now.to_string())),
         condition: old.map_or(Condition::Absent, Condition::Equals),
     };
-    let job = NewJob::new(
-        JobKey::new(Uuid::now_v7(), ".r"),
-        KIND,
-        &SweepJob::default(),
-    );
-    match store.transact(vec![claim, job.write()]).await {
+    let key = JobKey::new(Uuid::now_v7(), ".r");
+    let job = NewJob::new(key.clone(), KIND, &SweepJob::default()).write();
+    let together = vec![claim.clone(), job.clone()];
+    let claimed = if store.commits_at_once(&together) {
+        store.transact(together).await
+    } else {
+        claim_in_steps(store, claim, job, &key).await
+    };
+    match claimed {
         Ok(()) => Ok(None),
         // Another process claimed it: look again at when the next is due.
         Err(StoreError::ConditionFailed) => Ok(Some(Duration::ZERO)),
         Err(err) => Err(err.into()),
     }
+}
+
+/// On a store that cannot commit the claim with its sweep's job (on Azure they are in two
+/// partitions): the job first, then the claim, and the job withdrawn if the claim lost. A
+/// sweep is idempotent, so a job left by a crash or a failed withdrawal only sweeps once more;
+/// a claim is never left without its sweep.
+async fn claim_in_steps(
+    store: &dyn Store,
+    claim: Write,
+    job: Write,
+    key: &JobKey,
+) -> Result<(), StoreError> {
+    store.write_one(job).await?;
+    let claimed = store.write_one(claim).await;
+    if matches!(claimed, Err(StoreError::ConditionFailed))
+        && let Err(err) = store
+            .write_one(Write::delete(Table::Jobs, key.shard_name(), &key.id))
+            .await
+    {
+        tracing::warn!(error = %err, "could not withdraw the job of a sweep claimed elsewhere");
+    }
+    claimed
 }

@@ -47,7 +47,7 @@ use super::layout::{PENDING_SHARDS, day_of, markers_query, pending_shard};
 use super::plan::{self, merge_in_order};
 use super::readings::{batch_time, folded_event_id, readings_event};
 use super::retention::Retention;
-use super::{Point, SeriesName, latest, pending_row, rollup_write};
+use super::{Point, SeriesName, fold_post, latest, pending_row, rollup_write};
 use crate::jobs::{Claimed, Handler, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{
     Condition, Item, Key, MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Query, Store, StoreError,
@@ -55,7 +55,7 @@ use crate::store::{
 };
 use crate::timeline::audience::{self, Audience, Quiet};
 use crate::timeline::posting::event_writes;
-use crate::timeline::{DomainError, DomainResult};
+use crate::timeline::{DomainError, DomainResult, Event};
 
 /// Bytes of one journal row at most (worst case): far within the store's
 /// [`MAX_ITEM_BYTES`](crate::store::MAX_ITEM_BYTES).
@@ -141,14 +141,18 @@ struct BatchJob {
     batch: String,
 }
 
-/// The write that enqueues applying a committed batch; part of the transaction that commits
-/// it, so a committed batch is always applied.
-fn batch_job(batch: Uuid) -> Write {
+/// The job that applies a committed batch; enqueued with the commit, so a committed batch
+/// is always applied.
+fn batch_job(batch: Uuid) -> NewJob {
     let payload = BatchJob {
         batch: batch.as_hyphenated().to_string(),
     };
-    NewJob::new(JobKey::new(batch, JOB_SUFFIX), KIND, &payload).write()
+    NewJob::new(JobKey::new(batch, JOB_SUFFIX), KIND, &payload)
 }
+
+/// How long a batch's job enqueued ahead of its commit stays hidden: longer than a commit
+/// takes, retries included.
+const AHEAD_HIDDEN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs the jobs that apply committed batches (step 3).
 pub struct ApplyBatchHandler {
@@ -165,7 +169,17 @@ impl Handler for ApplyBatchHandler {
 
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let payload: BatchJob = job.payload()?;
-        let applied = apply(self.store.as_ref(), self.quiet.as_ref(), &payload.batch).await?;
+        let store = self.store.as_ref();
+        // Enqueued ahead of a commit that never confirmed it: a batch not committed by now
+        // is abandoned, which a commit still in flight then fails on.
+        if job.unconfirmed() {
+            let state = batch_states(store, &[payload.batch.as_str()]).await?[0];
+            if state == BatchState::Open && abandon(store, &payload.batch).await? {
+                return Ok(Outcome::done());
+            }
+            job.confirm();
+        }
+        let applied = apply(store, self.quiet.as_ref(), &payload.batch).await?;
         job.add_progress(applied);
         Ok(Outcome::done())
     }
@@ -238,15 +252,16 @@ impl Staged {
         let Staged { batch, writes } = self;
         let batch_id = batch.as_hyphenated().to_string();
         store.batch_write(writes).await?;
-        let committed = store
-            .transact(vec![
-                Write::put_if_absent(
-                    Table::SeriesBatches,
-                    Item::new(&batch_id, STATE_ROW, Bytes::from_static(COMMITTED)),
-                ),
-                batch_job(batch),
-            ])
-            .await;
+        let state = Write::put_if_absent(
+            Table::SeriesBatches,
+            Item::new(&batch_id, STATE_ROW, Bytes::from_static(COMMITTED)),
+        );
+        let together = vec![state.clone(), batch_job(batch).write()];
+        let committed = if store.commits_at_once(&together) {
+            store.transact(together).await
+        } else {
+            commit_in_steps(store, batch, state).await
+        };
         if let Err(err) = committed {
             // The commit may still have happened (a timeout, say): abandon only what is
             // sure not to be committed.
@@ -258,6 +273,31 @@ impl Staged {
         COMMITTED_SEEN.insert(batch_id, ());
         Ok(())
     }
+}
+
+/// Commits on a store that cannot commit the batch's state with its job (on Azure the job's
+/// queue partition is another): the job enqueued ahead (see [`crate::jobs::NewJob::ahead`]),
+/// then the state created if absent, then the job confirmed. A job its commit never
+/// confirmed abandons a batch it finds uncommitted: the `aborted` state it creates is what a
+/// commit still in flight then fails on.
+async fn commit_in_steps(store: &dyn Store, batch: Uuid, state: Write) -> Result<(), StoreError> {
+    let ahead = batch_job(batch).ahead(AHEAD_HIDDEN);
+    store.write_one(ahead.enqueue).await?;
+    match store.write_one(state).await {
+        Ok(()) => {}
+        Err(StoreError::ConditionFailed) => {
+            // Abandoned first: the job has nothing to apply.
+            if let Err(err) = store.write_one(ahead.withdraw).await {
+                tracing::warn!(error = %err, "could not withdraw the job of an abandoned batch");
+            }
+            return Err(StoreError::ConditionFailed);
+        }
+        Err(err) => return Err(err),
+    }
+    if let Err(err) = store.write_one(ahead.confirm).await {
+        tracing::warn!(error = %err, "batch committed; its job starts after its delay");
+    }
+    Ok(())
 }
 
 /// A batch's list of its shards, as read, with the keys of the rows it came from.
@@ -895,7 +935,11 @@ async fn fold_series(
     shares: &[(&str, Point)],
     mut known: Option<Known>,
 ) -> DomainResult<u64> {
+    let in_steps = fold_post::in_steps(store, series);
     for _ in 0..FOLD_ATTEMPTS {
+        if in_steps {
+            fold_post::finish_left(store, series).await?;
+        }
         let Known {
             cursor,
             present,
@@ -1006,6 +1050,13 @@ async fn write_fold(
         batch_time(first),
         folded_event_id(series, first),
     )?;
+    if fold_post::in_steps(store, series) {
+        let written = write_fold_in_steps(store, series, rows, advance, post, &event).await?;
+        if written {
+            repair_days(store, series, points).await?;
+        }
+        return Ok(written);
+    }
     // The cursor's compare-and-swap, in the same transaction, is what makes the event once:
     // an event id is a fold's first batch, which no later fold of the series takes again.
     // Unconditional, its rows cost the store no reads.
@@ -1043,13 +1094,52 @@ async fn write_fold(
     if let Some(quiet) = quiet {
         quiet.posted(store, &event).await?;
     }
-    // Days whose rollups were unknown (written before rollups existed, or found
-    // half-written by a conflicting plan) are recomputed now.
+    repair_days(store, series, points).await?;
+    Ok(true)
+}
+
+/// Days whose rollups were unknown (written before rollups existed, or found half-written by
+/// a conflicting plan) are recomputed after a fold.
+async fn repair_days(store: &dyn Store, series: &str, points: &[Point]) -> DomainResult<()> {
     let mut days: Vec<u64> = points.iter().map(|point| day_of(point.at)).collect();
     days.dedup();
     for day in days {
         rollup_write::repair_day(store, series, day).await?;
     }
+    Ok(())
+}
+
+/// [`write_fold`] on a store that cannot commit the fold's event with its cursor: the rows
+/// in transactions the store takes, index rows first; then the cursor advanced with the
+/// event as the series' pending post; then the post (see [`fold_post`]).
+async fn write_fold_in_steps(
+    store: &dyn Store,
+    series: &str,
+    rows: Vec<Write>,
+    advance: Write,
+    post: Post<'_>,
+    event: &Event,
+) -> DomainResult<bool> {
+    for writes in store.transactions_of(rows, FOLD_WRITES_PER_TRANSACTION) {
+        match store.transact(writes).await {
+            Ok(()) => {}
+            Err(StoreError::ConditionFailed) => return Ok(false),
+            Err(err) => return Err(err.into()),
+        }
+    }
+    match store
+        .transact(vec![advance, fold_post::intent(series, event)])
+        .await
+    {
+        Ok(()) => {}
+        Err(StoreError::ConditionFailed) => return Ok(false),
+        Err(err) => return Err(err.into()),
+    }
+    let quiet = match post {
+        Post::Quiet(quiet, guard) => Some((quiet, guard)),
+        Post::WithJob => None,
+    };
+    fold_post::post(store, quiet, event).await?;
     Ok(true)
 }
 

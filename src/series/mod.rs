@@ -26,6 +26,7 @@ pub(crate) mod catalogue;
 pub mod codec;
 mod deleting;
 pub mod expiry;
+mod fold_post;
 mod journal;
 pub mod latest;
 mod latest_read;
@@ -43,6 +44,9 @@ mod rollup_read;
 pub mod rollup_write;
 mod scan;
 mod writing;
+
+#[cfg(test)]
+mod one_partition_tests;
 
 use std::sync::Arc;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::fold_post;
 use super::readings::readings_event;
 use super::{
     MAX_POINTS_PER_BATCH, MAX_SERIES_PER_BATCH, Point, Series, SeriesName, expiry, journal, latest,
@@ -140,9 +141,11 @@ impl Series {
                 return Ok(0);
             }
             let names: Vec<&str> = series.iter().map(|(name, _)| name.as_str()).collect();
-            // Too many series for one transaction whatever their rows: no plan to read.
+            // Too many series for one transaction whatever their rows, or a store that cannot
+            // commit a series' rows with its event at once: no plan to read.
             if series.len() * MIN_WRITES_PER_SERIES > MAX_TRANSACTION_WRITES
                 || attempt >= CONFLICTS_BEFORE_STAGING
+                || fold_post::in_steps(store, names[0])
             {
                 let floors = retention::floors(
                     store,

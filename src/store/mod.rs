@@ -603,6 +603,28 @@ pub trait StoreExt: Store {
         Ok(())
     }
 
+    /// `writes` cut, in order, into transactions of at most `max` writes that the store
+    /// commits at once: each takes the writes after the last one's while the store can
+    /// commit them together.
+    fn transactions_of(&self, writes: Vec<Write>, max: usize) -> Vec<Vec<Write>> {
+        let mut transactions: Vec<Vec<Write>> = Vec::new();
+        for write in writes {
+            if let Some(last) = transactions.last_mut()
+                && last.len() < max.max(1)
+            {
+                last.push(write);
+                if self.commits_at_once(last) {
+                    continue;
+                }
+                let Some(write) = last.pop() else { continue };
+                transactions.push(vec![write]);
+            } else {
+                transactions.push(vec![write]);
+            }
+        }
+        transactions
+    }
+
     /// Reads all items of a query's range, page by page (for small partitions and tools).
     async fn query_all(&self, query: Query) -> StoreResult<Vec<Item>> {
         let page_size = query.limit.max(1);

@@ -269,6 +269,12 @@ pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
     writes
 }
 
+/// [`event_writes`] apart, for a writer whose store cannot commit them at once: the event's
+/// rows (one partition, its author's) and the write that enqueues its fan-out job.
+pub fn event_rows_then_job(event: &Event, received: Ticks) -> (Vec<Write>, Write) {
+    (event_rows(event), delivery_job(event, received).write())
+}
+
 /// The event's own rows: its log row and its event-id index entry (no fan-out job).
 pub(super) fn event_rows(event: &Event) -> Vec<Write> {
     vec![event_row(event), index_row(event)]
