@@ -277,15 +277,32 @@ impl Claimed {
             let taken = Claimed::claim(store, one, owner, lease_ms, shutdown).await?;
             return Ok(taken.into_iter().collect());
         }
-        let mut chunks = Vec::with_capacity(candidates.len().div_ceil(CLAIM_CHUNK));
-        let mut candidates = candidates.into_iter().peekable();
-        while candidates.peek().is_some() {
-            let (leased, writes): (Vec<Claimed>, Vec<Write>) = candidates
-                .by_ref()
-                .take(CLAIM_CHUNK)
-                .map(|one| Claimed::lease(store.clone(), one, owner, lease_ms, shutdown.clone()))
-                .unzip();
-            chunks.push((leased, writes));
+        let mut leased: Vec<(Claimed, Write)> = candidates
+            .into_iter()
+            .map(|one| Claimed::lease(store.clone(), one, owner, lease_ms, shutdown.clone()))
+            .collect();
+        // A store that commits one partition at once takes a chunk per queue shard (jobs
+        // handed over come from several).
+        let writes: Vec<Write> = leased.iter().map(|(_, write)| write.clone()).collect();
+        if !store.commits_at_once(&writes) {
+            leased.sort_by_key(|(claimed, _)| claimed.key.shard);
+        }
+        let mut chunks: Vec<(Vec<Claimed>, Vec<Write>)> =
+            Vec::with_capacity(leased.len().div_ceil(CLAIM_CHUNK));
+        for (claimed, write) in leased {
+            if let Some((held, writes)) = chunks.last_mut()
+                && writes.len() < CLAIM_CHUNK
+            {
+                writes.push(write);
+                if store.commits_at_once(writes) {
+                    held.push(claimed);
+                    continue;
+                }
+                let Some(write) = writes.pop() else { continue };
+                chunks.push((vec![claimed], vec![write]));
+            } else {
+                chunks.push((vec![claimed], vec![write]));
+            }
         }
         let results = futures::future::join_all(chunks.into_iter().map(|(leased, writes)| {
             let store = store.clone();
@@ -689,6 +706,40 @@ mod tests {
             "{:?}",
             failed.map(|jobs| jobs.len())
         );
+    }
+
+    #[tokio::test]
+    async fn jobs_of_several_shards_are_claimed_a_shard_a_transaction_where_that_is_the_scope() {
+        use crate::store::fault::FaultyStore;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let inner: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open_async(dir.path()).await.expect("open"));
+        let shaped: Arc<dyn Store> = Arc::new(FaultyStore::new(inner.clone()).azure_shaped());
+        let mut found = Vec::new();
+        for shard in [0, 1] {
+            let writes = (0..3)
+                .map(|i| {
+                    let (key, job) =
+                        NewJob::new(JobKey::new(Uuid::now_v7(), ""), "demo", &i).into_job(None);
+                    Write::put(
+                        Table::Jobs,
+                        Item::new(shard_name(shard), key.id, job.encode()),
+                    )
+                })
+                .collect();
+            inner.batch_write(writes).await.expect("jobs");
+            let poll = available(inner.as_ref(), shard, None, now_ms(), &|_| false)
+                .await
+                .expect("poll");
+            found.extend(poll.available);
+        }
+        // Interleaved, as jobs handed over by posts come.
+        found.swap(1, 4);
+        let taken =
+            Claimed::claim_many(shaped, found, "worker-a", 30_000, CancellationToken::new())
+                .await
+                .expect("claim");
+        assert_eq!(taken.len(), 6, "every job, in one transaction per shard");
     }
 
     #[tokio::test]
