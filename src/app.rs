@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::mqtt::{MqttSettings, Subscriber};
 use crate::notices::Notices;
 use crate::series::{self, Series};
-use crate::store::{AzureStore, DynamoStore, EmbeddedStore, Store, StoreStats};
+use crate::store::{AzureStore, DynamoStore, EmbeddedStore, Store, StoreError, StoreStats};
 use crate::timeline::audience::Quiet;
 use crate::timeline::fanout::FanoutInPost;
 use crate::timeline::{Timelines, cursor_key};
@@ -73,18 +73,24 @@ pub async fn open_store(config: &Config) -> anyhow::Result<OpenStore> {
             }
         }
         StoreKind::Azure => {
-            // The settings are checked first, so a bad prefix or connection string says so.
-            AzureStore::connect(&config.azure_config()?)?;
-            anyhow::bail!(AZURE_NOT_SERVED)
+            let store = AzureStore::connect(&config.azure_config()?)?;
+            match store.ping().await {
+                Ok(()) => {}
+                Err(StoreError::NotFound(_)) => anyhow::bail!(
+                    "the Azure tables (prefix `{}`) are not there: run `fanline init` first",
+                    config.table_prefix()
+                ),
+                Err(err) => {
+                    return Err(anyhow::Error::new(err).context("the Azure tables do not answer"));
+                }
+            }
+            OpenStore {
+                stats: store.stats(),
+                store: Arc::new(store),
+            }
         }
     })
 }
-
-/// Why `serve` and `worker` do not run on Azure yet.
-const AZURE_NOT_SERVED: &str = "the Azure Table Storage backend stores and reads items \
-     (`fanline init` creates its tables), but serving on it is not supported yet: posting, \
-     following, deleting, editing and ending jobs write across partitions in one transaction, \
-     which Azure cannot commit; see docs/operations.md, \"Running on Azure\"";
 
 /// Creates the tables (DynamoDB, Azure) or the data directory (embedded).
 pub async fn init_store(config: &Config) -> anyhow::Result<()> {
@@ -235,14 +241,14 @@ pub fn resolve_admin_token(config: &Config) -> anyhow::Result<String> {
 }
 
 /// Fails, naming the setting, when the admin token is too short, or missing where no data
-/// directory can keep one (DynamoDB). Cheap and local: `serve` calls it before it opens the
+/// directory can keep one (DynamoDB, Azure). Cheap and local: `serve` calls it before it opens the
 /// store, so a missing setting is reported before anything is contacted.
 pub fn check_admin_token(config: &Config) -> anyhow::Result<()> {
     if read_admin_token(config)?.is_none() {
         anyhow::ensure!(
             config.store == StoreKind::Embedded,
-            "FANLINE_ADMIN_TOKEN (or --admin-token) is not set; on DynamoDB every process \
-             sharing the tables needs the same admin token, of at least \
+            "FANLINE_ADMIN_TOKEN (or --admin-token) is not set; on DynamoDB and Azure every \
+             process sharing the tables needs the same admin token, of at least \
              {MIN_ADMIN_TOKEN_CHARS} characters"
         );
     }

@@ -40,7 +40,7 @@ pub const WORKER: &str = "Worker";
 
 #[derive(Clone, Debug, Args)]
 pub struct Config {
-    /// Backend: `embedded` (fjall), `dynamodb` or `azure` (`init` only, for now).
+    /// Backend: `embedded` (fjall), `dynamodb` or `azure` (Azure Table Storage).
     #[arg(long, help_heading = STORE, env = "FANLINE_STORE", value_enum, default_value = "embedded")]
     pub store: StoreKind,
 

@@ -238,15 +238,15 @@ impl NewJob {
     /// Azure, a write in another partition): the job enqueued ahead of that write, and the
     /// write that confirms it once that write has committed.
     ///
-    /// The first is created if absent, hidden from workers for `hidden` and marked
+    /// The first is created if absent, hidden from workers for [`AHEAD_HIDDEN`] and marked
     /// unconfirmed; the second puts it back visible and confirmed. A job whose writer did not
-    /// get to confirm it (it died, or its write failed) shows after `hidden`, unconfirmed
+    /// get to confirm it (it died, or its write failed) shows after that, unconfirmed
     /// ([`super::Claimed::unconfirmed`]): its handler checks whether the write happened, and
     /// if not makes sure it never will (the write must hold a condition the handler can make
     /// fail) before dropping the work.
-    pub fn ahead(self, hidden: std::time::Duration) -> Ahead {
+    pub fn ahead(self) -> Ahead {
         let (key, mut job) = self.into_job(None);
-        job.hidden_until_ms = Some(now_ms().saturating_add(millis(hidden)));
+        job.hidden_until_ms = Some(now_ms().saturating_add(millis(AHEAD_HIDDEN)));
         job.unconfirmed = true;
         let enqueue = Write::put_if_absent(
             Table::Jobs,
@@ -277,6 +277,11 @@ impl NewJob {
     }
 }
 
+/// How long a job enqueued ahead of the write that makes it necessary stays hidden (see
+/// [`NewJob::ahead`]): longer than a writer's writes take, retries included, so that the job
+/// of a writer still under way is not taken for one whose writer died.
+pub const AHEAD_HIDDEN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A job enqueued ahead of the write that makes it necessary (see [`NewJob::ahead`]).
 #[derive(Debug)]
 pub struct Ahead {
@@ -284,7 +289,8 @@ pub struct Ahead {
     pub enqueue: Write,
     /// Makes the job visible and confirmed: written once the write that makes it necessary
     /// has committed. It is unconditional: a worker that took the job meanwhile (its writer
-    /// was slower than `hidden`) may then run it a second time, as at-least-once allows.
+    /// was slower than [`AHEAD_HIDDEN`]) may then run it a second time, as at-least-once
+    /// allows.
     pub confirm: Write,
     /// Deletes the job: for a writer whose write was refused, so the job does not show.
     pub withdraw: Write,

@@ -33,7 +33,7 @@ use crate::store::{StoreError, Write};
 
 pub use backlog::{Backlog, BacklogView};
 pub use dead_letter::{DeadLetterView, list as dead_letters, requeue};
-pub use job::{Ahead, FORMAT, JobKey, NewJob, now_ms};
+pub use job::{AHEAD_HIDDEN, Ahead, FORMAT, JobKey, NewJob, now_ms};
 pub use metrics::{JobMetrics, KindLabel, LagCounts, LagSnapshot, RetryLabels};
 #[cfg(test)]
 pub use queue::show_hidden_jobs;

@@ -56,6 +56,20 @@ impl Default for RunnerSettings {
     }
 }
 
+#[cfg(test)]
+impl RunnerSettings {
+    /// For tests of work through faults: short leases and delays, and never a dead letter.
+    pub fn patient_and_quick() -> Self {
+        RunnerSettings {
+            lease: Duration::from_millis(200),
+            poll_interval: Duration::from_millis(10),
+            max_attempts: 1000,
+            retry_base: Duration::from_millis(1),
+            status_retention: Duration::from_secs(60),
+        }
+    }
+}
+
 /// What one step did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Processed {

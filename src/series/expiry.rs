@@ -126,6 +126,9 @@ impl Handler for SweepHandler {
 /// floor's day whose bucket ended by then; drops an expired latest record. Returns the rows
 /// deleted. Safe to run again.
 pub async fn expire(store: &dyn Store, series: &str, floor: u64) -> DomainResult<u64> {
+    // Batches journaled before the series' retention took effect hold points it has expired:
+    // folded first, so that no fold writes them (and their day) after their day is swept.
+    super::journal::settle(store, None, series).await?;
     let first_kept_day = day_of(floor);
     let mut deleted = 0;
     if first_kept_day > 0 {

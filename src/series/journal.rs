@@ -150,10 +150,6 @@ fn batch_job(batch: Uuid) -> NewJob {
     NewJob::new(JobKey::new(batch, JOB_SUFFIX), KIND, &payload)
 }
 
-/// How long a batch's job enqueued ahead of its commit stays hidden: longer than a commit
-/// takes, retries included.
-const AHEAD_HIDDEN: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Runs the jobs that apply committed batches (step 3).
 pub struct ApplyBatchHandler {
     pub store: Arc<dyn Store>,
@@ -281,18 +277,17 @@ impl Staged {
 /// confirmed abandons a batch it finds uncommitted: the `aborted` state it creates is what a
 /// commit still in flight then fails on.
 async fn commit_in_steps(store: &dyn Store, batch: Uuid, state: Write) -> Result<(), StoreError> {
-    let ahead = batch_job(batch).ahead(AHEAD_HIDDEN);
+    let ahead = batch_job(batch).ahead();
     store.write_one(ahead.enqueue).await?;
-    match store.write_one(state).await {
-        Ok(()) => {}
-        Err(StoreError::ConditionFailed) => {
-            // Abandoned first: the job has nothing to apply.
-            if let Err(err) = store.write_one(ahead.withdraw).await {
-                tracing::warn!(error = %err, "could not withdraw the job of an abandoned batch");
-            }
-            return Err(StoreError::ConditionFailed);
+    if let Err(err) = store.write_one(state).await {
+        // Abandoned (by this call, or first by the job): the job has nothing to apply.
+        let batch_id = batch.as_hyphenated().to_string();
+        if matches!(abandon(store, &batch_id).await, Ok(true))
+            && let Err(withdrawn) = store.write_one(ahead.withdraw).await
+        {
+            tracing::warn!(error = %withdrawn, "could not withdraw the job of an abandoned batch");
         }
-        Err(err) => return Err(err),
+        return Err(err);
     }
     if let Err(err) = store.write_one(ahead.confirm).await {
         tracing::warn!(error = %err, "batch committed; its job starts after its delay");

@@ -58,37 +58,18 @@ fn worker(store: Arc<dyn Store>) -> Worker {
         retention::Retention::Forever,
         Some(quiet()),
     ));
-    let settings = RunnerSettings {
-        lease: Duration::from_millis(200),
-        poll_interval: Duration::from_millis(10),
-        max_attempts: 1000,
-        retry_base: Duration::from_millis(1),
-        status_retention: Duration::from_secs(60),
-    };
     Worker::new(
         store,
         handlers,
-        settings,
+        RunnerSettings::patient_and_quick(),
         Wake::without_handoff(),
         JobMetrics::default(),
         CancellationToken::new(),
     )
 }
 
-async fn queued(store: &EmbeddedStore) -> usize {
-    let mut count = 0;
-    for shard in 0..8 {
-        count += store
-            .query_all(Query::partition(
-                Table::Jobs,
-                format!("shard-{shard:02}"),
-                100,
-            ))
-            .await
-            .expect("jobs")
-            .len();
-    }
-    count
+async fn queued(store: &EmbeddedStore) -> u64 {
+    crate::jobs::depth(store, 10_000).await.expect("queue")
 }
 
 /// Shows hidden jobs and runs every job there is, on the store without faults.

@@ -257,6 +257,18 @@ impl Series {
             let series = series.clone();
             compute(points, move || journal::Staged::encode(&series)).await??
         };
+        // Where every write is journaled (see `fold_post::in_steps`), its series are listed
+        // before it commits, as a direct write lists them with its rows: a series written is
+        // found at once, not once folded. A write that fails leaves only its names listed.
+        if let Some((first, _)) = series.first()
+            && fold_post::in_steps(self.store.as_ref(), first.as_str())
+        {
+            let names = series
+                .iter()
+                .map(|(name, _)| super::catalogue::register(name.as_str()))
+                .collect();
+            self.store.batch_write(names).await?;
+        }
         staged.commit(self.store.as_ref()).await?;
         self.wake_workers.enqueued();
         let notices = self.notices.clone();

@@ -11,12 +11,11 @@ use super::event_index::{EventIndex, delete_writes};
 use super::fanout::removal_job;
 use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
 use super::live::{self, LiveMessage};
-use super::posting::AHEAD_HIDDEN;
+use super::rolled_forward::write_with_job_ahead;
 use super::{DomainError, DomainResult, SubjectId, Timelines};
 use crate::keys::Ticks;
 use crate::notices::Notice;
-use crate::store::{StoreError, StoreExt as _, Table, Write};
-use tracing::warn;
+use crate::store::{StoreError, Table};
 
 impl Timelines {
     /// Deletes one of `author`'s events and starts removing its copies; returns the removal's
@@ -43,8 +42,10 @@ impl Timelines {
             let deleted = if store.commits_at_once(&together) {
                 store.transact(together).await
             } else {
-                self.delete_in_steps(writes, &index.row_key, event_id, author)
-                    .await
+                // The removal job ahead: one its call never confirmed deletes the event
+                // itself if it is still there.
+                let job = removal_job(author.as_str(), &index.row_key, event_id, Ticks::now());
+                write_with_job_ahead(store, job, writes).await
             };
             match deleted {
                 Ok(()) => self.deleted(author, &index.row_key, event_id),
@@ -54,38 +55,6 @@ impl Timelines {
             }
         }
         self.removal_status(author, event_id).await
-    }
-
-    /// Deletes on a store that cannot commit the delete with its removal job (on Azure the
-    /// job's queue partition is not the author's): the job enqueued ahead (see
-    /// [`crate::jobs::NewJob::ahead`]), then `writes` in one transaction, then the job
-    /// confirmed. Both outcomes of a delete mean "deleted", so a job its call never confirmed
-    /// makes the delete itself (see `fanout::ahead`). The job's key is the event's: a call
-    /// that finds it enqueued by another delete leaves it to that call.
-    async fn delete_in_steps(
-        &self,
-        writes: Vec<Write>,
-        row_key: &str,
-        event_id: Uuid,
-        author: &SubjectId,
-    ) -> Result<(), StoreError> {
-        let store = self.store.as_ref();
-        let ahead =
-            removal_job(author.as_str(), row_key, event_id, Ticks::now()).ahead(AHEAD_HIDDEN);
-        let owned = match store.write_one(ahead.enqueue).await {
-            Ok(()) => true,
-            Err(StoreError::ConditionFailed) => false,
-            Err(err) => return Err(err),
-        };
-        let deleted = store.transact(writes).await;
-        // Deleted, by this call or another: the job removes the copies.
-        if owned
-            && matches!(deleted, Ok(()) | Err(StoreError::ConditionFailed))
-            && let Err(err) = store.write_one(ahead.confirm).await
-        {
-            warn!(error = %err, "deleted; its removal job starts after its delay");
-        }
-        deleted
     }
 
     /// Once an event is deleted: caches and live streams of timelines that merge its author

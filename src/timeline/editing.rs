@@ -13,12 +13,11 @@ use super::event_index::row_key_of;
 use super::fanout::status::parse_event_id;
 use super::fanout::{edit_job, edit_job_ahead};
 use super::live::{self, LiveMessage};
-use super::posting::AHEAD_HIDDEN;
+use super::rolled_forward::write_with_job_ahead;
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
 use crate::keys::Ticks;
 use crate::notices::Notice;
-use crate::store::{Condition, Item, StoreError, StoreExt as _, Table, Write};
-use tracing::warn;
+use crate::store::{Condition, Item, StoreError, Table, Write};
 
 /// Swaps lost to concurrent edits before an edit without a version gives up (409).
 const MAX_SWAPS: usize = 8;
@@ -85,7 +84,10 @@ impl Timelines {
             let swapped = if self.store.commits_at_once(&writes) {
                 self.store.transact(writes).await
             } else {
-                self.edit_in_steps(swap, &edited, now, &stored).await
+                // The edit's job ahead, carrying the edit: one its call never confirmed makes
+                // the edit itself if the event is still as `stored`.
+                let job = edit_job_ahead(&edited, now, &stored);
+                write_with_job_ahead(self.store.as_ref(), job, vec![swap]).await
             };
             match swapped {
                 Ok(()) => {
@@ -112,37 +114,6 @@ impl Timelines {
         Err(DomainError::Conflict(format!(
             "event {event_id} is being edited by others; retry"
         )))
-    }
-
-    /// Makes the `swap` of the edit into `edited` on a store that cannot commit it with its
-    /// job (on Azure the job's queue partition is not the author's): the job enqueued ahead,
-    /// carrying the edit (see [`crate::jobs::NewJob::ahead`]), then the swap, then the job
-    /// confirmed. A job its call never confirmed makes the edit itself if the event is still
-    /// as `stored` (see `fanout::ahead`). The job's key is the version's: a call that finds it
-    /// enqueued by another edit to the same version leaves it to that call, and a call whose
-    /// swap lost confirms its job all the same, for the edit that won.
-    async fn edit_in_steps(
-        &self,
-        swap: Write,
-        edited: &Event,
-        now: Ticks,
-        stored: &[u8],
-    ) -> Result<(), StoreError> {
-        let store = self.store.as_ref();
-        let ahead = edit_job_ahead(edited, now, stored).ahead(AHEAD_HIDDEN);
-        let owned = match store.write_one(ahead.enqueue).await {
-            Ok(()) => true,
-            Err(StoreError::ConditionFailed) => false,
-            Err(err) => return Err(err),
-        };
-        let swapped = store.write_one(swap).await;
-        if owned
-            && matches!(swapped, Ok(()) | Err(StoreError::ConditionFailed))
-            && let Err(err) = store.write_one(ahead.confirm).await
-        {
-            warn!(error = %err, "edited; streams hear of it once its job shows, after its delay");
-        }
-        swapped
     }
 
     /// One of `author`'s events and its stored body; not found if it never existed or was

@@ -390,13 +390,6 @@ mod tests {
     }
 
     fn worker(store: Arc<dyn Store>) -> Worker {
-        let settings = RunnerSettings {
-            lease: Duration::from_millis(200),
-            poll_interval: Duration::from_millis(10),
-            max_attempts: 1000,
-            retry_base: Duration::from_millis(1),
-            status_retention: Duration::from_secs(60),
-        };
         let handlers = job_handlers(
             &store,
             Config::defaults().fanout_settings(),
@@ -407,24 +400,15 @@ mod tests {
         Worker::new(
             store,
             handlers,
-            settings,
+            RunnerSettings::patient_and_quick(),
             Wake::without_handoff(),
             JobMetrics::default(),
             CancellationToken::new(),
         )
     }
 
-    async fn queued(store: &EmbeddedStore) -> usize {
-        let mut count = 0;
-        for shard in 0..8 {
-            let partition = format!("shard-{shard:02}");
-            count += store
-                .query_all(Query::partition(Table::Jobs, partition, 100))
-                .await
-                .expect("jobs")
-                .len();
-        }
-        count
+    async fn queued(store: &EmbeddedStore) -> u64 {
+        crate::jobs::depth(store, 10_000).await.expect("queue")
     }
 
     /// Steps `worker` until `calls_done` is set and the queue is empty, taking failed steps

@@ -19,6 +19,7 @@ pub(crate) mod posting;
 pub(crate) mod reading;
 pub(crate) mod reconcile;
 pub mod removal;
+mod rolled_forward;
 pub(crate) mod stream;
 mod trim;
 

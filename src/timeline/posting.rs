@@ -12,6 +12,7 @@ use super::fanout::delivery_job;
 use super::live;
 use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
+use crate::jobs::AHEAD_HIDDEN;
 use crate::keys::{Ticks, event_row_key};
 use crate::notices::Notice;
 use crate::store::{Item, StoreError, StoreExt as _, Table, Write};
@@ -153,7 +154,7 @@ impl Timelines {
         event: Event,
         received: Ticks,
     ) -> DomainResult<Posted> {
-        let ahead = delivery_job(&event, received).ahead(AHEAD_HIDDEN);
+        let ahead = delivery_job(&event, received).ahead();
         match self.store.write_one(ahead.enqueue).await {
             Ok(()) => {}
             Err(StoreError::ConditionFailed) => return Err(event_id_collision()),
@@ -314,11 +315,6 @@ fn idempotency_row(author: &SubjectId, event: &Event, new: &NewEvent) -> Option<
         Item::new(author.as_str(), client_id, body),
     ))
 }
-
-/// How long a fan-out job enqueued ahead of its event stays hidden (see
-/// [`Timelines::post_ahead`]): longer than a post's writes take, retries included, so the
-/// job of a post still under way is not taken for one that failed.
-pub const AHEAD_HIDDEN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Deepest nesting of arrays and objects a payload may have: the payload is stored and served
 /// as it came, and readers' JSON parsers must not be made to recurse without bound.

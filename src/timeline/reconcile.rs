@@ -59,12 +59,8 @@ pub(super) fn job_ahead(follower: &str, author: &str, change: Change) -> (String
     };
     let key = JobKey::new(Uuid::now_v7(), ".e");
     let id = key.id.clone();
-    (id, NewJob::new(key, KIND, &edge).ahead(AHEAD_HIDDEN))
+    (id, NewJob::new(key, KIND, &edge).ahead())
 }
-
-/// How long a reconcile job enqueued ahead of its edge write stays hidden: longer than a
-/// call's writes take, retries included.
-const AHEAD_HIDDEN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs reconcile jobs.
 pub struct ReconcileHandler {

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Api, Backend, TestApp, segment, spawn_app};
 
-on_both_backends!(
+on_every_backend!(
     after_a_time_returns_the_entries_after_it_oldest_first,
     after_a_catch_up_cursor_returns_what_arrived_since_that_read,
     after_a_row_key_returns_the_entries_newer_than_that_entry_and_not_it,

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::helpers::{Api, Backend, TestApp, TestStore, segment, spawn_app_with};
 use crate::restart::{fanline, serve_command, stop};
 
-on_both_backends!(
+on_every_backend!(
     every_route_admits_exactly_the_callers_it_should,
     event_logs_can_be_made_public_and_nothing_else_is,
     a_token_over_its_rate_is_told_to_retry_later,

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Backend, TestApp, TestStore, spawn_app_with};
 
-on_both_backends!(
+on_every_backend!(
     a_full_backlog_refuses_posts_until_the_workers_catch_up_and_a_retry_makes_one_event,
     a_full_backlog_refuses_series_writes_with_retry_after_and_writes_nothing,
     journaled_writes_waiting_for_their_fold_are_counted_in_health_and_metrics,

@@ -8,7 +8,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use crate::browser::Browser;
 use crate::helpers::{Api, Backend, TestApp, segment, spawn_app};
 
-on_both_backends!(
+on_every_backend!(
     whoami_says_who_each_token_acts_as,
     the_console_is_served_without_a_token_with_strict_headers_and_outside_the_api_document,
 );

@@ -35,7 +35,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the job queue may take to drain at quiet.
 const IDLE_DEADLINE: Duration = Duration::from_secs(120);
 
-on_both_backends!(timelines_converge_to_the_model_for_the_ci_seeds);
+on_every_backend!(timelines_converge_to_the_model_for_the_ci_seeds);
 
 /// How big a round is.
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +77,7 @@ impl Variant {
         match backend {
             Backend::Embedded => "embedded",
             Backend::Dynamo => "dynamodb",
+            Backend::Azure => "azure",
         }
     }
 }
@@ -1469,9 +1470,20 @@ async fn timelines_converge_when_dynamodb_worker_processes_are_sigkilled_mid_run
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timelines_converge_when_azure_worker_processes_are_sigkilled_mid_run() {
+    run_seeds(
+        &CI_SEEDS[..1],
+        Backend::Azure,
+        Variant::KillWorkers,
+        CI_SHAPE,
+    )
+    .await;
+}
+
 /// The soak, from the environment: `FANLINE_SEED=7` runs one seed, `FANLINE_SOAK_SEEDS=200`
 /// runs seeds 1000..1200 (`FANLINE_SOAK_FIRST_SEED` moves the start);
-/// `FANLINE_SOAK_BACKEND` (`embedded`, `dynamodb`, default both) and `FANLINE_SOAK_VARIANT`
+/// `FANLINE_SOAK_BACKEND` (`embedded`, `dynamodb`, `azure`, default all) and `FANLINE_SOAK_VARIANT`
 /// (`quiet`, `kill`, default both) narrow it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a soak: run with FANLINE_SOAK_SEEDS or FANLINE_SEED and --ignored"]
@@ -1490,8 +1502,11 @@ async fn every_seed_of_the_soak_converges() {
     let backends = match env("FANLINE_SOAK_BACKEND").as_deref() {
         Some("embedded") => vec![Backend::Embedded],
         Some("dynamodb") => vec![Backend::Dynamo],
-        None | Some("both") => vec![Backend::Embedded, Backend::Dynamo],
-        Some(other) => panic!("FANLINE_SOAK_BACKEND is embedded, dynamodb or both, not {other}"),
+        Some("azure") => vec![Backend::Azure],
+        None | Some("all") => vec![Backend::Embedded, Backend::Dynamo, Backend::Azure],
+        Some(other) => {
+            panic!("FANLINE_SOAK_BACKEND is embedded, dynamodb, azure or all, not {other}")
+        }
     };
     let (quiet, kill) = match env("FANLINE_SOAK_VARIANT").as_deref() {
         Some("quiet") => (true, false),
@@ -1508,7 +1523,7 @@ async fn every_seed_of_the_soak_converges() {
         if kill {
             variants.push(match backend {
                 Backend::Embedded => Variant::KillServer,
-                Backend::Dynamo => Variant::KillWorkers,
+                Backend::Dynamo | Backend::Azure => Variant::KillWorkers,
             });
         }
         for variant in variants {

@@ -8,7 +8,7 @@ use fanline::store::fault::{Calls, Fault, Op};
 
 use crate::helpers::{Api, Backend, Reply, TestStore, spawn_app_with};
 
-on_both_backends!(
+on_every_backend!(
     an_edit_is_seen_by_every_follower_as_soon_as_it_is_answered,
     a_stale_version_is_a_conflict_and_a_repeated_edit_answers_the_same_event,
     an_edit_of_a_deleted_event_is_a_404_and_a_deleted_event_never_comes_back,

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Api, Backend, TestApp, segment, spawn_app};
 
-on_both_backends!(
+on_every_backend!(
     series_points_answer_the_list_envelope,
     stepped_rows_answer_the_list_envelope,
     aligned_rows_answer_the_list_envelope_with_names,

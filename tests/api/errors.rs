@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Backend, Reply, raw_request, segment, spawn_app};
 
-on_both_backends!(
+on_every_backend!(
     bad_requests_are_400,
     unknown_routes_are_404_and_wrong_methods_405,
     reused_ids_are_409,

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::helpers::{Api, Backend, Reply, TestStore, segment, spawn_app, spawn_app_with};
 
-on_both_backends!(
+on_every_backend!(
     fanout_status_reports_counts_and_lag_once_done,
     fanout_status_is_pending_while_no_worker_runs,
     fanout_status_of_unknown_or_malformed_events_is_a_client_error,
@@ -163,6 +163,16 @@ async fn a_post_with_few_followers_fans_out_in_its_own_commit(backend: Backend) 
     app.wait_for_idle().await;
     let posted = app.post_text("writer", "in its own commit").await;
     assert_eq!(posted.status, StatusCode::CREATED, "{posted:?}");
+    if backend == Backend::Azure {
+        // One commit cannot reach other partitions there: the post goes with a job, however
+        // it is configured.
+        wait_for_fanout(&app, "writer", &event_id(&posted), "done").await;
+        assert_eq!(metric(&app, "fanline_fanout_in_post_total").await, 0.0);
+        for owner in ["r1", "r2", "writer"] {
+            assert_eq!(app.timeline(owner).await.len(), 1, "{owner}");
+        }
+        return;
+    }
     for owner in ["r1", "r2", "writer"] {
         let items = app.timeline(owner).await;
         assert_eq!(items.len(), 1, "{owner}: {items:?}");
@@ -234,10 +244,10 @@ async fn metrics_expose_fanout_http_and_queue_series(backend: Backend) {
         .await
             >= 1.0
     );
-    let dynamo_requests = metric(&app, "fanline_store_requests_total").await;
+    let store_requests = metric(&app, "fanline_store_requests_total").await;
     match backend {
-        Backend::Dynamo => assert!(dynamo_requests > 0.0),
-        Backend::Embedded => assert_eq!(dynamo_requests, 0.0),
+        Backend::Dynamo | Backend::Azure => assert!(store_requests > 0.0),
+        Backend::Embedded => assert_eq!(store_requests, 0.0),
     }
     // A request that matched no route is counted under one label, not its raw path.
     app.get("/no/such/route/12345").await;
@@ -400,12 +410,13 @@ async fn a_failing_fanout_is_dead_lettered_and_requeued_by_the_admin_endpoint(ba
     );
 }
 
-/// Followers of the split test: 50,000 on the embedded store; DynamoDB Local writes about
-/// a hundred times slower, so it gets 5,000 split at 1,000.
+/// Followers of the split test: 50,000 on the embedded store; DynamoDB Local and Azurite
+/// write about a hundred times slower, so they get 5,000 split at 1,000 (Azure does not
+/// split: one job delivers them all).
 fn split_sizes(backend: Backend) -> (usize, usize) {
     match backend {
         Backend::Embedded => (50_000, 5_000),
-        Backend::Dynamo => (5_000, 1_000),
+        Backend::Dynamo | Backend::Azure => (5_000, 1_000),
     }
 }
 
@@ -418,13 +429,18 @@ async fn a_split_fanout_is_delivered_by_several_workers_like_a_single_worker(bac
     let single_done = single.deliver(1, usize::MAX / 2).await;
 
     let parts: HashSet<Option<u32>> = parallel_done.iter().map(|done| done.part).collect();
-    assert_eq!(parts.len(), followers.div_ceil(split_above));
+    // Azure does not split: a part cannot be enqueued with its root's checkpoint there.
+    let expected_parts = match backend {
+        Backend::Azure => 1,
+        Backend::Embedded | Backend::Dynamo => followers.div_ceil(split_above),
+    };
+    assert_eq!(parts.len(), expected_parts);
     let workers: HashSet<&str> = parallel_done
         .iter()
         .map(|done| done.worker.as_str())
         .collect();
     assert!(
-        workers.len() >= 2,
+        workers.len() >= 2.min(expected_parts),
         "several workers delivered: {}",
         workers.len()
     );

@@ -4,7 +4,7 @@ use reqwest::StatusCode;
 
 use crate::helpers::{Backend, spawn_app};
 
-on_both_backends!(
+on_every_backend!(
     follow_and_unfollow_update_both_lists,
     follow_and_unfollow_are_idempotent,
     subject_ids_may_hold_any_printable_unicode,

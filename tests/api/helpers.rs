@@ -8,17 +8,19 @@ use std::time::{Duration, Instant};
 use fanline::app::{Application, OpenStore};
 use fanline::config::{Config, StoreKind};
 use fanline::store::fault::FaultyStore;
-use fanline::store::{DynamoStore, EmbeddedStore, Store, StoreStats};
+use fanline::store::{AzureStore, DynamoStore, EmbeddedStore, Store, StoreStats};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::dynamo_local;
+use crate::{azurite, dynamo_local};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     Embedded,
     Dynamo,
+    /// Azure Table Storage, as Azurite serves it.
+    Azure,
 }
 
 /// Where a test's tables live: a temp dir, or DynamoDB tables with a prefix of their own.
@@ -36,10 +38,20 @@ impl TestStore {
         config.data_dir = dir.path().join("data");
         config.poll_ms = 50;
         config.admin_token = Some(TEST_ADMIN_TOKEN.to_owned());
-        if backend == Backend::Dynamo {
-            config.store = StoreKind::Dynamodb;
-            config.dynamodb_endpoint = Some(dynamo_local::endpoint());
-            config.table_prefix = Some(format!("t{}-", uuid::Uuid::new_v4().simple()));
+        match backend {
+            Backend::Embedded => {}
+            Backend::Dynamo => {
+                config.store = StoreKind::Dynamodb;
+                config.dynamodb_endpoint = Some(dynamo_local::endpoint());
+                config.table_prefix = Some(format!("t{}-", uuid::Uuid::new_v4().simple()));
+            }
+            Backend::Azure => {
+                config.store = StoreKind::Azure;
+                config.azure_connection_string = Some(azurite::connection_string());
+                config.table_prefix = Some(format!("t{}", uuid::Uuid::new_v4().simple()));
+            }
+        }
+        if backend != Backend::Embedded {
             fanline::app::init_store(&config)
                 .await
                 .expect("create tables");
@@ -70,6 +82,12 @@ impl TestStore {
                 let store = DynamoStore::connect(&self.config.dynamo_config())
                     .await
                     .expect("connect dynamo");
+                let stats = store.stats();
+                (Arc::new(store), stats)
+            }
+            Backend::Azure => {
+                let config = self.config.azure_config().expect("azure config");
+                let store = AzureStore::connect(&config).expect("connect azure");
                 let stats = store.stats();
                 (Arc::new(store), stats)
             }
@@ -418,9 +436,9 @@ impl Api {
     }
 }
 
-/// Runs an async test case once per backend, as two tests named after it.
+/// Runs an async test case once per backend, as three tests named after it.
 #[macro_export]
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
         $(
             mod $case {
@@ -434,6 +452,11 @@ macro_rules! on_both_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn dynamodb() {
                     super::$case(Backend::Dynamo).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn azure() {
+                    super::$case(Backend::Azure).await;
                 }
             }
         )*

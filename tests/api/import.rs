@@ -10,7 +10,7 @@ use crate::helpers::{Backend, TestStore, spawn_app_with};
 use crate::restart::{Process, fanline};
 use crate::series::read_all;
 
-on_both_backends!(
+on_every_backend!(
     an_import_killed_mid_way_resumes_without_duplicating_points,
     an_import_the_server_refuses_stops_and_says_why,
     an_import_through_a_server_lands_every_point_once,

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::helpers::{Api, Backend, TestApp, TestStore, segment, spawn_app_with};
 use crate::series::{SECOND, points, points_path, put_tags, text, ticks, write};
 
-on_both_backends!(
+on_every_backend!(
     out_of_order_and_concurrent_writes_never_move_the_latest_value_back,
     a_batch_too_large_for_one_transaction_updates_the_latest_value,
     deleting_the_newest_point_brings_back_the_newest_one_left,

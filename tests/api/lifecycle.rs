@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::helpers::{Api, Backend, TestApp, TestStore, at, post_at, segment, spawn_app_with};
 
-on_both_backends!(
+on_every_backend!(
     following_backfills_the_newest_events_in_time_order,
     unfollow_removes_the_subjects_entries_from_the_follower_timeline,
     a_fan_out_that_writes_after_an_unfollows_cleanup_takes_its_entry_back,
@@ -157,7 +157,9 @@ async fn a_post_whose_own_fan_out_commits_after_a_follow_and_an_unfollow_reaches
         .expect("the post never made its commit");
     follow(&app, "joiner", "alice").await;
     unfollow(&app, "leaver", "alice").await;
-    app.wait_for_idle().await;
+    // On Azure the held post's job waits in the queue, hidden, ahead of its event.
+    let held = u64::from(backend == Backend::Azure);
+    app.wait_for_queue_depth(held).await;
     assert_eq!(
         texts(&app.timeline("joiner").await),
         ["first"],

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Backend, raw_request, segment, spawn_app};
 
-on_both_backends!(every_limit_answers_with_its_status_and_code);
+on_every_backend!(every_limit_answers_with_its_status_and_code);
 
 /// What a case checks, its method, path and body, and the status and code it must get.
 type Case = (

@@ -16,7 +16,7 @@ use crate::helpers::{
 };
 use crate::series::read_all;
 
-on_both_backends!(
+on_every_backend!(
     written_lines_read_back_as_one_series_per_measurement_tags_and_field,
     the_tags_of_a_line_list_its_series_and_tags_set_otherwise_stay,
     a_gzip_body_writes_like_a_plain_one,

@@ -8,7 +8,7 @@ use crate::helpers::{
     Api, Backend, Reply, TestApp, TestStore, at, post_at, segment, spawn_app_with,
 };
 
-on_both_backends!(
+on_every_backend!(
     a_marker_never_set_is_version_0_with_the_whole_timeline_unread,
     each_write_names_the_version_it_replaces_and_answers_the_new_marker,
     a_stale_version_is_a_409_and_leaves_the_marker_as_it_was,

@@ -16,7 +16,7 @@ use crate::helpers::{Api, Backend, TestApp, TestStore, spawn_app_with};
 use crate::restart::{Process, fanline, serve_command, stop};
 use crate::series::read_all;
 
-on_both_backends!(
+on_every_backend!(
     a_json_message_becomes_points_readable_over_http,
     a_line_protocol_message_becomes_points_of_its_mapped_series,
     a_message_delivered_twice_leaves_each_point_once,

@@ -13,7 +13,7 @@ use crate::helpers::{
     Api, Backend, TEST_ADMIN_TOKEN, TestStore, segment, spawn_app, spawn_app_with,
 };
 
-on_both_backends!(
+on_every_backend!(
     the_document_describes_every_route_and_its_security,
     the_document_admits_exactly_what_the_server_accepts,
     schemathesis_finds_no_server_errors_or_schema_violations,

@@ -108,4 +108,4 @@ async fn the_overview_counts_what_this_process_does(backend: Backend) {
     }
 }
 
-on_both_backends!(the_overview_counts_what_this_process_does);
+on_every_backend!(the_overview_counts_what_this_process_does);

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::helpers::{Backend, spawn_app};
 
-on_both_backends!(
+on_every_backend!(
     posting_returns_the_stored_event,
     retrying_with_the_same_id_returns_the_first_event,
     concurrent_identical_retries_get_one_created_and_the_same_event_for_the_rest,
@@ -87,7 +87,7 @@ async fn concurrent_identical_retries_get_one_created_and_the_same_event_for_the
         Backend::Embedded => 30,
         // A round takes DynamoDB Local about half a second (the losers' transactions are
         // canceled as conflicts and sent again).
-        Backend::Dynamo => 10,
+        Backend::Dynamo | Backend::Azure => 10,
     };
     for round in 0..rounds {
         let id = format!("retry-{round}");

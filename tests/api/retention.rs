@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use fanline::keys::Ticks;
 use fanline::series::Retention;
+use fanline::series::layout::pending_shard;
 use fanline::store::{Query, Store, Table};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -15,7 +16,7 @@ use crate::series::{
     SECOND, day_partition, points, points_path, read_all, stored_rows, text, ticks, write,
 };
 
-on_both_backends!(
+on_every_backend!(
     expired_points_are_hidden_at_once_and_the_sweep_then_deletes_their_rows,
     a_series_retention_overrides_the_default_and_expired_writes_are_dropped,
     bad_retentions_are_a_400_and_unknown_series_a_404,
@@ -66,10 +67,15 @@ async fn expired_points_are_hidden_at_once_and_the_sweep_then_deletes_their_rows
     all.extend(points(recent(90), 60 * SECOND, 2, |i| 100.0 + i as f64));
     assert_eq!(write(&app, "s", all).await.body["written"], 11);
     assert_eq!(count_points(&app, "s").await, 11);
-    assert_eq!(
-        indexed_days(&app, "s").await,
-        3 + 1 + usize::from(text(recent(90))[..10] != text(recent(30))[..10])
-    );
+    // Azure journals every write: with no workers its rows are not folded yet (reads overlay
+    // the journal), so only the other stores hold them here.
+    let folded = backend != Backend::Azure;
+    if folded {
+        assert_eq!(
+            indexed_days(&app, "s").await,
+            3 + 1 + usize::from(text(recent(90))[..10] != text(recent(30))[..10])
+        );
+    }
 
     let reply = put_retention(&app, "s", json!({"retention": "30d"})).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
@@ -111,13 +117,15 @@ async fn expired_points_are_hidden_at_once_and_the_sweep_then_deletes_their_rows
         .map(|item| item["values"][0].as_f64().unwrap_or(0.0))
         .sum();
     assert_eq!(counts, 2.0, "{aligned:?}");
-    for day in 0..3 {
-        let partition = day_partition("s", &text(old + day * DAY));
-        assert_eq!(
-            stored_rows(&app, Table::SeriesPoints, &partition).await,
-            3,
-            "not swept yet"
-        );
+    if folded {
+        for day in 0..3 {
+            let partition = day_partition("s", &text(old + day * DAY));
+            assert_eq!(
+                stored_rows(&app, Table::SeriesPoints, &partition).await,
+                3,
+                "not swept yet"
+            );
+        }
     }
 
     // A retention the newest point is past: the latest value is hidden too.
@@ -159,7 +167,13 @@ async fn expired_points_are_hidden_at_once_and_the_sweep_then_deletes_their_rows
             )
             .await
             .expect("days");
-        if rows == 0 && old_days.is_empty() && indexed_days(&app, "gone").await == 0 {
+        // And nothing left in the journal (where Azure keeps every write until folded).
+        let journaled = stored_rows(&app, Table::SeriesPending, &pending_shard("s")).await;
+        if rows == 0
+            && old_days.is_empty()
+            && indexed_days(&app, "gone").await == 0
+            && journaled == 0
+        {
             break;
         }
         assert!(

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Backend, TestStore, segment, spawn_app_with};
 
-on_both_backends!(
+on_every_backend!(
     rollup_reads_equal_raw_reads_after_random_writes_overwrites_and_deletes,
     a_stepped_read_over_a_range_with_rollups_matches_the_raw_points,
     a_series_from_before_rollups_reads_its_points_until_a_delete_repairs_a_day,
@@ -260,7 +260,7 @@ async fn rollup_reads_equal_raw_reads_after_random_writes_overwrites_and_deletes
     let series = series_on(store.clone()).await;
     let cases = match backend {
         Backend::Embedded => 48,
-        Backend::Dynamo => 8,
+        Backend::Dynamo | Backend::Azure => 8,
     };
     let mut runner = TestRunner::new(ProptestConfig {
         cases,

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Api, Backend, Reply, TestApp, TestStore, segment, spawn_app_with};
 
-on_both_backends!(
+on_every_backend!(
     entries_arrive_live_oldest_first_as_page_items_with_resume_ids,
     a_reconnect_with_last_event_id_sends_exactly_the_missed_entries_then_live_ones,
     a_stream_after_a_row_key_or_time_first_sends_what_is_newer,

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::helpers::{Backend, spawn_app};
 
-on_both_backends!(
+on_every_backend!(
     an_event_reaches_all_300_followers_and_its_author,
     a_timeline_of_300_pages_as_250_then_50_newest_first,
 );

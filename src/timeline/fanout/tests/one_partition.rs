@@ -629,7 +629,7 @@ mod deleting_and_editing_ahead {
         show_and_drain(&store, &shaped).await;
 
         // The next edit's call dies before its swap.
-        shaped.fail_nth(1, Calls::on(Op::Put, Table::Events), Fault::Hang);
+        shaped.fail_nth(1, Calls::on(Op::Transact, Table::Events), Fault::Hang);
         let next = EventEdit {
             version: Some(2),
             ..edit("{\"n\":3}")
