@@ -16,7 +16,6 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::catalogue::meta_partition;
-use super::journal::FOLDED_ROW;
 use crate::store::{Item, Store, StoreError, StoreExt as _, Table, Write};
 use crate::timeline::audience::Quiet;
 use crate::timeline::posting::event_rows_then_job;
@@ -35,9 +34,10 @@ struct PendingPost {
 
 /// Whether `store` posts a fold's event in steps (it cannot commit it with the cursor).
 pub(super) fn in_steps(store: &dyn Store, series: &str) -> bool {
+    // The pending post's row is in the cursor's partition.
     let cursor = Write::put(
         Table::SeriesIndex,
-        Item::new(meta_partition(series), FOLDED_ROW, ""),
+        Item::new(meta_partition(series), PENDING_POST_ROW, ""),
     );
     let event = Write::put(Table::Events, Item::new(series, "event", ""));
     !store.commits_at_once(&[cursor, event])

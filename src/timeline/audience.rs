@@ -27,23 +27,10 @@ use crate::keys::Ticks;
 use crate::notices::Notices;
 use crate::store::{Condition, Item, Key, Query, Store, StoreResult, Table, Write};
 
-/// The row of an author's audience mark in `mergedAuthors`.
-const MARK_ROW: &str = "audience";
+use super::merged_authors::AUDIENCE_ROW as MARK_ROW;
 
 /// The mark of an author whose writers found no followers.
 const QUIET: &[u8] = b"quiet";
-
-/// The write that moves `author`'s audience mark, in every follow's transaction.
-pub fn followed_mark(author: &str) -> Write {
-    Write::put(
-        Table::MergedAuthors,
-        Item::new(
-            author,
-            MARK_ROW,
-            Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
-        ),
-    )
-}
 
 /// Where `author`'s audience mark is.
 pub fn mark_key(author: &str) -> Key {

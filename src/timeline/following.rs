@@ -5,7 +5,7 @@
 
 use super::live::{self, LiveMessage};
 use super::{DomainError, DomainResult, Edge, SubjectId, Timelines};
-use super::{audience, merged_authors, reconcile};
+use super::{merged_authors, reconcile};
 use crate::keys::Ticks;
 use crate::store::{Item, StoreError, Table, Write};
 
@@ -30,7 +30,7 @@ impl Timelines {
             ),
             reconcile::job(follower.as_str(), target.as_str()),
             // Writers of the target's events that found no one to fan out to look again.
-            audience::followed_mark(target.as_str()),
+            merged_authors::followed_mark(target.as_str()),
         ];
         if !self.store.commits_at_once(&writes) {
             return self.follow_in_steps(follower, target).await;

@@ -12,39 +12,23 @@
 //! 4. the job confirmed.
 //!
 //! Every reconcile job of such a call first brings the target's side in line with the
-//! follower's row as it reads it ([`repair`]), in the loop that reads the edge again until
+//! follower's row as it reads it (`edge_repair::repair`), in the loop that reads the edge again until
 //! it stops changing, so that calls interleaving their steps 2 and 3 still end in agreement.
 //! A job whose call never confirmed it (the call died, or was slower than the job's delay)
-//! first makes sure a step 2 still in flight can never land ([`settle`]): where the follow's
+//! first makes sure a step 2 still in flight can never land (`edge_repair::settle`): where the follow's
 //! create-if-absent would land it writes a row that says "not followed" (so the create
 //! fails), and where the unfollow's delete would land it rewrites the row under its own
 //! name (so the delete's comparison fails). Either call then answers an error, and nothing
 //! changed without a job.
 
-use serde::{Deserialize, Serialize};
-
+use super::edge_repair::{CALL_RACES, Change, following};
 use super::live::{self, LiveMessage};
 use super::model::EdgeRow;
 use super::{DomainError, DomainResult, Edge, SubjectId, Timelines};
-use super::{audience, merged_authors, reconcile};
-use crate::jobs::{JobError, JobResult};
+use super::{merged_authors, reconcile};
 use crate::keys::Ticks;
-use crate::store::{Condition, Item, Store, StoreError, StoreExt as _, Table, Write};
+use crate::store::{Condition, Item, StoreError, StoreExt as _, Table, Write};
 use tracing::warn;
-
-/// What the call that enqueued a reconcile job ahead of its edge write does to the edge.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(super) enum Change {
-    Follow,
-    /// Deletes the follower's row if it is still `seen` (its stored text).
-    Unfollow {
-        seen: String,
-    },
-}
-
-/// Times a call starts over because the edge changed under it.
-const CALL_RACES: usize = 8;
 
 impl Timelines {
     /// [`Timelines::follow`] in steps (see the module doc).
@@ -84,7 +68,7 @@ impl Timelines {
                     Table::SubjectFollowers,
                     Item::new(target, follower, Edge::encode_since(since)),
                 ),
-                audience::followed_mark(target),
+                merged_authors::followed_mark(target),
             ];
             self.finish_steps(target_side.into(), ahead.confirm).await;
             self.fanout_in_post.forget(target);
@@ -222,109 +206,6 @@ impl Timelines {
     }
 }
 
-/// Whether `follower`'s row says it follows `author`.
-async fn following(store: &dyn Store, follower: &str, author: &str) -> DomainResult<bool> {
-    match store.get(Table::SubjectFollowing, follower, author).await? {
-        Some(body) => Ok(!EdgeRow::decode(author, &body)
-            .map_err(DomainError::Corrupt)?
-            .gone),
-        None => Ok(false),
-    }
-}
-
-/// For a reconcile job `op` whose call never confirmed it: makes sure the call's decisive
-/// write, if still in flight, can never land (see the module doc).
-pub(super) async fn settle(
-    store: &dyn Store,
-    op: &str,
-    follower: &str,
-    author: &str,
-    change: &Change,
-) -> JobResult<()> {
-    for _ in 0..CALL_RACES {
-        let seen = store.get(Table::SubjectFollowing, follower, author).await?;
-        let fence = match (change, seen) {
-            (Change::Follow, Some(body)) => {
-                let row = EdgeRow::decode(author, &body).map_err(JobError::Corrupt)?;
-                if !row.gone || row.op.as_deref() == Some(op) {
-                    // Followed (by the call, or another), or fenced already.
-                    return Ok(());
-                }
-                // "Not followed" by another call: the call would replace it, unless it is
-                // this job's.
-                Write::Put {
-                    table: Table::SubjectFollowing,
-                    item: Item::new(
-                        follower,
-                        author,
-                        Edge::encode_stored(row.since, Some(op), true),
-                    ),
-                    condition: Condition::Equals(body),
-                }
-            }
-            (Change::Follow, None) => Write::put_if_absent(
-                Table::SubjectFollowing,
-                Item::new(
-                    follower,
-                    author,
-                    Edge::encode_stored(Ticks::now(), Some(op), true),
-                ),
-            ),
-            (Change::Unfollow { seen: expected }, Some(body)) if body == expected.as_bytes() => {
-                let row = EdgeRow::decode(author, &body).map_err(JobError::Corrupt)?;
-                Write::Put {
-                    table: Table::SubjectFollowing,
-                    item: Item::new(
-                        follower,
-                        author,
-                        Edge::encode_stored(row.since, Some(op), row.gone),
-                    ),
-                    condition: Condition::Equals(body),
-                }
-            }
-            // Deleted (by the call or another), or changed: the delete cannot land now.
-            (Change::Unfollow { .. }, _) => return Ok(()),
-        };
-        match store.write_one(fence).await {
-            Ok(()) => return Ok(()),
-            Err(StoreError::ConditionFailed) => {}
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Err(JobError::Conflict(format!(
-        "the edge {follower} -> {author} kept changing"
-    )))
-}
-
-/// Brings `author`'s side of the edge (its `subjectFollowers` row and audience marks) in
-/// line with `follower`'s row as read (`seen`).
-pub(super) async fn repair(
-    store: &dyn Store,
-    follower: &str,
-    author: &str,
-    seen: Option<&[u8]>,
-) -> JobResult<()> {
-    let row = seen
-        .map(|body| EdgeRow::decode(author, body))
-        .transpose()
-        .map_err(JobError::Corrupt)?
-        .filter(|row| !row.gone);
-    let writes = match row {
-        Some(row) => vec![
-            Write::put(
-                Table::SubjectFollowers,
-                Item::new(author, follower, Edge::encode_since(row.since)),
-            ),
-            audience::followed_mark(author),
-        ],
-        None => vec![
-            Write::delete(Table::SubjectFollowers, author, follower),
-            merged_authors::unfollowed_mark(author),
-        ],
-    };
-    Ok(store.transact_or_in_order(writes).await?)
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -340,7 +221,7 @@ mod tests {
     use crate::jobs::{JobMetrics, Processed, RunnerSettings, Wake, Worker};
     use crate::notices::Notices;
     use crate::store::fault::{Calls, Fault, FaultyStore, Op};
-    use crate::store::{EmbeddedStore, Query};
+    use crate::store::{EmbeddedStore, Query, Store};
     use crate::timeline::{NewEvent, job_handlers};
 
     struct Rig {

@@ -61,6 +61,22 @@ pub fn flag_key(author: &str) -> Key {
     Key::new(Table::MergedAuthors, author, FLAG_ROW)
 }
 
+/// The row of an author's audience mark: moved by every follow, read by the writers that post
+/// with no job when they find no follower (see `audience`).
+pub(super) const AUDIENCE_ROW: &str = "audience";
+
+/// The write that moves `author`'s audience mark, in every follow's transaction.
+pub fn followed_mark(author: &str) -> Write {
+    Write::put(
+        Table::MergedAuthors,
+        Item::new(
+            author,
+            AUDIENCE_ROW,
+            Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+        ),
+    )
+}
+
 /// The write that moves `author`'s unfollow mark, in every unfollow's transaction: a fan-out
 /// page reads the mark before its followers and again after its write, and reads its
 /// followers' edges again only if the mark moved (see `fanout::edges`). Its value is a fresh

@@ -4,6 +4,7 @@ pub(crate) mod audience;
 mod catch_up;
 mod changes;
 mod deleting;
+mod edge_repair;
 mod editing;
 mod event_index;
 pub mod fanout;

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::following_in_steps::{self, Change};
+use super::edge_repair::{self, Change};
 use super::{Edge, Event, SubjectId, merged_authors, trim};
 use crate::jobs::{Ahead, Claimed, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{Item, Query, Store, StoreExt, StoreResult, Table, Write};
@@ -80,8 +80,7 @@ impl Handler for ReconcileHandler {
         if let Some(change) = &edge.change
             && job.unconfirmed()
         {
-            following_in_steps::settle(store, job.id(), &edge.follower, &edge.author, change)
-                .await?;
+            edge_repair::settle(store, job.id(), &edge.follower, &edge.author, change).await?;
             job.confirm();
         }
         let repairs = edge.change.is_some();
@@ -121,7 +120,7 @@ pub async fn reconcile(
     let mut touched = 0;
     for _ in 0..EDGE_RACES {
         if repairs {
-            following_in_steps::repair(store, follower, author, before.as_deref()).await?;
+            edge_repair::repair(store, follower, author, before.as_deref()).await?;
         }
         let follows = match &before {
             Some(body) => Edge::decode(author, body)

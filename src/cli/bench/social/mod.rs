@@ -476,7 +476,7 @@ async fn fixed_point(
         seed: args.seed.wrapping_add(followers as u64),
         label: "fixed",
         lag_samples: args.lag_samples,
-        stats_opt: (args.store == StoreKind::Dynamodb).then(|| bench_store.stats.clone()),
+        stats_opt: (args.store != StoreKind::Embedded).then(|| bench_store.stats.clone()),
     };
     let outcome = load.run().await?;
     println!(
@@ -496,7 +496,8 @@ async fn fixed_point(
         let events = outcome.posted.max(1) as f64;
         let per_thousand = 1_000.0 / outcome.deliveries.max(1) as f64;
         println!(
-            "  dynamodb: {:.2} requests per event ({:.2} writes); per 1,000 deliveries {:.1} requests, {:.1} WCU (the bench's own queue polls left out)",
+            "  {:?}: {:.2} requests per event ({:.2} writes); per 1,000 deliveries {:.1} requests, {:.1} WCU (the bench's own queue polls left out)",
+            args.store,
             requests as f64 / events,
             writes as f64 / events,
             requests as f64 * per_thousand,
