@@ -704,14 +704,24 @@ async fn a_moved_read_marker_is_sent_to_every_stream_of_its_subject(backend: Bac
     }
 }
 
-/// On DynamoDB a stream held by a server without workers hears the deliveries of a separate
-/// `fanline worker` process (through the notices feed: the heartbeat, the streams' fallback
-/// read, is set far beyond the deadline), and SIGTERM closes it as the server stops cleanly.
+/// On a shared store a stream held by a server without workers hears the deliveries of a
+/// separate `fanline worker` process (through the notices feed: the heartbeat, the streams'
+/// fallback read, is set far beyond the deadline), and SIGTERM closes it as the server stops
+/// cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_on_a_server_hears_a_worker_processs_deliveries_and_sigterm_ends_it() {
+async fn a_stream_on_a_dynamodb_server_hears_a_worker_processs_deliveries_and_sigterm_ends_it() {
+    a_stream_hears_another_processs_deliveries(Backend::Dynamo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_an_azure_server_hears_a_worker_processs_deliveries_and_sigterm_ends_it() {
+    a_stream_hears_another_processs_deliveries(Backend::Azure).await;
+}
+
+async fn a_stream_hears_another_processs_deliveries(backend: Backend) {
     use crate::restart::{Process, fanline, serve_command, stop};
 
-    let store = TestStore::new(Backend::Dynamo).await;
+    let store = TestStore::new(backend).await;
     let mut server_command = fanline("serve", &store, 0);
     server_command.env("FANLINE_STREAM_HEARTBEAT_MS", "600000");
     let (server, api) = serve_command(server_command);
