@@ -57,6 +57,22 @@ impl Default for RunnerSettings {
 }
 
 #[cfg(test)]
+impl Worker {
+    /// A worker of its own process for tests of work through faults (see
+    /// [`RunnerSettings::patient_and_quick`]).
+    pub fn patient_and_quick(store: Arc<dyn Store>, handlers: Handlers) -> Worker {
+        Worker::new(
+            store,
+            handlers,
+            RunnerSettings::patient_and_quick(),
+            Wake::without_handoff(),
+            JobMetrics::default(),
+            CancellationToken::new(),
+        )
+    }
+}
+
+#[cfg(test)]
 impl RunnerSettings {
     /// For tests of work through faults: short leases and delays, and never a dead letter.
     pub fn patient_and_quick() -> Self {

@@ -3,12 +3,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
 use super::reading::Range;
 use super::*;
 use crate::cursor::CursorCodec;
-use crate::jobs::{JobMetrics, Processed, RunnerSettings, Wake, Worker};
+use crate::jobs::{Processed, Wake, Worker};
 use crate::notices::Notices;
 use crate::store::fault::{Calls, Fault, FaultyStore, Op};
 use crate::store::{EmbeddedStore, Query, Store, StoreExt as _, Table};
@@ -58,14 +56,7 @@ fn worker(store: Arc<dyn Store>) -> Worker {
         retention::Retention::Forever,
         Some(quiet()),
     ));
-    Worker::new(
-        store,
-        handlers,
-        RunnerSettings::patient_and_quick(),
-        Wake::without_handoff(),
-        JobMetrics::default(),
-        CancellationToken::new(),
-    )
+    Worker::patient_and_quick(store, handlers)
 }
 
 async fn queued(store: &EmbeddedStore) -> u64 {

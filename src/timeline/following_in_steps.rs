@@ -213,12 +213,11 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use rand::{Rng as _, SeedableRng as _};
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::config::Config;
     use crate::cursor::CursorCodec;
-    use crate::jobs::{JobMetrics, Processed, RunnerSettings, Wake, Worker};
+    use crate::jobs::{Processed, Wake, Worker};
     use crate::notices::Notices;
     use crate::store::fault::{Calls, Fault, FaultyStore, Op};
     use crate::store::{EmbeddedStore, Query, Store};
@@ -278,14 +277,7 @@ mod tests {
             &Wake::without_handoff(),
             &Notices::local(),
         );
-        Worker::new(
-            store,
-            handlers,
-            RunnerSettings::patient_and_quick(),
-            Wake::without_handoff(),
-            JobMetrics::default(),
-            CancellationToken::new(),
-        )
+        Worker::patient_and_quick(store, handlers)
     }
 
     async fn queued(store: &EmbeddedStore) -> u64 {
@@ -406,6 +398,16 @@ mod tests {
         assert_agree(&rig, "reader", true).await;
     }
 
+    /// Once the call's decisive write is held at `gate`: shows its job, as its delay passing
+    /// would, and runs it (on the store under the faults, so its writes are not held).
+    async fn run_its_job_while_held(rig: &Rig, gate: &crate::store::fault::Gate) {
+        gate.reached().await;
+        crate::jobs::show_hidden_jobs(&rig.store).await;
+        let mut worker = worker(Arc::new(rig.store.clone()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        drain(&mut worker, &rig.store, &AtomicBool::new(true), deadline).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_follow_slower_than_its_job_is_fenced_out_and_answers_an_error() {
         let rig = rig().await;
@@ -416,16 +418,7 @@ mod tests {
             let timelines = rig.timelines.clone();
             tokio::spawn(async move { timelines.follow(&id("reader"), &id("author")).await })
         };
-        gate.reached().await;
-        crate::jobs::show_hidden_jobs(&rig.store).await;
-        let mut worker = worker(Arc::new(rig.store.clone()));
-        drain(
-            &mut worker,
-            &rig.store,
-            &AtomicBool::new(true),
-            Instant::now() + Duration::from_secs(10),
-        )
-        .await;
+        run_its_job_while_held(&rig, &gate).await;
         gate.open();
         let answer = following.await.expect("follow task");
         assert!(
@@ -458,16 +451,7 @@ mod tests {
             let timelines = rig.timelines.clone();
             tokio::spawn(async move { timelines.unfollow(&id("reader"), &id("author")).await })
         };
-        gate.reached().await;
-        crate::jobs::show_hidden_jobs(&rig.store).await;
-        let mut worker = worker(Arc::new(rig.store.clone()));
-        drain(
-            &mut worker,
-            &rig.store,
-            &AtomicBool::new(true),
-            Instant::now() + Duration::from_secs(10),
-        )
-        .await;
+        run_its_job_while_held(&rig, &gate).await;
         assert_agree(&rig, "reader", true).await;
         gate.open();
         unfollowing

@@ -112,17 +112,7 @@ fn the_readme_dynamodb_block_and_curl_session_answer_as_shown() {
             .replace(DYNAMO_LAUNCHER, &launcher.display().to_string());
         shell.check(&step, DYNAMO_STEP_TIMEOUT);
     }
-    shell.wait_for_port(port);
-    let mut session = readme.session();
-    let auth = session
-        .iter_mut()
-        .find(|step| step.command.starts_with("AUTH="))
-        .expect("the curl session sets AUTH");
-    auth.command = readme.dynamo_auth_line();
-    for step in session {
-        shell.check(&with_port_in(step, README_PORT, port), SESSION_STEP_TIMEOUT);
-    }
-    shell.stop();
+    run_session_on_a_shared_store(&readme, shell, port);
 }
 
 #[test]
@@ -149,6 +139,12 @@ fn the_readme_azure_block_and_curl_session_answer_as_shown() {
             .replace(DEVELOPMENT_STORAGE, &format!("'{account}'"));
         shell.check(&step, DYNAMO_STEP_TIMEOUT);
     }
+    run_session_on_a_shared_store(&readme, shell, port);
+}
+
+/// Once a shared store's block has started a server on `port`: the curl session, with the
+/// `AUTH=` line the section gives for the admin token it set.
+fn run_session_on_a_shared_store(readme: &Readme, mut shell: Shell, port: u16) {
     shell.wait_for_port(port);
     let mut session = readme.session();
     let auth = session
