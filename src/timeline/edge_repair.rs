@@ -10,7 +10,9 @@ use super::model::EdgeRow;
 use super::{DomainError, DomainResult, Edge};
 use crate::jobs::{JobError, JobResult};
 use crate::keys::Ticks;
-use crate::store::{Condition, Item, Store, StoreError, StoreExt as _, Table, Write};
+use bytes::Bytes;
+
+use crate::store::{Condition, Item, Key, Store, StoreError, StoreExt as _, Table, Write};
 
 /// What the call that enqueued a reconcile job ahead of its edge write does to the edge.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,31 +106,78 @@ pub(super) async fn settle(
     )))
 }
 
-/// Brings `author`'s side of the edge (its `subjectFollowers` row and audience marks) in
-/// line with `follower`'s row as read (`seen`).
-pub(super) async fn repair(
-    store: &dyn Store,
-    follower: &str,
-    author: &str,
-    seen: Option<&[u8]>,
-) -> JobResult<()> {
-    let row = seen
-        .map(|body| EdgeRow::decode(author, body))
-        .transpose()
-        .map_err(JobError::Corrupt)?
-        .filter(|row| !row.gone);
-    let writes = match row {
-        Some(row) => vec![
-            Write::put(
-                Table::SubjectFollowers,
-                Item::new(author, follower, Edge::encode_since(row.since)),
-            ),
-            merged_authors::followed_mark(author),
-        ],
-        None => vec![
-            Write::delete(Table::SubjectFollowers, author, follower),
-            merged_authors::unfollowed_mark(author),
-        ],
+/// Brings `author`'s side of the edge (its `subjectFollowers` row, and the mark that says it
+/// changed) in line with `follower`'s row, if they disagree.
+///
+/// The author's two marks are read before the follower's row, and the repair is one group
+/// on the author's partition that checks them unchanged. A call's step on the author's side
+/// moves one of them, after its step on the follower's row: so a repair that read the
+/// follower's row before a later call changed it fails, rather than undo that call's side
+/// (it reads again). A mark never written is written first, since a check that a row is
+/// absent cannot go in a group on Azure.
+pub(super) async fn repair(store: &dyn Store, follower: &str, author: &str) -> JobResult<()> {
+    let audience_key = Key::new(Table::MergedAuthors, author, merged_authors::AUDIENCE_ROW);
+    let unfollowed_key = merged_authors::unfollowed_key(author);
+    let target_key = Key::new(Table::SubjectFollowers, author, follower);
+    // A mark moved: a fresh value, written only over the one read.
+    let moved = |key: &Key, condition: Condition| Write::Put {
+        table: key.table,
+        item: Item::new(
+            &key.partition,
+            &key.row,
+            Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+        ),
+        condition,
     };
-    Ok(store.transact_or_in_order(writes).await?)
+    for _ in 0..CALL_RACES {
+        let seen = store
+            .get_many(vec![
+                audience_key.clone(),
+                unfollowed_key.clone(),
+                target_key.clone(),
+            ])
+            .await?;
+        let [audience, unfollowed, target] = <[Option<Bytes>; 3]>::try_from(seen)
+            .map_err(|_| JobError::Corrupt("a read of three keys".into()))?;
+        let (Some(audience), Some(unfollowed)) = (audience, unfollowed) else {
+            for key in [&audience_key, &unfollowed_key] {
+                match store.write_one(moved(key, Condition::Absent)).await {
+                    Ok(()) | Err(StoreError::ConditionFailed) => {}
+                    Err(err) => return Err(err.into()),
+                }
+            }
+            continue;
+        };
+        let row = match store.get(Table::SubjectFollowing, follower, author).await? {
+            Some(body) => Some(EdgeRow::decode(author, &body).map_err(JobError::Corrupt)?),
+            None => None,
+        }
+        .filter(|row| !row.gone);
+        if row.is_some() == target.is_some() {
+            return Ok(());
+        }
+        let writes = match row {
+            Some(row) => vec![
+                Write::put(
+                    Table::SubjectFollowers,
+                    Item::new(author, follower, Edge::encode_since(row.since)),
+                ),
+                moved(&audience_key, Condition::Equals(audience)),
+                Write::check(unfollowed_key.clone(), Condition::Equals(unfollowed)),
+            ],
+            None => vec![
+                Write::delete(Table::SubjectFollowers, author, follower),
+                moved(&unfollowed_key, Condition::Equals(unfollowed)),
+                Write::check(audience_key.clone(), Condition::Equals(audience)),
+            ],
+        };
+        match store.transact(writes).await {
+            Ok(()) => return Ok(()),
+            Err(StoreError::ConditionFailed) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(JobError::Conflict(format!(
+        "the edge {follower} -> {author} kept changing"
+    )))
 }

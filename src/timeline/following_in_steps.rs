@@ -462,6 +462,52 @@ mod tests {
         assert_agree(&rig, "reader", false).await;
     }
 
+    /// A reconcile job that read the edge as followed, and repairs the author's side missing,
+    /// must not write it after an unfollow that came meanwhile: its group fails on the mark
+    /// the unfollow moved, and it reads again, so the author's side is never seen followed
+    /// after the unfollow was answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_repair_that_read_the_edge_before_an_unfollow_does_not_write_after_it() {
+        let rig = rig().await;
+        settle_all(&rig).await;
+        // The follow's own write of the author's side fails: its job is to repair it.
+        rig.shaped.fail_nth(
+            1,
+            Calls::on(Op::Transact, Table::SubjectFollowers),
+            Fault::Unavailable,
+        );
+        rig.timelines
+            .follow(&id("reader"), &id("author"))
+            .await
+            .expect("follow");
+        rig.shaped.clear();
+        let holding = Arc::new(FaultyStore::new(Arc::new(rig.store.clone())).azure_shaped());
+        let repair = holding.hold_nth(1, Calls::on(Op::Transact, Table::SubjectFollowers));
+        // The job's reads of the follower's row: its edge, its repair's, then the next.
+        let next = holding.hold_nth(3, Calls::on(Op::Get, Table::SubjectFollowing));
+        let mut worker = worker(holding.clone());
+        let stepping = tokio::spawn(async move { worker.try_process_one().await });
+        repair.reached().await;
+        rig.timelines
+            .unfollow(&id("reader"), &id("author"))
+            .await
+            .expect("unfollow");
+        repair.open();
+        next.reached().await;
+        assert!(
+            rig.store
+                .get(Table::SubjectFollowers, "author", "reader")
+                .await
+                .expect("get")
+                .is_none(),
+            "the author's side stays unfollowed"
+        );
+        next.open();
+        stepping.await.expect("step task").expect("step");
+        settle_all(&rig).await;
+        assert_agree(&rig, "reader", false).await;
+    }
+
     /// Follows and unfollows of several readers made at once, through a store failing at
     /// random, with a worker running their jobs meanwhile: once everything is settled, each
     /// reader's two edge rows agree with each other and with its timeline, and a reader

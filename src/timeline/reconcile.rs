@@ -120,7 +120,7 @@ pub async fn reconcile(
     let mut touched = 0;
     for _ in 0..EDGE_RACES {
         if repairs {
-            edge_repair::repair(store, follower, author, before.as_deref()).await?;
+            edge_repair::repair(store, follower, author).await?;
         }
         let follows = match &before {
             Some(body) => Edge::decode(author, body)
