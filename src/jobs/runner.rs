@@ -25,7 +25,7 @@ use super::wake::Wake;
 use super::{Ending, Handler, Handlers, JobError, JobResult, Outcome, dead_letter};
 use crate::keys::Ticks;
 use crate::store::{
-    MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Store, StoreError, Write, write_bytes,
+    MAX_TRANSACTION_BYTES, MAX_TRANSACTION_WRITES, Store, StoreError, Table, Write, write_bytes,
 };
 
 #[derive(Clone, Debug)]
@@ -800,11 +800,12 @@ impl Worker {
     }
 
     /// Whether the store commits `job`'s whole ending in one transaction: its `writes`, its
-    /// `closing`, its record's update and its delete.
+    /// `closing`, its record's update (a delete of the record stands for it: only its key
+    /// matters) and its delete.
     fn ends_at_once(&self, job: &Claimed, writes: &[Write], closing: &[Write]) -> bool {
         let mut all: Vec<Write> = writes.iter().chain(closing).cloned().collect();
         if let Some(key) = &job.job.status {
-            all.push(status::absent(key, &job.job).write());
+            all.push(Write::delete(Table::FanoutStatus, &key.partition, &key.row));
         }
         all.push(job.delete_write());
         self.store.commits_at_once(&all)

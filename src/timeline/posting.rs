@@ -119,13 +119,12 @@ impl Timelines {
                 Err(err) => return Err(err.into()),
             }
         }
-        let mut together = writes.clone();
-        together.push(delivery_job(&event, received).write());
-        if !self.store.commits_at_once(&together) {
+        writes.push(delivery_job(&event, received).write());
+        if !self.store.commits_at_once(&writes) {
             return self.post_ahead(author, &new, event, received).await;
         }
-        let handover = self.wake_workers.handover(&together);
-        match self.store.transact(together).await {
+        let handover = self.wake_workers.handover(&writes);
+        match self.store.transact(writes).await {
             Ok(()) => {
                 self.wake_workers.hand_over(handover);
                 self.posted(author);
