@@ -147,6 +147,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_timeline_len: u32,
 
+    /// Groups a subject's notification feed keeps ("carol and 14 others liked your post" is
+    /// one); the groups updated longest ago go first.
+    #[arg(long, help_heading = FANOUT, env = "FANLINE_MAX_NOTIFICATION_GROUPS", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_notification_groups: u32,
+
     /// Newest events of a subject copied into a new follower's timeline.
     #[arg(long, help_heading = FANOUT, env = "FANLINE_BACKFILL", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(0..=1000))]
@@ -347,6 +353,7 @@ impl Config {
             max_timeline_len: self.max_timeline_len as usize,
             backfill: self.backfill as usize,
             catch_up_window: Duration::from_secs(self.catch_up_window_secs),
+            max_notification_groups: self.max_notification_groups as usize,
         }
     }
 
@@ -367,6 +374,7 @@ impl Config {
             max_timeline_len: self.max_timeline_len as usize,
             backfill: self.backfill as usize,
             merge_threshold: self.merge_threshold as usize,
+            max_notification_groups: self.max_notification_groups as usize,
         }
     }
 

@@ -53,7 +53,10 @@ fn need(method: &Method, template: &str, param: impl Fn(&str) -> String) -> Need
         | "/v1/subjects/{subject}/followers"
         | "/v1/subjects/{subject}/timeline"
         | "/v1/subjects/{subject}/timeline/stream"
-        | "/v1/subjects/{subject}/marker" => Need::Subject(param("subject")),
+        | "/v1/subjects/{subject}/marker"
+        | "/v1/subjects/{subject}/notifications"
+        | "/v1/subjects/{subject}/notifications/marker"
+        | "/v1/subjects/{subject}/notifications/stream" => Need::Subject(param("subject")),
         "/v1/whoami" => Need::AnyToken,
         "/v1/series/{series}/points" if method == Method::POST => {
             Need::SeriesWrite(param("series"))

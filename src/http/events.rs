@@ -18,6 +18,7 @@ use super::fanout::{EventPath, FanoutStatusResponse};
 use super::page::{PageParams, PageResponse, entry_page};
 use super::schema::Name;
 use super::{AppState, subject};
+use crate::timeline::notifications::Addressing;
 use crate::timeline::{Event, EventEdit, NewEvent, Posted, TimelineEntry};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -50,6 +51,24 @@ struct PostEventRequest {
     /// When it happened, RFC 3339; now when absent.
     #[schema(format = DateTime)]
     at: Option<String>,
+    /// Subjects whose notification feeds get the event, whether or not they follow the
+    /// author: at most 100 valid subject ids (repeats count once). Never shown on any item.
+    #[schema(value_type = Vec<Name>, max_items = 100)]
+    #[serde(default)]
+    to: Vec<String>,
+    /// The group the event counts in on those feeds: one item per kind, group and UTC day
+    /// ("carol and 14 others liked your post"). 1 to 256 bytes, no control characters.
+    /// Without it the event is a group of its own.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
+    )]
+    group: Option<String>,
+    /// `false`: no timeline gets the event (not the author's, not the followers'); it is in
+    /// the author's log and its targets' notification feeds only (a like, say). `true` when
+    /// absent.
+    fanout: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -57,6 +76,9 @@ pub struct EventResponse {
     event_id: Uuid,
     subject: String,
     kind: String,
+    /// `false` on an event posted with `"fanout": false`; absent on every other.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fanout: Option<bool>,
     #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
     /// RFC 3339, UTC.
@@ -79,6 +101,7 @@ impl From<Event> for EventResponse {
             event_id: event.event_id,
             subject: event.author.as_str().to_owned(),
             kind: event.kind,
+            fanout: (!event.fanout).then_some(false),
             payload: event.payload,
             at: event.at.to_string(),
             edited_at: event.edited_at.map(|at| at.to_string()),
@@ -158,6 +181,11 @@ async fn post_event(
         kind: request.kind,
         payload: request.payload,
         at: request.at,
+        addressing: Addressing {
+            to: request.to,
+            group: request.group,
+            fanout: request.fanout.unwrap_or(true),
+        },
     };
     let response = match state.timelines.post_event(&author, new).await? {
         Posted::Created(event) => {
@@ -250,6 +278,7 @@ mod tests {
                     row_key: event_row_key(at, event_id),
                     version: 1,
                     edited_at: None,
+                    fanout: true,
                 }
             })
             .collect();

@@ -11,6 +11,7 @@ mod health;
 mod influx;
 mod marker;
 mod metrics;
+mod notifications;
 mod openapi;
 mod overview;
 mod page;
@@ -99,6 +100,7 @@ pub fn router(state: AppState, bodies: BodyLimits) -> Router {
         .merge(following::router())
         .merge(timeline::router())
         .merge(marker::router())
+        .merge(notifications::router())
         .merge(fanout::router())
         .merge(stream::router())
         .merge(auth::router())

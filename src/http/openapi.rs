@@ -63,6 +63,7 @@ const PUBLIC_EVENTS_ROUTE: &str = "/v1/subjects/{subject}/events";
         (name = "events", description = "Subjects' event logs, their fan-out and deletes"),
         (name = "following", description = "Follow edges"),
         (name = "timeline", description = "Timelines, newest first, catch-up reads, live streams and read markers"),
+        (name = "notifications", description = "Notification feeds: events addressed to a subject, grouped, with seen and read, and live"),
         (name = "series", description = "Sensor readings as time series"),
         (name = "admin", description = "Tokens and fan-out repair; the admin token only"),
         (name = "tokens", description = "Who the caller's token acts as; any valid token"),

@@ -31,6 +31,10 @@ pub(crate) struct TimelineItemResponse {
     event_id: Uuid,
     author: String,
     kind: String,
+    /// `false` on an event posted with `"fanout": false` (in its author's log only); absent
+    /// on every other.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fanout: Option<bool>,
     #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
     /// RFC 3339, UTC.
@@ -176,6 +180,7 @@ mod tests {
             row_key: event_row_key(at, event_id),
             version: 1,
             edited_at: None,
+            fanout: true,
         }
     }
 
@@ -193,6 +198,7 @@ mod tests {
         // The second one edited twice: its page item says so.
         let mut events = events;
         events[1].version = 3;
+        events[1].fanout = false;
         events[1].edited_at = Some(Ticks::new(639_000_000_000_000_123).expect("ticks"));
         let entries: Vec<TimelineEntry> = events.iter().map(TimelineEntry::of_event).collect();
         for (next_cursor, truncated) in [(None, true), (Some("abc-_\"\\\u{1}"), false)] {
@@ -212,6 +218,7 @@ mod tests {
                             event_id: event.event_id,
                             author: event.author.to_string(),
                             kind: event.kind.clone(),
+                            fanout: (!event.fanout).then_some(false),
                             payload: event.payload.clone(),
                             at: event.at.to_string(),
                             edited_at: event.edited_at.map(|at| at.to_string()),

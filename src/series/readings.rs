@@ -62,6 +62,7 @@ pub fn readings_event(
         row_key: event_row_key(received, event_id),
         version: 1,
         edited_at: None,
+        fanout: true,
     })
 }
 

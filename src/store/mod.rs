@@ -178,10 +178,14 @@ pub enum Table {
     /// Owner subject id -> `{ticks}_{event id}`: the edits and deletes of events the owner's
     /// timeline references, oldest first, for catch-up readers that hold them.
     TimelineChanges,
+    /// Subject id -> `g/{group}`, `u/..`, `c/..`, `e/{event}`, `m/..`, `a/..`, `r/..`,
+    /// `marker`: the subject's notification feed, its groups and what counts them (see
+    /// `timeline::notifications`).
+    Notifications,
 }
 
 impl Table {
-    pub(crate) const ALL: [Table; 22] = [
+    pub(crate) const ALL: [Table; 23] = [
         Table::Events,
         Table::Timelines,
         Table::SubjectFollowers,
@@ -204,6 +208,7 @@ impl Table {
         Table::Markers,
         Table::Notices,
         Table::TimelineChanges,
+        Table::Notifications,
     ];
 
     /// The logical table name, as in DESIGN.md; backends prepend their prefix.
@@ -231,6 +236,7 @@ impl Table {
             Table::Markers => "readMarkers",
             Table::Notices => "notices",
             Table::TimelineChanges => "timelineChanges",
+            Table::Notifications => "notifications",
         }
     }
 }
@@ -586,6 +592,15 @@ pub trait StoreExt: Store {
                 condition,
             } => self.delete(table, &partition, &row, condition).await,
             check @ Write::Check { .. } => self.transact(vec![check]).await,
+        }
+    }
+
+    /// Applies `writes` at once: one by the single-item call, several in a transaction.
+    async fn write_together(&self, mut writes: Vec<Write>) -> StoreResult<()> {
+        match writes.len() {
+            0 => Ok(()),
+            1 => self.write_one(writes.remove(0)).await,
+            _ => self.transact(writes).await,
         }
     }
 

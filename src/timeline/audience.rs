@@ -199,6 +199,7 @@ mod tests {
             row_key: event_row_key(at, event_id),
             version: 1,
             edited_at: None,
+            fanout: true,
         }
     }
 

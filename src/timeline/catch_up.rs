@@ -701,6 +701,7 @@ mod tests {
             row_key: String::new(),
             version: 1,
             edited_at: None,
+            fanout: true,
         };
         let row_key = event_row_key(at, event.event_id);
         let event = crate::timeline::Event {
@@ -768,6 +769,7 @@ mod tests {
                 max_timeline_len: 800,
                 backfill: 100,
                 catch_up_window: Duration::from_secs(60),
+                max_notification_groups: 200,
             },
             crate::jobs::Wake::without_handoff(),
         );

@@ -11,8 +11,10 @@ use super::event_index::{EventIndex, delete_writes};
 use super::fanout::removal_job;
 use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
 use super::live::{self, LiveMessage};
+use super::notifications::{self, Notified};
 use super::rolled_forward::write_with_job_ahead;
 use super::{DomainError, DomainResult, SubjectId, Timelines};
+use crate::jobs::NewJob;
 use crate::keys::Ticks;
 use crate::notices::Notice;
 use crate::store::{StoreError, Table};
@@ -36,16 +38,30 @@ impl Timelines {
         let index = EventIndex::decode(&seen, event_id)?;
         if !index.deleted {
             let writes = delete_writes(author.as_str(), event_id, &index.row_key, seen);
-            let job = removal_job(author.as_str(), &index.row_key, event_id, Ticks::now());
+            let jobs = || {
+                let now = Ticks::now();
+                let mut jobs = vec![removal_job(author.as_str(), &index.row_key, event_id, now)];
+                // An addressed event leaves its targets' feeds too.
+                if let Some(addressed) = &index.addressed {
+                    let notified = Notified {
+                        author: author.as_str(),
+                        row_key: &index.row_key,
+                        event_id,
+                        kind: "",
+                        addressed,
+                    };
+                    jobs.push(notifications::removal_job(&notified, now));
+                }
+                jobs
+            };
             let mut together = writes.clone();
-            together.push(job.write());
+            together.extend(jobs().into_iter().map(NewJob::write));
             let deleted = if store.commits_at_once(&together) {
                 store.transact(together).await
             } else {
-                // The removal job ahead: one its call never confirmed deletes the event
+                // The removal jobs ahead: one its call never confirmed deletes the event
                 // itself if it is still there.
-                let job = removal_job(author.as_str(), &index.row_key, event_id, Ticks::now());
-                write_with_job_ahead(store, job, writes).await
+                write_with_job_ahead(store, jobs(), writes).await
             };
             match deleted {
                 Ok(()) => self.deleted(author, &index.row_key, event_id),

@@ -9,12 +9,15 @@
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::event_index::row_key_of;
+use super::event_index::live_index;
 use super::fanout::status::parse_event_id;
 use super::fanout::{edit_job, edit_job_ahead};
 use super::live::{self, LiveMessage};
+use super::notifications::{self, Addressed};
+use super::posting::notified;
 use super::rolled_forward::write_with_job_ahead;
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
+use crate::jobs::NewJob;
 use crate::keys::Ticks;
 use crate::notices::Notice;
 use crate::store::{Condition, Item, StoreError, Table, Write};
@@ -49,7 +52,7 @@ impl Timelines {
         }
         self.check_payload(&edit.payload)?;
         for _ in 0..MAX_SWAPS {
-            let (current, stored) = self.live_event(author, event_id).await?;
+            let (current, stored, addressed) = self.live_event(author, event_id).await?;
             match edit.version {
                 // A retry of the edit that made the current version.
                 Some(version)
@@ -80,14 +83,22 @@ impl Timelines {
                 item: Item::new(author.as_str(), &edited.row_key, edited.encode()),
                 condition: Condition::Equals(stored.clone()),
             };
-            let writes = vec![swap.clone(), edit_job(&edited, now).write()];
+            // An addressed event's targets' streams hear of it too.
+            let notify = || {
+                addressed.as_ref().map(|addressed| {
+                    notifications::edit_job(&notified(&edited, addressed), edited.version, now)
+                })
+            };
+            let mut writes = vec![swap.clone(), edit_job(&edited, now).write()];
+            writes.extend(notify().map(NewJob::write));
             let swapped = if self.store.commits_at_once(&writes) {
                 self.store.transact(writes).await
             } else {
                 // The edit's job ahead, carrying the edit: one its call never confirmed makes
                 // the edit itself if the event is still as `stored`.
-                let job = edit_job_ahead(&edited, now, &stored);
-                write_with_job_ahead(self.store.as_ref(), job, vec![swap]).await
+                let mut jobs = vec![edit_job_ahead(&edited, now, &stored)];
+                jobs.extend(notify());
+                write_with_job_ahead(self.store.as_ref(), jobs, vec![swap]).await
             };
             match swapped {
                 Ok(()) => {
@@ -116,23 +127,24 @@ impl Timelines {
         )))
     }
 
-    /// One of `author`'s events and its stored body; not found if it never existed or was
-    /// deleted.
+    /// One of `author`'s events, its stored body and whom it is addressed to; not found if
+    /// it never existed or was deleted.
     async fn live_event(
         &self,
         author: &SubjectId,
         event_id: Uuid,
-    ) -> DomainResult<(Event, bytes::Bytes)> {
+    ) -> DomainResult<(Event, bytes::Bytes, Option<Addressed>)> {
         let not_found = || DomainError::NotFound(format!("{author} has no event {event_id}"));
-        let row_key = row_key_of(self.store.as_ref(), author.as_str(), event_id)
+        let index = live_index(self.store.as_ref(), author.as_str(), event_id)
             .await?
             .ok_or_else(not_found)?;
+        let row_key = index.row_key;
         let stored = self
             .store
             .get(Table::Events, author.as_str(), &row_key)
             .await?
             .ok_or_else(not_found)?;
         let event = Event::decode(author, &row_key, &stored).map_err(DomainError::Corrupt)?;
-        Ok((event, stored))
+        Ok((event, stored, index.addressed))
     }
 }

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::notifications::Addressed;
 use super::{DomainError, DomainResult, Event, SubjectId};
 use crate::store::{Item, Store, StoreError, StoreExt as _, Table, Write};
 
@@ -14,6 +15,9 @@ pub struct EventIndex {
     pub row_key: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleted: bool,
+    /// Who the event was addressed to, if anyone: its delete and its edits reach them too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addressed: Option<Addressed>,
 }
 
 impl EventIndex {
@@ -21,6 +25,7 @@ impl EventIndex {
         EventIndex {
             row_key: row_key.to_owned(),
             deleted: false,
+            addressed: None,
         }
     }
 
@@ -41,12 +46,23 @@ pub(super) async fn row_key_of(
     author: &str,
     event_id: Uuid,
 ) -> DomainResult<Option<String>> {
+    Ok(live_index(store, author, event_id)
+        .await?
+        .map(|index| index.row_key))
+}
+
+/// The index of one of `author`'s events, if it exists and was not deleted.
+pub(super) async fn live_index(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+) -> DomainResult<Option<EventIndex>> {
     let id_row = event_id.as_hyphenated().to_string();
     let Some(body) = store.get(Table::EventIds, author, &id_row).await? else {
         return Ok(None);
     };
     let index = EventIndex::decode(&body, event_id)?;
-    Ok((!index.deleted).then_some(index.row_key))
+    Ok((!index.deleted).then_some(index))
 }
 
 /// The current version of one of `author`'s events; `None` if it is gone.
@@ -85,6 +101,7 @@ pub(super) async fn posted_or_fenced(
     let fence = EventIndex {
         row_key: row_key.to_owned(),
         deleted: true,
+        addressed: None,
     };
     let write = Write::put_if_absent(Table::EventIds, Item::new(author, &id_row, fence.encode()));
     match store.write_one(write).await {
@@ -111,6 +128,7 @@ pub(super) fn delete_writes(
     let deleted = EventIndex {
         row_key: row_key.to_owned(),
         deleted: true,
+        addressed: None,
     };
     vec![
         Write::delete(Table::Events, author, row_key),

@@ -266,6 +266,7 @@ mod tests {
             kind: None,
             payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
             at: None,
+            addressing: crate::timeline::notifications::Addressing::default(),
         }
     }
 

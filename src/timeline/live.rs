@@ -4,6 +4,8 @@
 //! - `timeline/{owner}`: [`Notice::Changed`] when entries are written to the owner's timeline;
 //!   a [`LiveMessage`] when one of its entries is removed or edited, an author is unfollowed or
 //!   its read marker moves.
+//! - `notifications/{owner}`: [`Notice::Changed`] when the owner's notification feed or its
+//!   marker changes.
 //! - `author/{author}`: [`Notice::Changed`] when an author whose events are merged at read time
 //!   posts; a [`LiveMessage::Removed`] when it deletes one, a [`LiveMessage::Updated`] when it
 //!   edits one. Streams of timelines that merge the
@@ -19,6 +21,12 @@ use crate::notices::{Notice, Notices};
 /// The topic of `owner`'s timeline.
 pub fn timeline_topic(owner: &str) -> String {
     format!("timeline/{owner}")
+}
+
+/// The topic of `owner`'s notification feed: [`Notice::Changed`] when a group of it changes
+/// or its marker moves.
+pub fn notifications_topic(owner: &str) -> String {
+    format!("notifications/{owner}")
 }
 
 /// The topic of a merged author's own events.

@@ -266,6 +266,7 @@ mod tests {
                 max_timeline_len: CAP,
                 backfill: 100,
                 catch_up_window: Duration::from_secs(60),
+                max_notification_groups: 200,
             },
             crate::jobs::Wake::without_handoff(),
         )
@@ -295,6 +296,7 @@ mod tests {
             row_key: String::new(),
             version: 1,
             edited_at: None,
+            fanout: true,
         };
         let row_key = event_row_key(at(seconds), event.event_id);
         let event = crate::timeline::Event {

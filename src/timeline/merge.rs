@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::hydrate::EventCache;
 use super::merged_authors::{self, MergedSource};
-use super::model::EntryRef;
+use super::model::{EntryRef, is_unfanned};
 use super::{DomainError, DomainResult, SubjectId, TimelineEntry};
 use crate::store::{Direction, Item, Query, Store, StoreResult, Table};
 
@@ -373,6 +373,10 @@ impl Merged {
             if self.last_row == item.row {
                 continue;
             }
+            // An event posted with `"fanout": false` is in its author's log, in no timeline.
+            if matches!(self.sources[best].origin, Origin::Events(_)) && is_unfanned(&item.value) {
+                continue;
+            }
             self.last_row.clone_from(&item.row);
             let row = match &self.sources[best].origin {
                 Origin::Timeline => {
@@ -411,6 +415,7 @@ mod tests {
             row_key: event_row_key(at, event_id),
             version: 1,
             edited_at: None,
+            fanout: true,
         };
         store
             .batch_write(vec![Write::put(

@@ -16,6 +16,7 @@ mod marker;
 mod merge;
 pub(crate) mod merged_authors;
 mod model;
+pub mod notifications;
 pub(crate) mod posting;
 pub(crate) mod reading;
 pub(crate) mod reconcile;
@@ -58,6 +59,8 @@ pub struct Settings {
     /// How late an entry may arrive (after a newer one was read) and still reach a catch-up
     /// reader.
     pub catch_up_window: std::time::Duration,
+    /// Groups a notification feed keeps, newest updated first; a read never shows more.
+    pub max_notification_groups: usize,
 }
 
 /// Errors the domain reports; the HTTP layer gives each its status.
@@ -244,6 +247,7 @@ pub fn job_handlers(
     wake: &Wake,
     notices: &Notices,
 ) -> Handlers {
+    let max_groups = settings.max_notification_groups;
     let edges = reconcile::EdgeSettings {
         backfill: settings.backfill,
         max_timeline_len: settings.max_timeline_len,
@@ -257,4 +261,9 @@ pub fn job_handlers(
             store: store.clone(),
             settings: edges,
         }))
+        .with(Arc::new(notifications::NotifyHandler::new(
+            store.clone(),
+            notices.clone(),
+            max_groups,
+        )))
 }

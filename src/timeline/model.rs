@@ -80,6 +80,9 @@ pub struct Event {
     pub version: u64,
     /// When the payload was last edited; `None` if it never was.
     pub edited_at: Option<Ticks>,
+    /// False for an event posted with `"fanout": false`: it reaches no timeline (not even
+    /// its author's), only its author's log and the notification feeds it is addressed to.
+    pub fanout: bool,
 }
 
 /// One event as a page item of a timeline or an author log: its row key and its `events`
@@ -127,12 +130,31 @@ pub struct Page<T> {
 struct EventBody<'a> {
     subject: &'a str,
     kind: &'a str,
+    /// Written only as `false` (see [`Event::fanout`]), before the payload, so that the ends
+    /// of the body keep their shape and a page still writes it by concatenation.
+    #[serde(skip_serializing_if = "is_fanned_out")]
+    fanout: bool,
     payload: &'a RawValue,
     at: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     edited_at: Option<&'a str>,
     #[serde(skip_serializing_if = "is_first_version")]
     version: u64,
+}
+
+fn is_fanned_out(fanout: &bool) -> bool {
+    *fanout
+}
+
+/// What the body of an event posted with `"fanout": false` holds between its kind and its
+/// payload (see [`is_unfanned`]).
+const UNFANNED: &[u8] = br#","fanout":false,"payload":"#;
+
+/// Whether an `events` body is of an event that reaches no timeline: reads that take events
+/// from an author's log into a timeline (merged authors, backfill) skip it. A kind's quotes
+/// are escaped in the body, so the bytes cannot come from inside it.
+pub fn is_unfanned(body: &[u8]) -> bool {
+    memchr::memmem::find(body, UNFANNED).is_some()
 }
 
 fn is_first_version(version: &u64) -> bool {
@@ -174,6 +196,12 @@ struct StoredFields<'a> {
     version: Option<u64>,
     #[serde(default, borrow)]
     edited_at: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default = "fanned_out")]
+    fanout: bool,
+}
+
+fn fanned_out() -> bool {
+    true
 }
 
 /// The one field of a `timelines` row this service reads: the author (first formats: `a`).
@@ -215,6 +243,7 @@ impl Event {
         to_bytes(&EventBody {
             subject: self.author.as_str(),
             kind: &self.kind,
+            fanout: self.fanout,
             payload: &self.payload,
             at: &self.at.to_string(),
             edited_at: edited_at.as_deref(),
@@ -241,6 +270,7 @@ impl Event {
             row_key: row_key.to_owned(),
             version: stored.version.unwrap_or(1).max(1),
             edited_at,
+            fanout: stored.fanout,
         })
     }
 
@@ -562,6 +592,7 @@ mod tests {
             row_key: crate::keys::event_row_key(at, event_id),
             version: 1,
             edited_at: None,
+            fanout: true,
         }
     }
 
@@ -697,6 +728,7 @@ mod tests {
             row_key: crate::keys::event_row_key(at, event_id),
             version: 1,
             edited_at: None,
+            fanout: true,
         };
         let stored = Event::decode(&author, &event.row_key, &event.encode()).expect("decode");
         assert_eq!(stored.payload.get(), event.payload.get());

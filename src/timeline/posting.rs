@@ -11,8 +11,9 @@ use super::event_index::EventIndex;
 use super::fanout::delivery_job;
 use super::live;
 use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};
+use super::notifications::{self, Addressed, Addressing, Notified};
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
-use crate::jobs::AHEAD_HIDDEN;
+use crate::jobs::{AHEAD_HIDDEN, Ahead, NewJob};
 use crate::keys::{Ticks, event_row_key};
 use crate::notices::Notice;
 use crate::store::{Item, StoreError, StoreExt as _, Table, Write};
@@ -27,6 +28,8 @@ pub struct NewEvent {
     pub payload: Box<RawValue>,
     /// RFC 3339; defaults to the time the server received the event.
     pub at: Option<String>,
+    /// Whose notification feeds get it, in which group, and whether followers get it.
+    pub addressing: Addressing,
 }
 
 /// The outcome of a post.
@@ -56,6 +59,7 @@ impl Timelines {
                 .map_err(|message| DomainError::invalid("invalid_id", message))?;
         }
         self.check_payload(&new.payload)?;
+        let addressing = new.addressing.clone().checked()?;
         if self.backlog.is_full() {
             // Checked before anything is written: a retry with the same id once the backlog
             // has drained still makes exactly one event.
@@ -81,22 +85,29 @@ impl Timelines {
             row_key: row_key.clone(),
             version: 1,
             edited_at: None,
+            fanout: addressing.fanout,
         };
+        let addressed = addressing.addressed();
         // The event's rows are keyed by the UUIDv7 drawn just now, which no earlier write can
         // hold: checking that they are absent would read each of them (on the embedded store,
         // on its one writer thread) for nothing. A retry is known by its idempotency record,
         // whose condition stays. (A journal replaying a staged event keeps the conditions.)
-        let mut writes: Vec<Write> = event_rows(&event)
-            .into_iter()
-            .map(Write::unconditional)
-            .collect();
+        let mut writes: Vec<Write> = vec![
+            event_row(&event).unconditional(),
+            index_row(&event, addressed.as_ref()).unconditional(),
+        ];
         writes.extend(idempotency_row(author, &event, &new));
 
-        if let Some(plan) = self
-            .fanout_in_post
-            .plan(self.store.as_ref(), author.as_str())
-            .await?
-        {
+        // Only a plain post delivers itself: an addressed one has its notify job.
+        let in_post = match (event.fanout, &addressed) {
+            (true, None) => {
+                self.fanout_in_post
+                    .plan(self.store.as_ref(), author.as_str())
+                    .await?
+            }
+            _ => None,
+        };
+        if let Some(plan) = in_post {
             let mut delivered = writes.clone();
             delivered.extend(self.fanout_in_post.writes(&plan, &event, received));
             // A store that cannot commit it all at once posts with a job.
@@ -119,9 +130,16 @@ impl Timelines {
                 Err(err) => return Err(err.into()),
             }
         }
-        writes.push(delivery_job(&event, received).write());
+        writes.extend(
+            post_jobs(&event, addressed.as_ref(), received)
+                .into_iter()
+                .map(NewJob::write),
+        );
         if !self.store.commits_at_once(&writes) {
-            return self.post_ahead(author, &new, event, received).await;
+            let jobs = post_jobs(&event, addressed.as_ref(), received);
+            return self
+                .post_ahead(author, &new, event, addressed.as_ref(), jobs)
+                .await;
         }
         let handover = self.wake_workers.handover(&writes);
         match self.store.transact(writes).await {
@@ -151,20 +169,27 @@ impl Timelines {
         author: &SubjectId,
         new: &NewEvent,
         event: Event,
-        received: Ticks,
+        addressed: Option<&Addressed>,
+        jobs: Vec<NewJob>,
     ) -> DomainResult<Posted> {
-        let ahead = delivery_job(&event, received).ahead();
-        match self.store.write_one(ahead.enqueue).await {
+        // The jobs of one event share its queue shard: one transaction enqueues them all.
+        let ahead: Vec<Ahead> = jobs.into_iter().map(NewJob::ahead).collect();
+        let enqueue = ahead.iter().map(|job| job.enqueue.clone()).collect();
+        match self.store.write_together(enqueue).await {
             Ok(()) => {}
             Err(StoreError::ConditionFailed) => return Err(event_id_collision()),
             Err(err) => return Err(err.into()),
         }
-        let mut writes = vec![event_row(&event).unconditional(), index_row(&event)];
+        let mut writes = vec![
+            event_row(&event).unconditional(),
+            index_row(&event, addressed),
+        ];
         writes.extend(idempotency_row(author, &event, new));
         match self.store.transact(writes).await {
             Ok(()) => {}
             Err(StoreError::ConditionFailed) => {
-                if let Err(err) = self.store.write_one(ahead.withdraw).await {
+                let withdraw = ahead.iter().map(|job| job.withdraw.clone()).collect();
+                if let Err(err) = self.store.write_together(withdraw).await {
                     // It shows after its delay, finds no event and ends.
                     warn!(error = %err, "could not withdraw the fan-out job of a refused post");
                 }
@@ -173,10 +198,9 @@ impl Timelines {
             // Whether the event was written is unknown: the job settles it once it shows.
             Err(err) => return Err(err.into()),
         }
-        let handover = self
-            .wake_workers
-            .handover(std::slice::from_ref(&ahead.confirm));
-        match self.store.write_one(ahead.confirm).await {
+        let confirm: Vec<Write> = ahead.into_iter().map(|job| job.confirm).collect();
+        let handover = self.wake_workers.handover(&confirm);
+        match self.store.write_together(confirm).await {
             Ok(()) => self.wake_workers.hand_over(handover),
             // The event is posted: its job shows unconfirmed after its delay and fans it out.
             Err(err) => warn!(
@@ -277,7 +301,35 @@ pub fn event_rows_then_job(event: &Event, received: Ticks) -> (Vec<Write>, Write
 
 /// The event's own rows: its log row and its event-id index entry (no fan-out job).
 pub(super) fn event_rows(event: &Event) -> Vec<Write> {
-    vec![event_row(event), index_row(event)]
+    vec![event_row(event), index_row(event, None)]
+}
+
+/// The jobs a post enqueues: its fan-out (unless it reaches no timeline) and its
+/// notifications (if it is addressed to anyone). Both are keyed by the event's id, on its
+/// queue shard.
+fn post_jobs(event: &Event, addressed: Option<&Addressed>, received: Ticks) -> Vec<NewJob> {
+    let mut jobs = Vec::with_capacity(2);
+    if event.fanout {
+        jobs.push(delivery_job(event, received));
+    }
+    if let Some(addressed) = addressed {
+        jobs.push(notifications::delivery_job(
+            &notified(event, addressed),
+            received,
+        ));
+    }
+    jobs
+}
+
+/// What the notify jobs of `event` need of it.
+pub(super) fn notified<'a>(event: &'a Event, addressed: &'a Addressed) -> Notified<'a> {
+    Notified {
+        author: event.author.as_str(),
+        row_key: &event.row_key,
+        event_id: event.event_id,
+        kind: &event.kind,
+        addressed,
+    }
 }
 
 /// The event in its author's log, created if absent.
@@ -288,14 +340,18 @@ fn event_row(event: &Event) -> Write {
     )
 }
 
-/// The event's index entry, created if absent.
-fn index_row(event: &Event) -> Write {
+/// The event's index entry, with whom it is addressed to, created if absent.
+fn index_row(event: &Event, addressed: Option<&Addressed>) -> Write {
+    let index = EventIndex {
+        addressed: addressed.cloned(),
+        ..EventIndex::live(&event.row_key)
+    };
     Write::put_if_absent(
         Table::EventIds,
         Item::new(
             event.author.as_str(),
             event.event_id.as_hyphenated().to_string(),
-            EventIndex::live(&event.row_key).encode(),
+            index.encode(),
         ),
     )
 }
@@ -349,11 +405,15 @@ fn json_depth(text: &str) -> usize {
 /// A digest of what the client asked for (not of what the server filled in).
 fn request_digest(new: &NewEvent) -> String {
     let mut hasher = Sha256::new();
-    for part in [
+    let addressing = new.addressing.digest_parts();
+    let parts = [
         new.kind.as_deref().unwrap_or(DEFAULT_KIND),
         new.payload.get(),
         new.at.as_deref().unwrap_or(""),
-    ] {
+    ]
+    .into_iter()
+    .chain(addressing.iter().map(String::as_str));
+    for part in parts {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }
@@ -373,6 +433,7 @@ mod tests {
             kind: Some("post".into()),
             payload: RawValue::from_string(r#"{"text":"hello"}"#.into()).expect("json"),
             at: None,
+            addressing: Addressing::default(),
         };
         assert_eq!(request_digest(&new), "53daaddbd36d921e6b89bd17fb963f66");
     }

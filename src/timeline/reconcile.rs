@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::edge_repair::{self, Change};
+use super::model::is_unfanned;
 use super::{Edge, Event, SubjectId, merged_authors, trim};
 use crate::jobs::{Ahead, Claimed, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::store::{Item, Query, Store, StoreExt, StoreResult, Table, Write};
@@ -180,14 +181,15 @@ async fn backfill(
     let author_id = SubjectId::parse(author)
         .map_err(|message| JobError::Corrupt(format!("edge author: {message}")))?;
     let mut writes = vec![merged_authors::stop_merging(follower, author)];
-    for item in &newest {
+    // Events posted with `"fanout": false` reach no timeline, backfilled or not.
+    for item in newest.iter().filter(|item| !is_unfanned(&item.value)) {
         let event = Event::decode(&author_id, &item.row, &item.value).map_err(JobError::Corrupt)?;
         writes.push(Write::put(
             Table::Timelines,
             Item::new(follower, &item.row, event.timeline_entry_body()),
         ));
     }
-    let written = newest.len() as u64;
+    let written = (writes.len() - 1) as u64;
     store.batch_write(writes).await?;
     take_back_deleted(store, follower, author, &newest).await?;
     trim::trim(store, follower, settings.max_timeline_len).await?;

@@ -8,17 +8,19 @@ use tracing::warn;
 use crate::jobs::NewJob;
 use crate::store::{Store, StoreError, StoreExt as _, StoreResult, Write};
 
-/// Applies `decisive` (one transaction, one partition) with `job` enqueued ahead of it and
-/// confirmed after it. The job's key is the work's (the event's, or the edit's version): a
-/// call that finds it enqueued by another call leaves it to that call, and a call whose
-/// write was refused confirms its job all the same, for the write that won.
+/// Applies `decisive` (one transaction, one partition) with `jobs` enqueued ahead of it and
+/// confirmed after it. The jobs' keys are the work's (the event's, or the edit's version),
+/// so they share the event's queue shard and one transaction enqueues them all: a call that
+/// finds them enqueued by another call leaves them to that call, and a call whose write was
+/// refused confirms its jobs all the same, for the write that won.
 pub(super) async fn write_with_job_ahead(
     store: &dyn Store,
-    job: NewJob,
+    jobs: Vec<NewJob>,
     decisive: Vec<Write>,
 ) -> StoreResult<()> {
-    let ahead = job.ahead();
-    let owned = match store.write_one(ahead.enqueue).await {
+    let ahead: Vec<_> = jobs.into_iter().map(NewJob::ahead).collect();
+    let enqueue = ahead.iter().map(|job| job.enqueue.clone()).collect();
+    let owned = match store.write_together(enqueue).await {
         Ok(()) => true,
         Err(StoreError::ConditionFailed) => false,
         Err(err) => return Err(err),
@@ -26,7 +28,9 @@ pub(super) async fn write_with_job_ahead(
     let written = store.transact(decisive).await;
     if owned
         && matches!(written, Ok(()) | Err(StoreError::ConditionFailed))
-        && let Err(err) = store.write_one(ahead.confirm).await
+        && let Err(err) = store
+            .write_together(ahead.into_iter().map(|job| job.confirm).collect())
+            .await
     {
         warn!(error = %err, "written; its job starts after its delay");
     }

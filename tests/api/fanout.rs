@@ -488,6 +488,7 @@ impl FanoutRun {
             payload: serde_json::value::RawValue::from_string(r#"{"text":"to everyone"}"#.into())
                 .expect("json"),
             at: Some("2026-11-21T12:00:00Z".into()),
+            addressing: fanline::timeline::notifications::Addressing::default(),
         };
         let author = SubjectId::parse("author").expect("id");
         let Posted::Created(posted) = timelines.post_event(&author, event).await.expect("post")

@@ -28,6 +28,7 @@ mod limits;
 mod line_protocol;
 mod markers;
 mod mqtt;
+mod notifications;
 mod openapi;
 mod overview;
 mod posting;

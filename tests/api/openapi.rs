@@ -20,7 +20,7 @@ on_every_backend!(
 );
 
 /// Every operation of the API, as `METHOD template`.
-const OPERATIONS: [&str; 40] = [
+const OPERATIONS: [&str; 43] = [
     "POST /api/v2/write",
     "GET /healthz",
     "GET /metrics",
@@ -58,6 +58,9 @@ const OPERATIONS: [&str; 40] = [
     "PUT /v1/subjects/{subject}/following/{target}",
     "GET /v1/subjects/{subject}/marker",
     "PUT /v1/subjects/{subject}/marker",
+    "GET /v1/subjects/{subject}/notifications",
+    "PUT /v1/subjects/{subject}/notifications/marker",
+    "GET /v1/subjects/{subject}/notifications/stream",
     "GET /v1/subjects/{subject}/timeline",
     "GET /v1/subjects/{subject}/timeline/stream",
     "GET /v1/whoami",
@@ -495,9 +498,9 @@ async fn schemathesis_finds_no_server_errors_or_schema_violations(backend: Backe
         "schemathesis found failures (seed {seed}):\n{stdout}\n{stderr}"
     );
     // It really ran: every operation tested (but the document itself, which schemathesis
-    // leaves out, and the two streams), and many cases generated.
+    // leaves out, and the three streams), and many cases generated.
     assert!(
-        stdout.contains(&format!("Tested: {}", OPERATIONS.len() - 3)),
+        stdout.contains(&format!("Tested: {}", OPERATIONS.len() - 4)),
         "{stdout}"
     );
     let generated: u64 = stdout

@@ -9,7 +9,7 @@ invalid (negative cases) are left as generated.
 """
 
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 
 import schemathesis
 
@@ -29,6 +29,14 @@ def _time(text):
         return datetime.fromisoformat(text)
     except (TypeError, ValueError):
         return None
+
+
+def _in_range_utc(text):
+    """Whether an RFC 3339 time lies within years 1 to 9999 once in UTC."""
+    try:
+        return _time(text).astimezone(timezone.utc) is not None
+    except (AttributeError, OverflowError, ValueError):
+        return False
 
 
 def _is_positive(case):
@@ -64,6 +72,15 @@ def filter_case(context, case):
     # Byte limits: see MAX_NAME_BYTES.
     if _names_over_their_byte_limit(case):
         return False
+    # A notification marker's `seen_until` must lie within the years fanline keeps (1 to
+    # 9999), and its `read` names at most 99 groups (one transaction with the marker).
+    if case.method == "PUT" and case.path == "/v1/subjects/{subject}/notifications/marker":
+        body = case.body if isinstance(case.body, dict) else {}
+        until = body.get("seen_until")
+        if until is not None and not _in_range_utc(until):
+            return False
+        if isinstance(body.get("read"), list) and len(body["read"]) > 99:
+            return False
     # A subject cannot follow itself; a schema cannot say that one parameter differs from
     # another.
     if case.method == "PUT" and case.path == "/v1/subjects/{subject}/following/{target}":

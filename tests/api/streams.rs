@@ -38,14 +38,18 @@ const EVENT_DEADLINE: Duration = Duration::from_secs(20);
 type Events = Pin<Box<dyn Stream<Item = Result<Event, String>> + Send>>;
 
 /// An open SSE stream.
-struct Sse {
+pub(crate) struct Sse {
     events: Events,
 }
 
 impl Sse {
     /// Opens `path` as `api`'s token, resuming after `last_event_id`; the error answer if the
     /// server refuses.
-    async fn open(api: &Api, path: &str, last_event_id: Option<&str>) -> Result<Sse, Reply> {
+    pub(crate) async fn open(
+        api: &Api,
+        path: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<Sse, Reply> {
         let mut request = api
             .client
             .get(api.url(path))
@@ -80,7 +84,7 @@ impl Sse {
     }
 
     /// The next event; `None` when the server ended the stream. Fails after a deadline.
-    async fn next(&mut self) -> Option<Event> {
+    pub(crate) async fn next(&mut self) -> Option<Event> {
         match tokio::time::timeout(EVENT_DEADLINE, self.events.next()).await {
             Ok(Some(Ok(event))) => Some(event),
             Ok(Some(Err(_)) | None) => None,
@@ -89,7 +93,7 @@ impl Sse {
     }
 
     /// The next `count` events, each of kind `kind`.
-    async fn expect(&mut self, kind: &str, count: usize) -> Vec<Event> {
+    pub(crate) async fn expect(&mut self, kind: &str, count: usize) -> Vec<Event> {
         let mut events = Vec::with_capacity(count);
         while events.len() < count {
             let event = self.next().await.expect("the stream is open");

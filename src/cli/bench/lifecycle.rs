@@ -42,6 +42,7 @@ async fn seed_events(
             row_key: event_row_key(at, event_id),
             version: 1,
             edited_at: None,
+            fanout: true,
         };
         writes.push(Write::put(
             Table::Events,

@@ -640,6 +640,7 @@ fn bench_event(i: usize, payload_bytes: usize) -> anyhow::Result<NewEvent> {
         kind: Some("post".into()),
         payload: RawValue::from_string(format!(r#"{{"text":"{text}{}"}}"#, "x".repeat(padding)))?,
         at: None,
+        addressing: crate::timeline::notifications::Addressing::default(),
     })
 }
 

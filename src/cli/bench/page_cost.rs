@@ -60,6 +60,7 @@ async fn fill(store: &dyn Store) {
             row_key: event_row_key(at, event_id),
             version: 1,
             edited_at: None,
+            fanout: true,
         };
         writes.push(StoreWrite::put(
             Table::Events,

@@ -28,6 +28,7 @@ use utoipa_axum::routes;
 use super::auth::bearer;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
+use super::notifications::{CountsResponse, GroupResponse};
 use super::schema::{After, Name};
 use super::series::{point_response, series_name};
 use super::{AppState, subject};
@@ -36,6 +37,7 @@ use crate::metrics::StreamMetrics;
 use crate::notices::Subscription;
 use crate::series::live::{SeriesTail, TailEvent};
 use crate::timeline::MAX_PAGE_SIZE;
+use crate::timeline::notifications::{NotificationEvent, NotificationStream};
 use crate::timeline::stream::{StreamEvent, TimelineStream};
 use slots::{Slot, StreamSlots};
 use sse::{Sent, Sink};
@@ -104,6 +106,68 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::default()
         .routes(routes!(stream_timeline))
         .routes(routes!(stream_series))
+        .routes(routes!(stream_notifications))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct NotificationStreamParams {
+    /// Start after this point: the `id` of an event of an earlier stream. A `Last-Event-ID`
+    /// header wins over it. Without either, the stream starts now.
+    #[param(value_type = Option<String>)]
+    after: Option<String>,
+}
+
+/// A notification feed's changes as they land, as server-sent events:
+///
+/// - `event: group`: `data` is the group as a page of the feed shows it, `id` a cursor that
+///   resumes after this change (send it back as `Last-Event-ID`, or as `after`); replace the
+///   group of that `id`, and move it to where its `updated_at` puts it;
+/// - `event: removed`, `data: {"id"}`, `id` a cursor: the group is gone (its events were
+///   deleted, or it was trimmed off the feed);
+/// - `event: marker`, `data: {"unseen","unread","version"}`: the counts or the marker moved
+///   (sent first, then whenever they move);
+/// - `event: lagged`, `event: error` and heartbeats as on the timeline stream.
+///
+/// Each event carries the whole group, so a group sent twice changes nothing: a resumed
+/// stream sends again what changed in the 2 seconds before its resume point.
+#[utoipa::path(
+    get,
+    path = "/v1/subjects/{subject}/notifications/stream",
+    tag = "notifications",
+    params(
+        ("subject" = Name, Path, description = "The reader"),
+        NotificationStreamParams,
+        ("Last-Event-ID" = Option<String>, Header, description = "The `id` of the last event received: resume after it (wins over `after`)"),
+    ),
+    responses(
+        (status = OK, description = "The live feed", content_type = "text/event-stream", body = String),
+        (status = BAD_REQUEST, description = "A malformed subject, or an `after` or `Last-Event-ID` that is not a cursor of this stream (`invalid_cursor`)", body = ErrorBody),
+    )
+)]
+async fn stream_notifications(
+    State(state): State<AppState>,
+    Path(owner): Path<String>,
+    Query(params): Query<NotificationStreamParams>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let owner = subject(&owner)?;
+    let resume = match headers.get("last-event-id") {
+        Some(value) => Some(value.to_str().map_err(|_| {
+            ApiError::bad_request("invalid_cursor", "Last-Event-ID is not a cursor")
+        })?),
+        None => None,
+    };
+    let after = resume.or(params.after.as_deref());
+    let watch = Watch::begin(&state, &headers).await?;
+    let stream = state
+        .timelines
+        .open_notification_stream(&owner, after, watch.streams().limits.buffer)
+        .await?;
+    let (sink, response) = watch.sink();
+    tokio::spawn(pump_notifications(watch, stream, sink));
+    Ok(response)
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -392,6 +456,49 @@ async fn pump_timeline(watch: Watch, mut stream: TimelineStream, sink: Sink) {
             Woken::Heartbeat => {}
             // Entries of one post land on many timelines at about the same time, and posts
             // come in bursts: a moment's wait lets one read take them together.
+            Woken::Notice => tokio::time::sleep(COALESCE).await,
+        }
+    }
+}
+
+/// Sends a notification feed's changes until the stream ends.
+async fn pump_notifications(watch: Watch, mut stream: NotificationStream, sink: Sink) {
+    let mut heartbeat = watch.heartbeat();
+    let mut resume: Option<String> = None;
+    loop {
+        let events = match stream.read(&watch.state.timelines).await {
+            Ok(events) => events,
+            Err(err) => return failed(&sink, err.into()),
+        };
+        for event in events {
+            let (frame, cursor) = match event {
+                NotificationEvent::Group { item, cursor } => {
+                    let data = serde_json::to_vec(&GroupResponse::of(item)).unwrap_or_default();
+                    (sse::event("group", Some(&cursor), &data), Some(cursor))
+                }
+                NotificationEvent::Removed { id, cursor } => {
+                    let data = serde_json::json!({ "id": id }).to_string();
+                    (
+                        sse::event("removed", Some(&cursor), data.as_bytes()),
+                        Some(cursor),
+                    )
+                }
+                NotificationEvent::Counts(counts) => {
+                    let data =
+                        serde_json::to_vec(&CountsResponse::from(counts)).unwrap_or_default();
+                    (sse::event("marker", None, &data), None)
+                }
+            };
+            if !watch.send(&sink, frame, resume.as_deref()).await {
+                return;
+            }
+            if cursor.is_some() {
+                resume = cursor;
+            }
+        }
+        match watch.wait(&sink, &mut heartbeat, stream.wait()).await {
+            Woken::End => return,
+            Woken::Heartbeat => {}
             Woken::Notice => tokio::time::sleep(COALESCE).await,
         }
     }

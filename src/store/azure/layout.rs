@@ -42,6 +42,7 @@ pub(super) fn placement(table: Table) -> Placement {
         Table::Timelines => shared(SUBJECTS, "tl"),
         Table::Markers => shared(SUBJECTS, "rm"),
         Table::TimelineChanges => shared(SUBJECTS, "tc"),
+        Table::Notifications => shared(SUBJECTS, "nf"),
         Table::SeriesPoints => shared(SERIES_DAYS, "pt"),
         Table::SeriesRollups => shared(SERIES_DAYS, "ru"),
         alone => Placement {
@@ -112,7 +113,7 @@ mod tests {
         }
         assert_eq!(placement(Table::Jobs).physical, "fanoutJobs");
         let names = physical_tables();
-        assert_eq!(names.len(), Table::ALL.len() - 14 + 2);
+        assert_eq!(names.len(), Table::ALL.len() - 15 + 2);
         assert!(
             names
                 .iter()

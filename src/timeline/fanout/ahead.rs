@@ -81,31 +81,14 @@ impl FanoutHandler {
 
     async fn delete_unless_deleted(&self, state: &FanoutJob) -> JobResult<()> {
         let event_id = event_id(state)?;
-        let id_row = event_id.as_hyphenated().to_string();
-        let store = self.store.as_ref();
-        for _ in 0..RACES {
-            let Some(seen) = store.get(Table::EventIds, &state.author, &id_row).await? else {
-                return Ok(());
-            };
-            if EventIndex::decode(&seen, event_id)?.deleted {
-                return Ok(());
-            }
-            let writes = event_index::delete_writes(&state.author, event_id, &state.row_key, seen);
-            match store.transact(writes).await {
-                Ok(()) => {
-                    self.notices.publish(
-                        &live::author_topic(&state.author),
-                        Notice::Message(LiveMessage::Removed { event_id }.encode()),
-                    );
-                    return Ok(());
-                }
-                Err(StoreError::ConditionFailed) => {}
-                Err(err) => return Err(err.into()),
-            }
-        }
-        Err(JobError::Conflict(format!(
-            "the index of event {event_id} kept changing"
-        )))
+        delete_unless_deleted(
+            self.store.as_ref(),
+            &self.notices,
+            &state.author,
+            event_id,
+            &state.row_key,
+        )
+        .await
     }
 
     async fn edit_unless_edited(&self, state: &FanoutJob, edit: &EditAhead) -> JobResult<()> {
@@ -156,4 +139,39 @@ fn event_id(state: &FanoutJob) -> JobResult<uuid::Uuid> {
     parse_event_row_key(&state.row_key)
         .map(|(_, event_id)| event_id)
         .ok_or_else(|| JobError::Corrupt(format!("job row key {:?}", state.row_key)))
+}
+
+/// Deletes `author`'s event `event_id` (at `row_key`) unless it is deleted already: what an
+/// unconfirmed removal job does for the call that enqueued it ahead (see the module doc).
+pub(crate) async fn delete_unless_deleted(
+    store: &dyn crate::store::Store,
+    notices: &crate::notices::Notices,
+    author: &str,
+    event_id: uuid::Uuid,
+    row_key: &str,
+) -> JobResult<()> {
+    let id_row = event_id.as_hyphenated().to_string();
+    for _ in 0..RACES {
+        let Some(seen) = store.get(Table::EventIds, author, &id_row).await? else {
+            return Ok(());
+        };
+        if EventIndex::decode(&seen, event_id)?.deleted {
+            return Ok(());
+        }
+        let writes = event_index::delete_writes(author, event_id, row_key, seen);
+        match store.transact(writes).await {
+            Ok(()) => {
+                notices.publish(
+                    &live::author_topic(author),
+                    Notice::Message(LiveMessage::Removed { event_id }.encode()),
+                );
+                return Ok(());
+            }
+            Err(StoreError::ConditionFailed) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(JobError::Conflict(format!(
+        "the index of event {event_id} kept changing"
+    )))
 }

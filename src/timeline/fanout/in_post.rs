@@ -276,6 +276,7 @@ mod tests {
             kind: None,
             payload: RawValue::from_string("{}".into()).expect("json"),
             at: None,
+            addressing: crate::timeline::notifications::Addressing::default(),
         };
         match timelines.post_event(&id(author), new).await.expect("post") {
             Posted::Created(event) => event,
@@ -450,6 +451,7 @@ mod tests {
             row_key: crate::keys::event_row_key(at, event_id),
             version: 1,
             edited_at: None,
+            fanout: true,
         };
         let mut writes = crate::timeline::posting::event_rows(&event);
         writes.extend(in_post.writes(plan, &event, at));

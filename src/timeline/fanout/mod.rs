@@ -47,6 +47,7 @@ use crate::keys::{Ticks, parse_event_row_key};
 use crate::notices::{Notice, Notices};
 use crate::store::{Item, Query, Store, Table, Write};
 
+pub(crate) use ahead::delete_unless_deleted;
 pub(crate) use in_post::after_delivery;
 pub use in_post::{FanoutInPost, Plan as InPostPlan};
 pub use metrics::FanoutMetrics;
@@ -88,6 +89,8 @@ pub struct FanoutSettings {
     /// An author with more followers than this is merged into timelines at read time
     /// instead of being fanned out.
     pub merge_threshold: usize,
+    /// Groups a notification feed keeps, newest updated first.
+    pub max_notification_groups: usize,
 }
 
 impl Default for FanoutSettings {
@@ -98,6 +101,7 @@ impl Default for FanoutSettings {
             max_timeline_len: 800,
             backfill: 100,
             merge_threshold: 10_000,
+            max_notification_groups: 200,
         }
     }
 }

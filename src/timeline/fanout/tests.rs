@@ -94,6 +94,7 @@ async fn post_one(store: &EmbeddedStore, author: &str) -> crate::timeline::Event
                 kind: None,
                 payload: serde_json::value::RawValue::from_string("{}".into()).expect("json"),
                 at: None,
+                addressing: crate::timeline::notifications::Addressing::default(),
             },
         )
         .await

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use super::FanoutHandler;
 use crate::jobs::{JobError, JobResult};
 use crate::store::{Item, Query, Table, Write};
+use crate::timeline::model::is_unfanned;
 use crate::timeline::{Event, merged_authors, reconcile, trim};
 
 impl FanoutHandler {
@@ -33,7 +34,7 @@ impl FanoutHandler {
                 )
                 .await?;
             let author_id = Self::author_id(author)?;
-            for item in &events {
+            for item in events.iter().filter(|item| !is_unfanned(&item.value)) {
                 let event =
                     Event::decode(&author_id, &item.row, &item.value).map_err(JobError::Corrupt)?;
                 writes.push(Write::put(

@@ -232,6 +232,7 @@ mod posting_ahead {
             kind: None,
             payload: serde_json::value::RawValue::from_string("{\"n\":1}".into()).expect("json"),
             at: None,
+            addressing: crate::timeline::notifications::Addressing::default(),
         }
     }
 
