@@ -1,6 +1,8 @@
-// The home timeline (live, with paging and the read marker, posting, follow and unfollow)
-// and a subject's page (its events with their fan-out status, followers and following).
+// The home timeline (live, with paging and the read marker, posting, follow and unfollow,
+// and for a subject's own token its notification bell) and a subject's page (its events
+// with their fan-out status, followers and following).
 import { ApiError, api, query, seg } from "./api.js";
+import { notificationFeed } from "./notifications.js";
 import { openStream } from "./sse.js";
 import { attempt, editedMark, el, field, payloadText, showError, when } from "./ui.js";
 
@@ -26,7 +28,11 @@ function subjectPicker(view, subject, label) {
 export function timelineView(root, { who, params, setFragment }) {
   const subject = who.kind === "admin" ? params.get("subject") || "" : who.name;
   setFragment({ view: "timeline", subject: who.kind === "admin" ? subject : undefined });
-  root.append(el("h2", {}, subject ? `Timeline of ${subject}` : "Timeline"));
+  const heading = el("h2", {}, subject ? `Timeline of ${subject}` : "Timeline");
+  // The feed is the subject's own: the admin reading a timeline marks nothing seen for it.
+  const feed = who.kind === "subject" && subject === who.name ? notificationFeed(subject) : null;
+  root.append(feed ? el("div", { class: "heading-row" }, heading, feed.bell) : heading);
+  if (feed) root.append(feed.panel);
   if (who.kind === "admin") root.append(subjectPicker("timeline", subject, "Subject whose timeline to show"));
   if (!subject) {
     root.append(el("p", { class: "status" },
@@ -431,6 +437,7 @@ export function timelineView(root, { who, params, setFragment }) {
   return {
     close() {
       stream?.close();
+      feed?.close();
     },
   };
 }

@@ -51,6 +51,7 @@ static ASSETS: &[Asset] = &[
     asset!("sse.js", JS),
     asset!("ui.js", JS),
     asset!("timeline.js", JS),
+    asset!("notifications.js", JS),
     asset!("series.js", JS),
     asset!("admin.js", JS),
     asset!("overview.js", JS),

@@ -80,6 +80,7 @@ async fn the_console_is_served_without_a_token_with_strict_headers_and_outside_t
         ),
         ("/ui/vendor/uplot/LICENSE", "text/plain; charset=utf-8"),
         ("/ui/overview.js", "text/javascript; charset=utf-8"),
+        ("/ui/notifications.js", "text/javascript; charset=utf-8"),
         ("/ui/chart.js", "text/javascript; charset=utf-8"),
         ("/ui/favicon.svg", "image/svg+xml"),
         // A browser asks for it on its own: the console's icon, not a 404.
@@ -296,6 +297,138 @@ async fn a_post_appears_on_a_followers_open_timeline_without_a_reload() {
     let marker = app.get("/v1/subjects/bob/marker").await;
     assert_eq!(marker.body["version"], json!(1), "{marker:?}");
     browser.screenshot("timeline").await;
+    browser.assert_clean(&app.address);
+}
+
+/// `author` likes the post `post` in `owner`'s notification feed only (no timeline gets it).
+async fn like_for(app: &TestApp, author: &str, post: &str, owner: &str) {
+    let body = json!({
+        "kind": "like",
+        "payload": {"post": post},
+        "to": [owner],
+        "group": format!("post:{post}"),
+        "fanout": false,
+    });
+    let reply = app.post_event(author, body).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+}
+
+/// The bell's count as a script expression: its number, or 0 while the badge is hidden.
+const BELL_COUNT: &str = "(() => { const c = document.getElementById('bell-count'); \
+     return c.hidden ? 0 : Number(c.textContent); })()";
+
+/// The notification list's rows, newest first, as `{kind, summary, text, count, unread}`.
+async fn notification_rows(browser: &Browser) -> Value {
+    browser
+        .eval(
+            "[...document.querySelectorAll('#notification-list li[data-id]')].map(e => ({
+               kind: e.dataset.kind,
+               summary: e.querySelector('.summary').textContent,
+               text: e.querySelector('.payload').hidden ? null : e.querySelector('.payload').textContent,
+               count: Number(e.dataset.count),
+               unread: e.classList.contains('unread') && !e.querySelector('.unread-mark').hidden,
+             }))",
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bell_counts_unseen_groups_live_and_the_list_shows_and_marks_them_read() {
+    let _slot = browser_slot().await;
+    let app = spawn_app(Backend::Embedded).await;
+    let carol = subject_token(&app, "carol").await;
+    let browser = open(&app, &carol, "view=timeline", 1000).await;
+    browser
+        .wait_for("document.getElementById('bell')?.dataset.stream === 'live'")
+        .await;
+    browser
+        .eval("window.__loadedAt = performance.timeOrigin; true")
+        .await;
+    assert_eq!(browser.eval(BELL_COUNT).await, json!(0), "nothing unseen");
+
+    // Two likes of one post are one group; a mention without a group is its own.
+    for author in ["ann", "bob"] {
+        like_for(&app, author, "p1", "carol").await;
+    }
+    let mention = app
+        .post_event(
+            "dave",
+            json!({"kind": "mention", "payload": {"text": "hi @carol"}, "to": ["carol"]}),
+        )
+        .await;
+    assert_eq!(mention.status, StatusCode::CREATED, "{mention:?}");
+    browser.wait_for(&format!("{BELL_COUNT} === 2")).await;
+    assert_eq!(
+        browser
+            .eval("document.getElementById('bell').getAttribute('aria-label')")
+            .await,
+        json!("Notifications, 2 unseen")
+    );
+
+    // Opening the list shows one row per group, newest first, and marks them seen.
+    browser.click("#bell").await;
+    browser
+        .wait_for("!document.getElementById('notifications').hidden && document.querySelectorAll('#notification-list li[data-id]').length === 2")
+        .await;
+    assert_eq!(
+        notification_rows(&browser).await,
+        json!([
+            {"kind": "mention", "summary": "dave mentioned you", "text": "hi @carol", "count": 1, "unread": true},
+            {"kind": "like", "summary": "bob and ann liked", "text": null, "count": 2, "unread": true},
+        ])
+    );
+    browser.wait_for(&format!("{BELL_COUNT} === 0")).await;
+    let feed = app.get("/v1/subjects/carol/notifications").await;
+    assert_eq!(
+        (feed.body["unseen"].clone(), feed.body["unread"].clone()),
+        (json!(0), json!(2)),
+        "{feed:?}"
+    );
+
+    // "Mark all read" clears every row's unread mark, through the API.
+    browser.click("#notifications-read-all").await;
+    browser
+        .wait_for("document.getElementById('notifications-unread').textContent === 'Unread: 0' && !document.querySelector('#notification-list li.unread')")
+        .await;
+    assert_eq!(browser.eval(BELL_COUNT).await, json!(0));
+    let feed = app.get("/v1/subjects/carol/notifications").await;
+    assert_eq!(
+        (feed.body["unseen"].clone(), feed.body["unread"].clone()),
+        (json!(0), json!(0)),
+        "{feed:?}"
+    );
+
+    // A further like brings its group back on top, unseen and unread, without a reload.
+    like_for(&app, "eve", "p1", "carol").await;
+    browser.wait_for(&format!("{BELL_COUNT} === 1")).await;
+    browser
+        .wait_for("document.querySelector('#notification-list li[data-id]')?.dataset.count === '3'")
+        .await;
+    assert_eq!(
+        notification_rows(&browser).await,
+        json!([
+            {"kind": "like", "summary": "eve and 2 others liked", "text": null, "count": 3, "unread": true},
+            {"kind": "mention", "summary": "dave mentioned you", "text": "hi @carol", "count": 1, "unread": false},
+        ])
+    );
+    browser.screenshot("notifications").await;
+    // One row is marked read on its own.
+    assert_unlabelled_controls_are_none(&browser).await;
+    browser
+        .click("#notification-list li[data-kind=like] .mark-one")
+        .await;
+    browser
+        .wait_for("document.getElementById('notifications-unread').textContent === 'Unread: 0' && !document.querySelector('#notification-list li.unread')")
+        .await;
+    let feed = app.get("/v1/subjects/carol/notifications").await;
+    assert_eq!(feed.body["unread"], json!(0), "{feed:?}");
+    assert_eq!(
+        browser
+            .eval("window.__loadedAt === performance.timeOrigin")
+            .await,
+        json!(true),
+        "the page did not reload"
+    );
     browser.assert_clean(&app.address);
 }
 

@@ -118,6 +118,19 @@ async fn likes_of_a_post_are_one_group_and_to_is_shown_nowhere(backend: Backend)
     let logged_like = &log.body["items"][1];
     assert_eq!(logged_like["fanout"], false, "{logged_like}");
     assert!(fan[0].get("fanout").is_none());
+
+    // Carol follows ann and unfollows her: her notifications stay as they were.
+    assert_eq!(
+        app.follow("carol", "ann").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        app.unfollow("carol", "ann").await.status,
+        StatusCode::NO_CONTENT
+    );
+    app.wait_for_idle().await;
+    let after = feed(&app, "carol").await;
+    assert_eq!(after["items"], page["items"]);
 }
 
 async fn a_delete_leaves_the_group_and_an_edit_shows_in_its_newest_event(backend: Backend) {
@@ -394,4 +407,128 @@ async fn next_group(stream: &mut Sse) -> Value {
     let mut group: Value = serde_json::from_str(&event.data).expect("json");
     group["_id"] = json!(event.id);
     group
+}
+
+on_every_backend!(
+    concurrent_likes_unlikes_and_marker_writes_leave_each_group_as_its_live_likes_say
+);
+
+/// Four clients like and unlike three posts as ten authors and move the owner's marker, all
+/// at once: at quiet, each group counts exactly the live likes of its post, names their
+/// latest distinct authors and shows the newest.
+async fn concurrent_likes_unlikes_and_marker_writes_leave_each_group_as_its_live_likes_say(
+    backend: Backend,
+) {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use rand::{Rng as _, SeedableRng as _};
+
+    let app = Arc::new(spawn_app(backend).await);
+    let seconds = Arc::new(AtomicU32::new(0));
+    let seed = rand::random::<u64>();
+    let mut clients = Vec::new();
+    for client in 0..4u64 {
+        let (app, seconds) = (app.clone(), seconds.clone());
+        clients.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ client);
+            // (post, author, event id, at): this client's live likes.
+            let mut live: Vec<(u32, String, String, u32)> = Vec::new();
+            for _ in 0..30 {
+                match rng.random_range(0..10) {
+                    0..6 => {
+                        let post = rng.random_range(0..3u32);
+                        let author = format!("a{}", rng.random_range(0..10));
+                        let second = seconds.fetch_add(1, Ordering::SeqCst);
+                        let body = json!({
+                            "kind": "like", "payload": {"post": post}, "to": ["owner"],
+                            "group": format!("post:p{post}"), "fanout": false,
+                            "at": format!("2026-11-30T10:{:02}:{:02}Z", second / 60, second % 60),
+                        });
+                        let reply = app.post_event(&author, body).await;
+                        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+                        let id = reply.body["event_id"].as_str().expect("id").to_owned();
+                        live.push((post, author, id, second));
+                    }
+                    6..8 if !live.is_empty() => {
+                        let (_, author, id, _) = live.swap_remove(rng.random_range(0..live.len()));
+                        let path = format!("/v1/subjects/{author}/events/{id}");
+                        let reply = app.send(app.client.delete(app.url(&path))).await;
+                        assert!(reply.status.is_success(), "{reply:?}");
+                    }
+                    _ => {
+                        let body = if rng.random_bool(0.5) {
+                            json!({"seen": true})
+                        } else {
+                            json!({"read": "all", "version": rng.random_range(0..4)})
+                        };
+                        let reply = mark(&app, "owner", body).await;
+                        assert!(
+                            matches!(reply.status, StatusCode::OK | StatusCode::CONFLICT),
+                            "{reply:?}"
+                        );
+                    }
+                }
+            }
+            live
+        }));
+    }
+    let mut live = Vec::new();
+    for client in clients {
+        live.extend(client.await.expect("client"));
+    }
+    app.wait_for_idle().await;
+
+    let page = feed(&app, "owner").await;
+    let shown: BTreeMap<String, Value> = page["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|item| {
+            (
+                item["group"].as_str().expect("group").to_owned(),
+                item.clone(),
+            )
+        })
+        .collect();
+    let mut expected: BTreeMap<String, Vec<&(u32, String, String, u32)>> = BTreeMap::new();
+    for like in &live {
+        expected
+            .entry(format!("post:p{}", like.0))
+            .or_default()
+            .push(like);
+    }
+    assert_eq!(
+        shown.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "seed {seed}: the groups are those of the live likes"
+    );
+    for (group, mut likes) in expected {
+        let item = &shown[&group];
+        likes.sort_by_key(|like| std::cmp::Reverse(like.3));
+        let mut actors: Vec<&str> = Vec::new();
+        for like in &likes {
+            if !actors.contains(&like.1.as_str()) {
+                actors.push(&like.1);
+            }
+        }
+        assert_eq!(item["count"], likes.len(), "seed {seed}: {group}: {item}");
+        assert_eq!(item["actor_count"], actors.len(), "seed {seed}: {group}");
+        actors.truncate(10);
+        assert_eq!(item["actors"], json!(actors), "seed {seed}: {group}");
+        assert_eq!(
+            item["latest"]["event_id"], likes[0].2,
+            "seed {seed}: {group}"
+        );
+    }
+    let cleared = mark(&app, "owner", json!({"seen": true, "read": "all"})).await;
+    assert_eq!(cleared.status, StatusCode::OK, "{cleared:?}");
+    assert_eq!(
+        (
+            cleared.body["unseen"].clone(),
+            cleared.body["unread"].clone()
+        ),
+        (json!(0), json!(0))
+    );
 }

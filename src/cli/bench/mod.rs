@@ -6,13 +6,15 @@
 //! `fanline bench mixed` every kind of request at once, on a running server or its own
 //! ([`mixed`]), `fanline bench streams` live timelines: post-to-stream latency and the
 //! server's CPU per pushed entry ([`streams`]), `fanline bench mqtt` points ingested
-//! through an MQTT broker ([`mqtt`]).
+//! through an MQTT broker ([`mqtt`]), `fanline bench notifications` notification feeds
+//! ([`notifications`]).
 
 mod fleet;
 mod lifecycle;
 mod line_protocol;
 mod mixed;
 mod mqtt;
+mod notifications;
 #[cfg(test)]
 mod page_cost;
 mod rollups;
@@ -46,6 +48,7 @@ use crate::timeline::{Edge, MAX_PAGE_SIZE, NewEvent, SubjectId, Timelines};
 
 pub use mixed::MixedBenchArgs;
 pub use mqtt::{MqttBenchArgs, Publisher};
+pub use notifications::NotificationsBenchArgs;
 pub use series::SeriesBenchArgs;
 pub use social::SocialBenchArgs;
 pub use streams::StreamsBenchArgs;
@@ -124,6 +127,9 @@ pub enum BenchKind {
     /// MQTT ingestion: messages of a few points published through a broker (`--mqtt-url`)
     /// at QoS 1, timed until all are committed: messages/s and points/s.
     Mqtt(MqttBenchArgs),
+    /// Notification feeds over HTTP: notifications/s addressed to 1 and to 100 subjects, a
+    /// hot group liked 10,000 times a minute, page reads, and post-to-stream latency.
+    Notifications(NotificationsBenchArgs),
 }
 
 /// One bench store: the backend, its traffic counters, and what must go when done.
@@ -383,6 +389,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(BenchKind::Mixed(mixed_args)) => return mixed::run(mixed_args).await,
         Some(BenchKind::Streams(streams_args)) => return streams::run(streams_args).await,
         Some(BenchKind::Mqtt(mqtt_args)) => return mqtt::run(mqtt_args).await,
+        Some(BenchKind::Notifications(notifications_args)) => {
+            return notifications::run(notifications_args).await;
+        }
         None => {}
     }
     let parent = tempfile::tempdir().context("failed to create a temp dir")?;

@@ -153,13 +153,7 @@ async fn stream_notifications(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let owner = subject(&owner)?;
-    let resume = match headers.get("last-event-id") {
-        Some(value) => Some(value.to_str().map_err(|_| {
-            ApiError::bad_request("invalid_cursor", "Last-Event-ID is not a cursor")
-        })?),
-        None => None,
-    };
-    let after = resume.or(params.after.as_deref());
+    let after = resume_point(&headers, params.after.as_deref())?;
     let watch = Watch::begin(&state, &headers).await?;
     let stream = state
         .timelines
@@ -220,13 +214,7 @@ async fn stream_timeline(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let owner = subject(&owner)?;
-    let resume = match headers.get("last-event-id") {
-        Some(value) => Some(value.to_str().map_err(|_| {
-            ApiError::bad_request("invalid_cursor", "Last-Event-ID is not a cursor")
-        })?),
-        None => None,
-    };
-    let after = resume.or(params.after.as_deref());
+    let after = resume_point(&headers, params.after.as_deref())?;
     let watch = Watch::begin(&state, &headers).await?;
     let stream = state
         .timelines
@@ -265,6 +253,21 @@ async fn stream_series(
     let (sink, response) = watch.sink();
     tokio::spawn(pump_series(watch, tail, sink));
     Ok(response)
+}
+
+/// Where a stream starts: after its `Last-Event-ID` (a reconnecting client's), else after
+/// its `after` parameter, else (`None`) now.
+fn resume_point<'a>(
+    headers: &'a HeaderMap,
+    after: Option<&'a str>,
+) -> Result<Option<&'a str>, ApiError> {
+    match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request("invalid_cursor", "Last-Event-ID is not a cursor")),
+        None => Ok(after),
+    }
 }
 
 /// What a stream's task keeps an eye on besides its data: its token and the process.

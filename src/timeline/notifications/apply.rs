@@ -49,6 +49,21 @@ pub struct Changed {
     pub made: bool,
 }
 
+/// Commits a change's `writes`: what it changed once they land (`made`: a group was made),
+/// `None` if a condition failed and the change must read the feed again.
+async fn commit(store: &dyn Store, writes: Vec<Write>, made: bool) -> JobResult<Option<Changed>> {
+    match store.transact(writes).await {
+        Ok(()) => Ok(Some(Changed { any: true, made })),
+        Err(StoreError::ConditionFailed) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// A change that lost its race [`RACES`] times: the job retries later.
+fn kept_changing(owner: &str) -> JobError {
+    JobError::Conflict(format!("the notification feed of {owner} kept changing"))
+}
+
 fn corrupt(message: String) -> JobError {
     JobError::Corrupt(message)
 }
@@ -102,6 +117,18 @@ fn moved(owner: &str, gid: &str, old: Option<&GroupRow>, group: &GroupRow) -> Ve
         Bytes::from_static(b"1"),
         Condition::None,
     ));
+    writes
+}
+
+/// The writes that store `group` over `old` (read as `seen`, and still so) and move it.
+fn rewritten(owner: &str, gid: &str, old: &GroupRow, group: &GroupRow, seen: Bytes) -> Vec<Write> {
+    let mut writes = vec![put(
+        owner,
+        group_row(gid),
+        group.encode(),
+        Condition::Equals(seen),
+    )];
+    writes.extend(moved(owner, gid, Some(old), group));
     writes
 }
 
@@ -372,15 +399,11 @@ async fn deliver_chunk(store: &dyn Store, owner: &str, chunk: &[Delivery]) -> Jo
             ));
             writes.extend(moved(owner, gid, old.as_ref(), &group));
         }
-        match store.transact(writes).await {
-            Ok(()) => return Ok(Changed { any: true, made }),
-            Err(StoreError::ConditionFailed) => {}
-            Err(err) => return Err(err.into()),
+        if let Some(changed) = commit(store, writes, made).await? {
+            return Ok(changed);
         }
     }
-    Err(JobError::Conflict(format!(
-        "the notification feed of {owner} kept changing"
-    )))
+    Err(kept_changing(owner))
 }
 
 /// Takes the deleted event `event_id` out of `owner`'s feed, and leaves a tombstone so that
@@ -479,28 +502,13 @@ pub async fn remove(store: &dyn Store, owner: &str, event_id: Uuid) -> JobResult
                 }
             }
             group.changed = after(old.changed.max(old.updated));
-            writes.push(put(
-                owner,
-                group_row(&gid),
-                group.encode(),
-                Condition::Equals(group_seen),
-            ));
-            writes.extend(moved(owner, &gid, Some(&old), &group));
+            writes.extend(rewritten(owner, &gid, &old, &group, group_seen));
         }
-        match store.transact(writes).await {
-            Ok(()) => {
-                return Ok(Changed {
-                    any: true,
-                    made: false,
-                });
-            }
-            Err(StoreError::ConditionFailed) => {}
-            Err(err) => return Err(err.into()),
+        if let Some(changed) = commit(store, writes, false).await? {
+            return Ok(changed);
         }
     }
-    Err(JobError::Conflict(format!(
-        "the notification feed of {owner} kept changing"
-    )))
+    Err(kept_changing(owner))
 }
 
 /// A group's latest distinct authors and its newest event, read from its events, leaving
@@ -585,27 +593,12 @@ pub async fn touch(store: &dyn Store, owner: &str, event_id: Uuid) -> JobResult<
         }
         let mut group = old.clone();
         group.changed = after(old.changed.max(old.updated));
-        let mut writes = vec![put(
-            owner,
-            group_row(&gid),
-            group.encode(),
-            Condition::Equals(group_seen),
-        )];
-        writes.extend(moved(owner, &gid, Some(&old), &group));
-        match store.transact(writes).await {
-            Ok(()) => {
-                return Ok(Changed {
-                    any: true,
-                    made: false,
-                });
-            }
-            Err(StoreError::ConditionFailed) => {}
-            Err(err) => return Err(err.into()),
+        let writes = rewritten(owner, &gid, &old, &group, group_seen);
+        if let Some(changed) = commit(store, writes, false).await? {
+            return Ok(changed);
         }
     }
-    Err(JobError::Conflict(format!(
-        "the notification feed of {owner} kept changing"
-    )))
+    Err(kept_changing(owner))
 }
 
 /// Removes the groups of `owner`'s feed past its newest `max_groups`, with what counted

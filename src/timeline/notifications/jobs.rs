@@ -32,6 +32,9 @@ const KIND: &str = "notify";
 /// Jobs a worker claims and applies together.
 const BATCH: usize = 100;
 
+/// One in this many changes that make a group trims the feed to its cap.
+const TRIM_EVERY: u32 = 8;
+
 /// Feeds changed at once by one batch.
 const FEEDS_AT_ONCE: usize = 16;
 
@@ -100,6 +103,13 @@ pub fn removal_job(notified: &Notified<'_>, at: Ticks) -> NewJob {
 /// The job that tells its targets' streams of the edit that made `version`.
 pub fn edit_job(notified: &Notified<'_>, version: u64, at: Ticks) -> NewJob {
     job(notified, Action::Edit, &format!(".ne{version}"), at)
+}
+
+/// What a batch does to one feed, and the jobs (by index) it serves.
+#[derive(Default)]
+struct FeedWork {
+    work: Vec<(Action, Delivery)>,
+    served: Vec<usize>,
 }
 
 /// Runs `notify` jobs.
@@ -172,7 +182,10 @@ impl NotifyHandler {
             };
             changed.any |= done.any;
         }
-        if changed.made {
+        // One change in [`TRIM_EVERY`] that made a group trims the feed: reads never show
+        // more than the cap, and a few groups over it cost less than a read of every place
+        // at each new group.
+        if changed.made && rand::random_ratio(1, TRIM_EVERY) {
             changed.any |= apply::trim(store, owner, self.max_groups).await?;
         }
         if changed.any {
@@ -193,17 +206,32 @@ impl Handler for NotifyHandler {
         BATCH
     }
 
+    /// Every write of a notify job may be written twice (each is conditional on what it
+    /// read, and an event counts once), and it never checkpoints: a batch needs no lease. An
+    /// unconfirmed job, whose settling changes it, runs alone, leased.
+    fn runs_unleased(&self) -> bool {
+        true
+    }
+
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
-        self.run_batch(std::slice::from_mut(job))
+        self.apply_all(std::slice::from_mut(job), true)
             .await
             .pop()
             .unwrap_or_else(|| Ok(Outcome::done()))
     }
 
     async fn run_batch(&self, jobs: &mut [Claimed]) -> Vec<JobResult<Outcome>> {
+        self.apply_all(jobs, false).await
+    }
+}
+
+impl NotifyHandler {
+    /// Applies every job of a batch, each feed changed once for all; `leased` jobs may be
+    /// settled here, others that need it are run alone.
+    async fn apply_all(&self, jobs: &mut [Claimed], leased: bool) -> Vec<JobResult<Outcome>> {
         let mut results: Vec<Option<JobResult<Outcome>>> = jobs.iter().map(|_| None).collect();
         // Each feed's work, and which jobs it serves.
-        let mut feeds: BTreeMap<String, (Vec<(Action, Delivery)>, Vec<usize>)> = BTreeMap::new();
+        let mut feeds: BTreeMap<String, FeedWork> = BTreeMap::new();
         for (index, job) in jobs.iter_mut().enumerate() {
             let state = match job.payload::<NotifyJob>() {
                 Ok(state) => state,
@@ -219,6 +247,10 @@ impl Handler for NotifyHandler {
                 ))));
                 continue;
             };
+            if job.unconfirmed() && !leased {
+                results[index] = Some(Ok(Outcome::Alone));
+                continue;
+            }
             if job.unconfirmed() {
                 match self.settle(job, &state, event_id).await {
                     Ok(true) => {}
@@ -241,15 +273,15 @@ impl Handler for NotifyHandler {
                 group: state.group.clone(),
             };
             for target in &state.to {
-                let (work, served) = feeds.entry(target.clone()).or_default();
-                work.push((state.action, delivery.clone()));
-                served.push(index);
+                let feed = feeds.entry(target.clone()).or_default();
+                feed.work.push((state.action, delivery.clone()));
+                feed.served.push(index);
             }
         }
         let outcomes: Vec<(Vec<usize>, JobResult<()>)> =
             stream::iter(feeds)
-                .map(|(owner, (work, served))| async move {
-                    (served, self.change_feed(&owner, work).await)
+                .map(|(owner, feed)| async move {
+                    (feed.served, self.change_feed(&owner, feed.work).await)
                 })
                 .buffer_unordered(FEEDS_AT_ONCE)
                 .collect()

@@ -18,7 +18,7 @@
 //! less the baseline's CPU per post, what is left is the streams' own.
 
 mod client;
-mod sse;
+pub(super) mod sse;
 
 use std::time::Duration;
 

@@ -9,14 +9,14 @@
 
 /// One event: its name (`message` when it has none) and its `data` lines joined with `\n`.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct SseEvent {
+pub(in crate::cli::bench) struct SseEvent {
     pub name: String,
     pub data: String,
 }
 
 /// Turns chunks of a stream into events.
 #[derive(Debug, Default)]
-pub(super) struct SseParser {
+pub(in crate::cli::bench) struct SseParser {
     /// The start of a line whose end has not come yet.
     partial: Vec<u8>,
     name_opt: Option<String>,
