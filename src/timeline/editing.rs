@@ -104,17 +104,20 @@ impl Timelines {
                 Ok(()) => {
                     self.events.changed(&edited.row_key);
                     self.wake_workers.enqueued();
-                    // Streams of timelines that merge the author hear of it now.
-                    self.notices.publish(
-                        &live::author_topic(author.as_str()),
-                        Notice::Message(
-                            LiveMessage::Updated {
-                                author: author.as_str().to_owned(),
-                                row_key: edited.row_key.clone(),
-                            }
-                            .encode(),
-                        ),
-                    );
+                    // Streams of timelines that merge the author hear of it now (an event
+                    // posted with `"fanout": false` is on none of them).
+                    if edited.fanout {
+                        self.notices.publish(
+                            &live::author_topic(author.as_str()),
+                            Notice::Message(
+                                LiveMessage::Updated {
+                                    author: author.as_str().to_owned(),
+                                    row_key: edited.row_key.clone(),
+                                }
+                                .encode(),
+                            ),
+                        );
+                    }
                     return Ok(edited);
                 }
                 // Edited or deleted meanwhile: read it again.

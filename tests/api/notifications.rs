@@ -14,6 +14,7 @@ on_every_backend!(
     the_marker_marks_seen_and_read_and_a_stale_version_is_a_409,
     bad_input_and_missing_rights_are_4xx_and_write_nothing,
     a_stream_sends_each_group_change_and_marker_move_and_resumes,
+    an_event_without_fanout_reaches_no_followers_stream_even_edited,
 );
 
 fn feed_path(subject: &str) -> String {
@@ -531,4 +532,38 @@ async fn concurrent_likes_unlikes_and_marker_writes_leave_each_group_as_its_live
         ),
         (json!(0), json!(0))
     );
+}
+
+async fn an_event_without_fanout_reaches_no_followers_stream_even_edited(backend: Backend) {
+    let app = spawn_app(backend).await;
+    assert_eq!(
+        app.follow("fan", "ann").await.status,
+        StatusCode::NO_CONTENT
+    );
+    app.wait_for_idle().await;
+    let mut stream = Sse::open(&app, "/v1/subjects/fan/timeline/stream", None)
+        .await
+        .expect("open");
+    let liked = like(&app, "ann", "p1", "carol").await;
+    app.wait_for_idle().await;
+    let path = format!(
+        "/v1/subjects/ann/events/{}",
+        liked["event_id"].as_str().expect("id")
+    );
+    let edited = app
+        .send(
+            app.client
+                .patch(app.url(&path))
+                .json(&json!({"payload": {"post": "p2"}})),
+        )
+        .await;
+    assert_eq!(edited.status, StatusCode::OK, "{edited:?}");
+    app.wait_for_idle().await;
+    let post = app.post_text("ann", "a post").await;
+    assert_eq!(post.status, StatusCode::CREATED, "{post:?}");
+    // The first thing the follower's stream sends is the post: nothing of the like.
+    let first = stream.next().await.expect("an event");
+    assert_eq!(first.event, "entry", "{first:?}");
+    let entry: Value = serde_json::from_str(&first.data).expect("json");
+    assert_eq!(entry["event_id"], post.body["event_id"], "{entry}");
 }

@@ -111,6 +111,7 @@ impl FanoutHandler {
                 condition: Condition::Equals(stored),
             };
             match store.write_one(write).await {
+                Ok(()) if state.unfanned => return Ok(()),
                 Ok(()) => {
                     self.notices.publish(
                         &live::author_topic(&state.author),

@@ -193,6 +193,10 @@ struct FanoutJob {
     /// its call never confirmed it (see `ahead`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     edit: Option<ahead::EditAhead>,
+    /// On an edit's job: the event was posted with `"fanout": false`, so no timeline holds
+    /// it and no follower's stream may hear of it; the job only settles its call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    unfanned: bool,
 }
 
 /// The followers a part job delivers to: row keys in `[start, end)`.
@@ -264,6 +268,7 @@ fn fresh_job(
         split: None,
         cursor: None,
         edit: None,
+        unfanned: false,
     }
 }
 
@@ -296,14 +301,9 @@ pub(super) fn removal_job(author: &str, row_key: &str, event_id: Uuid, deleted: 
 /// The job that tells every follower's streams of an edit; enqueued with the edit, so every
 /// stream that sent the entry hears of an answered edit.
 pub(super) fn edit_job(event: &Event, edited: Ticks) -> NewJob {
-    new_job(
-        edit_key(event.event_id, event.version),
-        Action::Edit,
-        event.author.as_str(),
-        &event.row_key,
-        None,
-        edited,
-    )
+    let mut payload = fresh_job(Action::Edit, event.author.as_str(), &event.row_key, None);
+    payload.unfanned = !event.fanout;
+    job_of(edit_key(event.event_id, event.version), payload, edited)
 }
 
 /// [`edit_job`], for an edit made in steps (see `Timelines::edit_event`): enqueued ahead of
@@ -311,6 +311,7 @@ pub(super) fn edit_job(event: &Event, edited: Ticks) -> NewJob {
 pub(super) fn edit_job_ahead(event: &Event, edited: Ticks, from: &[u8]) -> NewJob {
     let mut payload = fresh_job(Action::Edit, event.author.as_str(), &event.row_key, None);
     payload.edit = Some(ahead::EditAhead::new(from, &event.encode()));
+    payload.unfanned = !event.fanout;
     job_of(edit_key(event.event_id, event.version), payload, edited)
 }
 
@@ -394,6 +395,9 @@ impl Handler for FanoutHandler {
     async fn run(&self, job: &mut Claimed) -> JobResult<Outcome> {
         let mut state: FanoutJob = job.payload()?;
         if job.unconfirmed() && !self.settle_unconfirmed(job, &state).await? {
+            return Ok(small::done(0));
+        }
+        if state.unfanned {
             return Ok(small::done(0));
         }
         let step = self.run_job(job, &mut state).await?;

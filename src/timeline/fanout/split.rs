@@ -74,6 +74,7 @@ impl FanoutHandler {
                     split: None,
                     cursor: None,
                     edit: None,
+                    unfanned: false,
                 };
                 part_writes.push(job.part_write(split.parts, &part));
                 split.parts += 1;
