@@ -8,8 +8,8 @@
 use uuid::Uuid;
 
 use super::event_index::{EventIndex, delete_writes};
-use super::fanout::removal_job;
 use super::fanout::status::{self, FanoutState, FanoutStatus, Operation};
+use super::fanout::{removal_job, unfanned_removal_job};
 use super::live::{self, LiveMessage};
 use super::notifications::{self, Notified};
 use super::rolled_forward::write_with_job_ahead;
@@ -40,7 +40,12 @@ impl Timelines {
             let writes = delete_writes(author.as_str(), event_id, &index.row_key, seen);
             let jobs = || {
                 let now = Ticks::now();
-                let mut jobs = vec![removal_job(author.as_str(), &index.row_key, event_id, now)];
+                let removal = if index.unfanned {
+                    unfanned_removal_job
+                } else {
+                    removal_job
+                };
+                let mut jobs = vec![removal(author.as_str(), &index.row_key, event_id, now)];
                 // An addressed event leaves its targets' feeds too.
                 if let Some(addressed) = &index.addressed {
                     let notified = Notified {
@@ -64,7 +69,7 @@ impl Timelines {
                 write_with_job_ahead(store, jobs(), writes).await
             };
             match deleted {
-                Ok(()) => self.deleted(author, &index.row_key, event_id),
+                Ok(()) => self.deleted(author, &index.row_key, event_id, !index.unfanned),
                 // A concurrent delete won: its removal is the one to report.
                 Err(StoreError::ConditionFailed) => {}
                 Err(err) => return Err(err.into()),
@@ -75,13 +80,16 @@ impl Timelines {
 
     /// Once an event is deleted: caches and live streams of timelines that merge its author
     /// drop it now; pushed copies are told as the removal job deletes them.
-    fn deleted(&self, author: &SubjectId, row_key: &str, event_id: Uuid) {
+    /// Streams merging the author are told only of an event they could show (`fanned`).
+    fn deleted(&self, author: &SubjectId, row_key: &str, event_id: Uuid, fanned: bool) {
         self.events.changed(row_key);
         self.wake_workers.enqueued();
-        self.notices.publish(
-            &live::author_topic(author.as_str()),
-            Notice::Message(LiveMessage::Removed { event_id }.encode()),
-        );
+        if fanned {
+            self.notices.publish(
+                &live::author_topic(author.as_str()),
+                Notice::Message(LiveMessage::Removed { event_id }.encode()),
+            );
+        }
     }
 
     async fn removal_status(

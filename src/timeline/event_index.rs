@@ -18,6 +18,9 @@ pub struct EventIndex {
     /// Who the event was addressed to, if anyone: its delete and its edits reach them too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addressed: Option<Addressed>,
+    /// Posted with `"fanout": false`: no timeline holds it, and its delete tells none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unfanned: bool,
 }
 
 impl EventIndex {
@@ -26,6 +29,7 @@ impl EventIndex {
             row_key: row_key.to_owned(),
             deleted: false,
             addressed: None,
+            unfanned: false,
         }
     }
 
@@ -102,6 +106,7 @@ pub(super) async fn posted_or_fenced(
         row_key: row_key.to_owned(),
         deleted: true,
         addressed: None,
+        unfanned: false,
     };
     let write = Write::put_if_absent(Table::EventIds, Item::new(author, &id_row, fence.encode()));
     match store.write_one(write).await {
@@ -129,6 +134,7 @@ pub(super) fn delete_writes(
         row_key: row_key.to_owned(),
         deleted: true,
         addressed: None,
+        unfanned: false,
     };
     vec![
         Write::delete(Table::Events, author, row_key),

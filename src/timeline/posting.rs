@@ -344,6 +344,7 @@ fn event_row(event: &Event) -> Write {
 fn index_row(event: &Event, addressed: Option<&Addressed>) -> Write {
     let index = EventIndex {
         addressed: addressed.cloned(),
+        unfanned: !event.fanout,
         ..EventIndex::live(&event.row_key)
     };
     Write::put_if_absent(

@@ -14,7 +14,7 @@ on_every_backend!(
     the_marker_marks_seen_and_read_and_a_stale_version_is_a_409,
     bad_input_and_missing_rights_are_4xx_and_write_nothing,
     a_stream_sends_each_group_change_and_marker_move_and_resumes,
-    an_event_without_fanout_reaches_no_followers_stream_even_edited,
+    an_event_without_fanout_reaches_no_followers_stream_edited_or_deleted,
 );
 
 fn feed_path(subject: &str) -> String {
@@ -534,7 +534,7 @@ async fn concurrent_likes_unlikes_and_marker_writes_leave_each_group_as_its_live
     );
 }
 
-async fn an_event_without_fanout_reaches_no_followers_stream_even_edited(backend: Backend) {
+async fn an_event_without_fanout_reaches_no_followers_stream_edited_or_deleted(backend: Backend) {
     let app = spawn_app(backend).await;
     assert_eq!(
         app.follow("fan", "ann").await.status,
@@ -559,9 +559,13 @@ async fn an_event_without_fanout_reaches_no_followers_stream_even_edited(backend
         .await;
     assert_eq!(edited.status, StatusCode::OK, "{edited:?}");
     app.wait_for_idle().await;
+    let deleted = app.send(app.client.delete(app.url(&path))).await;
+    assert!(deleted.status.is_success(), "{deleted:?}");
+    app.wait_for_idle().await;
     let post = app.post_text("ann", "a post").await;
     assert_eq!(post.status, StatusCode::CREATED, "{post:?}");
-    // The first thing the follower's stream sends is the post: nothing of the like.
+    // The first thing the follower's stream sends is the post: nothing of the like, its
+    // edit or its delete.
     let first = stream.next().await.expect("an event");
     assert_eq!(first.event, "entry", "{first:?}");
     let entry: Value = serde_json::from_str(&first.data).expect("json");

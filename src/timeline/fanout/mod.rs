@@ -193,8 +193,9 @@ struct FanoutJob {
     /// its call never confirmed it (see `ahead`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     edit: Option<ahead::EditAhead>,
-    /// On an edit's job: the event was posted with `"fanout": false`, so no timeline holds
-    /// it and no follower's stream may hear of it; the job only settles its call.
+    /// On an edit's or a removal's job: the event was posted with `"fanout": false`, so no
+    /// timeline holds it and no follower's stream may hear of it; the job only settles its
+    /// call.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     unfanned: bool,
 }
@@ -286,7 +287,8 @@ pub(super) fn delivery_job(event: &Event, posted: Ticks) -> NewJob {
 }
 
 /// The job that removes a deleted event's copies; enqueued with the delete, so an
-/// acknowledged delete always completes.
+/// acknowledged delete always completes. See [`unfanned_removal_job`] for an event posted
+/// with `"fanout": false`.
 pub(super) fn removal_job(author: &str, row_key: &str, event_id: Uuid, deleted: Ticks) -> NewJob {
     new_job(
         removal_key(event_id),
@@ -296,6 +298,19 @@ pub(super) fn removal_job(author: &str, row_key: &str, event_id: Uuid, deleted: 
         None,
         deleted,
     )
+}
+
+/// [`removal_job`] of an event posted with `"fanout": false`: no timeline holds it, so the
+/// job only settles its call (and no follower hears of the event).
+pub(super) fn unfanned_removal_job(
+    author: &str,
+    row_key: &str,
+    event_id: Uuid,
+    deleted: Ticks,
+) -> NewJob {
+    let mut payload = fresh_job(Action::Remove, author, row_key, None);
+    payload.unfanned = true;
+    job_of(removal_key(event_id), payload, deleted)
 }
 
 /// The job that tells every follower's streams of an edit; enqueued with the edit, so every
