@@ -350,6 +350,8 @@ async fn the_bell_counts_unseen_groups_live_and_the_list_shows_and_marks_them_re
     for author in ["ann", "bob"] {
         like_for(&app, author, "p1", "carol").await;
     }
+    // The feed orders groups by when their events land: the likes land first.
+    app.wait_for_idle().await;
     let mention = app
         .post_event(
             "dave",
