@@ -45,7 +45,7 @@ pub use status::{
 pub use wake::{HANDOFF_CAPACITY, Handover, Wake};
 
 /// Why a job did not end well.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum JobError {
     /// The store failed; retried with backoff.

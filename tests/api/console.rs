@@ -27,7 +27,7 @@ async fn issue(app: &TestApp, path: &str) -> String {
     reply.body["token"].as_str().expect("token").to_owned()
 }
 
-async fn subject_token(app: &TestApp, subject: &str) -> String {
+pub(crate) async fn subject_token(app: &TestApp, subject: &str) -> String {
     issue(
         app,
         &format!("/v1/admin/subjects/{}/tokens", segment(subject)),

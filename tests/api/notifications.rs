@@ -5,6 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::console::subject_token;
 use crate::helpers::{Api, Backend, Reply, TestApp, segment, spawn_app};
 use crate::streams::Sse;
 
@@ -47,10 +48,8 @@ async fn like(api: &Api, author: &str, post: &str, owner: &str) -> Value {
 }
 
 async fn subject_api(app: &TestApp, subject: &str) -> Api {
-    let path = format!("/v1/admin/subjects/{}/tokens", segment(subject));
-    let reply = app.post_json(&path, &json!({})).await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-    Api::with_token(&app.address, reply.body["token"].as_str())
+    let token = subject_token(app, subject).await;
+    Api::with_token(&app.address, Some(&token))
 }
 
 async fn likes_of_a_post_are_one_group_and_to_is_shown_nowhere(backend: Backend) {

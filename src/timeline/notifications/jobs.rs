@@ -290,7 +290,7 @@ impl NotifyHandler {
             if let Err(err) = outcome {
                 for index in served {
                     if results[index].is_none() {
-                        results[index] = Some(Err(clone_error(&err)));
+                        results[index] = Some(Err(err.clone()));
                     }
                 }
             }
@@ -299,16 +299,5 @@ impl NotifyHandler {
             .into_iter()
             .map(|result| result.unwrap_or_else(|| Ok(Outcome::done())))
             .collect()
-    }
-}
-
-/// The same failure, for each job of a feed that failed.
-fn clone_error(err: &JobError) -> JobError {
-    match err {
-        JobError::Store(store) => JobError::Store(store.clone()),
-        JobError::Conflict(message) => JobError::Conflict(message.clone()),
-        JobError::Corrupt(message) => JobError::Corrupt(message.clone()),
-        JobError::LeaseLost => JobError::LeaseLost,
-        JobError::UnknownFormat { found } => JobError::UnknownFormat { found: *found },
     }
 }

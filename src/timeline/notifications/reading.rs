@@ -239,7 +239,8 @@ impl Timelines {
                 row_key: event_row_key(Ticks::clamped(row.latest.at), row.latest.event_id),
             })
             .collect();
-        let mut events = self.events.read(store, &refs).await?.into_iter();
+        let bodies = self.events.read(store, &refs).await?;
+        let mut events = refs.into_iter().zip(bodies);
         let marker = snapshot.marker();
         let mut items = Vec::with_capacity(gids.len());
         for (gid, row) in gids.iter().zip(rows) {
@@ -247,19 +248,16 @@ impl Timelines {
                 items.push(None);
                 continue;
             };
-            let latest = match events.next().flatten() {
-                Some(body) => {
-                    let row_key = event_row_key(Ticks::clamped(row.latest.at), row.latest.event_id);
-                    Some(
-                        TimelineEntry::from_event_row(&row.latest.author, row_key, body)
-                            .map_err(corrupt)?,
-                    )
-                }
-                None if row.count <= 1 => {
+            let latest = match events.next() {
+                Some((reference, Some(body))) => Some(
+                    TimelineEntry::from_event_row(&reference.author, reference.row_key, body)
+                        .map_err(corrupt)?,
+                ),
+                Some((_, None)) if row.count <= 1 => {
                     items.push(None);
                     continue;
                 }
-                None => None,
+                _ => None,
             };
             items.push(Some(GroupItem {
                 id: (*gid).to_owned(),
@@ -324,7 +322,7 @@ impl Timelines {
         }
         let store = self.store.as_ref();
         for _ in 0..MARKER_RACES {
-            let snapshot = self.notification_snapshot(owner).await?;
+            let mut snapshot = self.notification_snapshot(owner).await?;
             let current = snapshot.marker();
             if let Some(version) = write.version
                 && version != current.version
@@ -346,6 +344,8 @@ impl Timelines {
                 marker.seen_until = marker.seen_until.max(until.get());
             }
             let mut writes = Vec::new();
+            // The groups marked read one by one, as of their `updated`.
+            let mut marked = Vec::new();
             match &write.read {
                 Some(ReadMark::All) => marker.read_until = marker.read_until.max(now),
                 Some(ReadMark::Groups(ids)) => {
@@ -365,6 +365,7 @@ impl Timelines {
                         // A group gone (or never there) has nothing to mark.
                         let Some(body) = body else { continue };
                         let row = GroupRow::decode(&body).map_err(corrupt)?;
+                        marked.push(((*gid).to_owned(), row.updated));
                         writes.push(Write::put(
                             Table::Notifications,
                             Item::new(
@@ -390,12 +391,20 @@ impl Timelines {
                 Ok(()) => {
                     self.notices
                         .publish(&live::notifications_topic(owner.as_str()), Notice::Changed);
-                    let counts = self.notification_counts(owner).await?;
-                    return Ok(NotificationMarkerWritten::Written(counts));
+                    // The feed as read, with what this write marked.
+                    snapshot.marker = Some((marker.encode(), marker));
+                    snapshot.reads.extend(marked);
+                    return Ok(NotificationMarkerWritten::Written(snapshot.counts()));
                 }
                 Err(StoreError::ConditionFailed) if write.version.is_none() => {}
                 Err(StoreError::ConditionFailed) => {
-                    let current = self.notification_snapshot(owner).await?.marker().version;
+                    let current = match store
+                        .get(Table::Notifications, owner.as_str(), MARKER_ROW)
+                        .await?
+                    {
+                        Some(body) => MarkerRow::decode(&body).map_err(corrupt)?.version,
+                        None => 0,
+                    };
                     return Ok(NotificationMarkerWritten::Stale { current });
                 }
                 Err(err) => return Err(err.into()),
