@@ -1,9 +1,10 @@
-//! A bare HTTP/1.1 keep-alive connection for the benchmarks' posting clients. The clients run
-//! on the machine they measure, so their CPU is taken from the server: a request here is one
-//! write of bytes formatted in place and one read or two, parsed by `httparse` (hyper's
-//! parser), on the client's own task. A general client (reqwest over hyper's pool) took a
-//! fifth of both cores in the social benchmark, half of it in a connection task of its own
-//! that every request wakes and is woken by.
+//! A bare HTTP/1.1 keep-alive connection for the benchmarks' posting clients and page
+//! readers. The clients run on the machine they measure, so their CPU is taken from the
+//! server: a request here is one write of bytes formatted in place and a read or a few,
+//! parsed by `httparse` (hyper's parser), on the client's own task. A general client (reqwest
+//! over hyper's pool) took a fifth of both cores in the social benchmark, half of it in a
+//! connection task of its own that every request wakes and is woken by; reading pages, it
+//! took 0.06 ms of CPU a page against this one's 0.03 ms.
 //!
 //! Only what the server sends is understood: answers with a `Content-Length`. Anything else
 //! is an error, and the connection is dropped and made anew by the next request.
@@ -54,14 +55,28 @@ impl Connection {
     /// Posts a JSON body to `path` and reads the answer. On any error the connection is
     /// closed; the request may or may not have been taken.
     pub async fn post_json(&mut self, path: &str, body: &str) -> io::Result<Answer> {
-        let result = self.exchange(path, body).await;
+        self.send("POST", path, Some(body)).await
+    }
+
+    /// Gets `path` and reads the answer. On any error the connection is closed.
+    pub async fn get(&mut self, path: &str) -> io::Result<Answer> {
+        self.send("GET", path, None).await
+    }
+
+    async fn send(&mut self, method: &str, path: &str, body: Option<&str>) -> io::Result<Answer> {
+        let result = self.exchange(method, path, body).await;
         if result.is_err() {
             self.stream_opt = None;
         }
         result
     }
 
-    async fn exchange(&mut self, path: &str, body: &str) -> io::Result<Answer> {
+    async fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> io::Result<Answer> {
         if self.stream_opt.is_none() {
             let stream = TcpStream::connect(self.address).await?;
             stream.set_nodelay(true)?;
@@ -70,14 +85,20 @@ impl Connection {
         }
         self.request.clear();
         self.request.extend_from_slice(
-            format!(
-                "POST {path} HTTP/1.1\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-                self.fixed_headers,
-                body.len()
-            )
-            .as_bytes(),
+            format!("{method} {path} HTTP/1.1\r\n{}", self.fixed_headers).as_bytes(),
         );
-        self.request.extend_from_slice(body.as_bytes());
+        if let Some(body) = body {
+            self.request.extend_from_slice(
+                format!(
+                    "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+        self.request.extend_from_slice(b"\r\n");
+        self.request
+            .extend_from_slice(body.unwrap_or_default().as_bytes());
         let Some(stream) = self.stream_opt.as_mut() else {
             return Err(io::Error::other("no connection"));
         };
@@ -88,7 +109,11 @@ impl Connection {
             }
             read_more(stream, &mut self.received).await?;
         };
-        while self.received.len() < head.length + head.body_length {
+        // Room for the whole answer at once: a page is tens of kilobytes.
+        let answer_length = head.length + head.body_length;
+        self.received
+            .reserve(answer_length.saturating_sub(self.received.len()));
+        while self.received.len() < answer_length {
             read_more(stream, &mut self.received).await?;
         }
         self.received.advance(head.length);
@@ -278,5 +303,38 @@ mod tests {
         assert!(requests[0].contains("Authorization: Bearer secret\r\n"));
         assert!(requests[0].ends_with("Content-Length: 7\r\n\r\n{\"a\":1}"));
         assert!(requests[2].starts_with("POST /v1/y HTTP/1.1\r\n"));
+    }
+
+    /// A GET has no body and no content headers; an answer far bigger than one read (a
+    /// timeline page) arrives whole.
+    #[tokio::test]
+    async fn a_get_sends_no_body_and_reads_a_long_answer_whole() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let body = "x".repeat(5 * READ_CHUNK + 17);
+        let sent = body.clone();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            let request = read_request(&mut socket).await;
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", sent.len());
+            socket.write_all(head.as_bytes()).await.expect("write head");
+            for piece in sent.as_bytes().chunks(3_000) {
+                socket.write_all(piece).await.expect("write body");
+                socket.flush().await.expect("flush");
+            }
+            request
+        });
+        let mut connection = Connection::new(address, "secret");
+        let answer = connection.get("/v1/page?limit=250").await.expect("answer");
+        assert_eq!(answer.status, 200);
+        assert_eq!(&answer.body[..], body.as_bytes());
+        let request = tokio::time::timeout(std::time::Duration::from_secs(10), server)
+            .await
+            .expect("the server ends")
+            .expect("the server task");
+        assert!(request.starts_with("GET /v1/page?limit=250 HTTP/1.1\r\n"));
+        assert!(request.contains("Authorization: Bearer secret\r\n"));
+        assert!(request.ends_with("\r\n\r\n"));
+        assert!(!request.to_ascii_lowercase().contains("content-length"));
     }
 }

@@ -530,7 +530,7 @@ async fn fixed_point(
             let owners = Arc::new(reader_names);
             for &connections in &args.page_connections {
                 let run = pages::read_pages(
-                    &server.base,
+                    server.address,
                     &server.admin_token,
                     owners.clone(),
                     limit,

@@ -9,8 +9,11 @@
 //! also counted apart (threads named `fjall:worker`): after a big fan-out they are still
 //! compacting what it wrote, which is no page's cost. The readers do not parse the JSON:
 //! they check the status and the body's first bytes; the first page of each connection is
-//! parsed once to check it holds the expected items.
+//! parsed once to check it holds the expected items. Each reader is a bare keep-alive
+//! connection ([`Connection`]), as pgbench's clients are for the peer: the readers share the
+//! machine they measure.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +21,7 @@ use anyhow::Context;
 use serde::Deserialize;
 
 use super::super::percentile;
+use super::super::wire::Connection;
 use super::post::per_second;
 
 /// Clock ticks a second in `/proc` times (Linux's `USER_HZ`, 100 on every common build).
@@ -67,7 +71,7 @@ struct PageBody {
 /// Reads `pages` first pages of `limit` items of the owners' timelines (round robin) over
 /// `connections` connections at once.
 pub(in crate::cli::bench) async fn read_pages(
-    base: &str,
+    address: SocketAddr,
     admin_token: &str,
     owners: Arc<Vec<String>>,
     limit: usize,
@@ -75,7 +79,6 @@ pub(in crate::cli::bench) async fn read_pages(
     connections: usize,
 ) -> anyhow::Result<PageRun> {
     anyhow::ensure!(!owners.is_empty(), "no timelines to read");
-    let base = base.to_owned();
     let admin_token = admin_token.to_owned();
     let connections = connections.max(1);
     let (sender, receiver) = tokio::sync::oneshot::channel();
@@ -88,7 +91,7 @@ pub(in crate::cli::bench) async fn read_pages(
                 .context("failed to build the reader runtime")
                 .and_then(|runtime| {
                     runtime.block_on(read_on_this_thread(
-                        &base,
+                        address,
                         &admin_token,
                         &owners,
                         limit,
@@ -103,47 +106,49 @@ pub(in crate::cli::bench) async fn read_pages(
 }
 
 async fn read_on_this_thread(
-    base: &str,
+    address: SocketAddr,
     admin_token: &str,
     owners: &Arc<Vec<String>>,
     limit: usize,
     pages: usize,
     connections: usize,
 ) -> anyhow::Result<PageRun> {
-    let client = super::super::server::admin_client(admin_token)?;
-    // Each connection's first page, parsed, and a warm connection pool before the clock.
+    // Each connection's first page, parsed, before the clock.
+    let mut readers = Vec::with_capacity(connections);
     for connection in 0..connections {
         let owner = &owners[connection % owners.len()];
-        let body = read_one(&client, &page_url(base, owner, limit)).await?;
+        let mut reader = Connection::new(address, admin_token);
+        let body = read_one(&mut reader, &page_path(owner, limit)).await?;
         let page: PageBody = serde_json::from_slice(&body).context("a page is not JSON")?;
         anyhow::ensure!(
             page.items.len() == limit,
             "the timeline of {owner} held {} items, not {limit}",
             page.items.len()
         );
+        readers.push(reader);
     }
     let process_before = process_cpu()?;
     let reader_before = thread_cpu()?;
     let background_before = store_background_cpu()?;
     let started = Instant::now();
-    let mut readers = Vec::with_capacity(connections);
-    for connection in 0..connections {
-        let share = pages / connections + usize::from(connection < pages % connections);
-        let client = client.clone();
-        let owners = owners.clone();
-        let base = base.to_owned();
-        readers.push(async move {
-            let mut latencies = Vec::with_capacity(share);
-            for index in 0..share {
-                let owner = &owners[(index * connections + connection) * 7_919 % owners.len()];
-                let url = page_url(&base, owner, limit);
-                let began = Instant::now();
-                read_one(&client, &url).await?;
-                latencies.push(began.elapsed());
+    let readers = readers
+        .into_iter()
+        .enumerate()
+        .map(|(connection, mut reader)| {
+            let share = pages / connections + usize::from(connection < pages % connections);
+            let owners = owners.clone();
+            async move {
+                let mut latencies = Vec::with_capacity(share);
+                for index in 0..share {
+                    let owner = &owners[(index * connections + connection) * 7_919 % owners.len()];
+                    let path = page_path(owner, limit);
+                    let began = Instant::now();
+                    read_one(&mut reader, &path).await?;
+                    latencies.push(began.elapsed());
+                }
+                anyhow::Ok(latencies)
             }
-            anyhow::Ok(latencies)
         });
-    }
     let mut latencies = Vec::with_capacity(pages);
     for read in futures::future::join_all(readers).await {
         latencies.extend(read?);
@@ -164,25 +169,20 @@ async fn read_on_this_thread(
     })
 }
 
-fn page_url(base: &str, owner: &str, limit: usize) -> String {
-    format!("{base}/v1/subjects/{owner}/timeline?limit={limit}")
+fn page_path(owner: &str, limit: usize) -> String {
+    format!("/v1/subjects/{owner}/timeline?limit={limit}")
 }
 
 /// One page, checked only by its status and its first bytes.
-async fn read_one(client: &reqwest::Client, url: &str) -> anyhow::Result<bytes::Bytes> {
-    let response = client
-        .get(url)
-        .send()
-        .await
-        .context("failed to read a page")?;
-    let status = response.status();
+async fn read_one(reader: &mut Connection, path: &str) -> anyhow::Result<bytes::Bytes> {
+    let answer = reader.get(path).await.context("failed to read a page")?;
     anyhow::ensure!(
-        status == reqwest::StatusCode::OK,
-        "a page read answered {status}"
+        answer.status == 200,
+        "a page read answered {}",
+        answer.status
     );
-    let body = response.bytes().await?;
-    anyhow::ensure!(body.starts_with(b"{"), "a page is not a JSON object");
-    Ok(body)
+    anyhow::ensure!(answer.body.starts_with(b"{"), "a page is not a JSON object");
+    Ok(answer.body)
 }
 
 pub(in crate::cli::bench) fn process_cpu() -> anyhow::Result<Duration> {
