@@ -331,7 +331,7 @@ impl Merged {
                 Some(index) => entries[index].take(),
                 None => match referenced.next() {
                     Some((reference, Some(body))) => Some(
-                        TimelineEntry::from_event_row(&reference.author, reference.row_key, body)
+                        TimelineEntry::from_timeline_reference(reference, body)
                             .map_err(DomainError::Corrupt)?,
                     ),
                     // The event is gone: deleted.

@@ -373,6 +373,25 @@ impl TimelineEntry {
         if !is_event_row_key(&row_key) {
             return Err(corrupt("event", &row_key));
         }
+        TimelineEntry::from_checked_event_row(author, row_key, body)
+    }
+
+    /// The event a timeline row names, read from its author's log: the reference's row key
+    /// was checked when the row was read ([`EntryRef::from_timeline_row`]), and a page of 250
+    /// need not check each again.
+    pub fn from_timeline_reference(
+        reference: EntryRef,
+        body: Bytes,
+    ) -> Result<TimelineEntry, String> {
+        debug_assert!(is_event_row_key(&reference.row_key));
+        TimelineEntry::from_checked_event_row(&reference.author, reference.row_key, body)
+    }
+
+    fn from_checked_event_row(
+        author: &str,
+        row_key: String,
+        body: Bytes,
+    ) -> Result<TimelineEntry, String> {
         if is_current(&body, EVENT_BODY_START) {
             return Ok(TimelineEntry {
                 row_key,
