@@ -322,13 +322,7 @@ export function notificationFeed(subject) {
     if (open) markSeen();
   }
 
-  function onEvent(type, data) {
-    let value;
-    try {
-      value = JSON.parse(data);
-    } catch {
-      return;
-    }
+  function onEvent(type, value) {
     if (type === "group") {
       changes += 1;
       removedAt.delete(value.id);

@@ -148,13 +148,7 @@ export function seriesView(root, { params, setFragment }) {
     streams.splice(0).forEach((stream) => stream.close());
   }
 
-  function onPoints(name, raw) {
-    let value;
-    try {
-      value = JSON.parse(raw);
-    } catch {
-      return;
-    }
+  function onPoints(name, value) {
     span.to = Math.max(span.to, Date.now() / 1000);
     if (mode === "stepped") {
       clearTimeout(refetch);
@@ -191,8 +185,8 @@ export function seriesView(root, { params, setFragment }) {
       closeStreams();
       for (const name of names) {
         streams.push(openStream(`/v1/series/${seg(name)}/stream`, {
-          onEvent: (type, raw) => {
-            if (type === "points") onPoints(name, raw);
+          onEvent: (type, value) => {
+            if (type === "points") onPoints(name, value);
             else if (type === "lagged") draw(true);
           },
           onError: (error) => showError(error),

@@ -3,9 +3,11 @@
 import { authHeaders, errorOf } from "./api.js";
 
 /**
- * Opens `path` and calls `onEvent(type, data, id)` per event, `onError(error)` when the
- * server refuses (a 4xx other than 429 stops for good; anything else is retried), and
- * `onState(text)` as the connection comes and goes. Returns `{ close() }`.
+ * Opens `path` and calls `onEvent(type, value, id)` per event with its data parsed (every
+ * stream of the API sends JSON; an event whose data is not JSON is passed over),
+ * `onError(error)` when the server refuses (a 4xx other than 429 stops for good; anything
+ * else is retried), and `onState(text)` as the connection comes and goes. Returns
+ * `{ close() }`.
  */
 export function openStream(path, { onEvent, onError = () => {}, onState = () => {} }) {
   const controller = new AbortController();
@@ -57,7 +59,7 @@ export function openStream(path, { onEvent, onError = () => {}, onState = () => 
       for (const line of lines) {
         if (line === "") {
           if (id !== null) lastId = id;
-          if (data.length) onEvent(type || "message", data.join("\n"), id);
+          if (data.length) dispatch(type || "message", data.join("\n"), id);
           type = "";
           data = [];
           id = null;
@@ -73,6 +75,16 @@ export function openStream(path, { onEvent, onError = () => {}, onState = () => 
         else if (field === "id") id = value;
       }
     }
+  }
+
+  function dispatch(type, data, id) {
+    let value;
+    try {
+      value = JSON.parse(data);
+    } catch {
+      return;
+    }
+    onEvent(type, value, id);
   }
 
   run();

@@ -382,13 +382,7 @@ export function timelineView(root, { who, params, setFragment }) {
     }
   }
 
-  function onEvent(type, data) {
-    let value;
-    try {
-      value = JSON.parse(data);
-    } catch {
-      return;
-    }
+  function onEvent(type, value) {
     if (type === "entry") {
       // A new entry newer than the marker is one more unread.
       const unread = !entries.has(value.row_key) && (marker.last_read === null || value.row_key < marker.last_read);
