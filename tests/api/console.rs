@@ -7,6 +7,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::browser::Browser;
 use crate::helpers::{Api, Backend, TestApp, segment, spawn_app};
+use crate::notifications::like;
 
 on_every_backend!(
     whoami_says_who_each_token_acts_as,
@@ -300,19 +301,6 @@ async fn a_post_appears_on_a_followers_open_timeline_without_a_reload() {
     browser.assert_clean(&app.address);
 }
 
-/// `author` likes the post `post` in `owner`'s notification feed only (no timeline gets it).
-async fn like_for(app: &TestApp, author: &str, post: &str, owner: &str) {
-    let body = json!({
-        "kind": "like",
-        "payload": {"post": post},
-        "to": [owner],
-        "group": format!("post:{post}"),
-        "fanout": false,
-    });
-    let reply = app.post_event(author, body).await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-}
-
 /// The bell's count as a script expression: its number, or 0 while the badge is hidden.
 const BELL_COUNT: &str = "(() => { const c = document.getElementById('bell-count'); \
      return c.hidden ? 0 : Number(c.textContent); })()";
@@ -348,7 +336,7 @@ async fn the_bell_counts_unseen_groups_live_and_the_list_shows_and_marks_them_re
 
     // Two likes of one post are one group; a mention without a group is its own.
     for author in ["ann", "bob"] {
-        like_for(&app, author, "p1", "carol").await;
+        like(&app, author, "p1", "carol").await;
     }
     // The feed orders groups by when their events land: the likes land first.
     app.wait_for_idle().await;
@@ -401,7 +389,7 @@ async fn the_bell_counts_unseen_groups_live_and_the_list_shows_and_marks_them_re
     );
 
     // A further like brings its group back on top, unseen and unread, without a reload.
-    like_for(&app, "eve", "p1", "carol").await;
+    like(&app, "eve", "p1", "carol").await;
     browser.wait_for(&format!("{BELL_COUNT} === 1")).await;
     browser
         .wait_for("document.querySelector('#notification-list li[data-id]')?.dataset.count === '3'")

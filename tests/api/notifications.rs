@@ -34,7 +34,7 @@ async fn mark(api: &Api, subject: &str, body: Value) -> Reply {
 }
 
 /// `author` likes `post` (an event for `owner`'s feed only).
-async fn like(api: &Api, author: &str, post: &str, owner: &str) -> Value {
+pub(crate) async fn like(api: &Api, author: &str, post: &str, owner: &str) -> Value {
     let body = json!({
         "kind": "like",
         "payload": {"post": post},
