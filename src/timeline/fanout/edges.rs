@@ -2,18 +2,17 @@
 //!
 //! A fan-out reads the followers, then writes to their timelines. A reader who unfollows in
 //! between has the unfollow's cleanup run, perhaps before the write lands, and the entry
-//! would stay. So once its write is done, the fan-out reads those followers' edges again
-//! and undoes its write for each one gone. An unfollow this second read does not see is
-//! later than the write, and its cleanup (which runs after the unfollow) deletes what the
-//! write left. Either way nothing stays, however long the write took.
+//! would stay. So once its write is done, the fan-out takes its write back from each
+//! follower whose edge is gone by then. An unfollow after that check is later than the write,
+//! and its cleanup (which runs after the unfollow) deletes what the write left. Either way
+//! nothing stays, however long the write took.
 //!
-//! A batch of small fan-outs reads the edges of its followers in one round: by key for an
-//! event with few (on DynamoDB, `BatchGetItem`s of 100 keys: a request or a few for the
-//! batch), as one range query for one with more ([`Store::keys_cheaper_than_a_range`]). A page of one
-//! big fan-out would read a thousand edges, so it reads its author's unfollow mark instead
-//! (`merged_authors::unfollowed_mark`, which every unfollow's transaction moves): once
-//! before its followers, once after its write. Only if the mark moved does it read its
-//! followers' edges again, as one query over their range.
+//! Reading every edge again would cost as much as reading the followers. So a fan-out reads
+//! its authors' unfollow marks (`merged_authors::unfollowed_mark`, which every unfollow's
+//! transaction moves): before their followers, and again after its write. Only where a mark
+//! moved does it read the edges of the followers it wrote to: by key for an event with few
+//! (on DynamoDB, `BatchGetItem`s of 100 keys), as one range query for one with more
+//! ([`Store::keys_cheaper_than_a_range`]).
 
 use std::collections::HashSet;
 
@@ -21,14 +20,6 @@ use bytes::Bytes;
 
 use crate::store::{Key, Query, Store, StoreResult, Table};
 use crate::timeline::merged_authors;
-
-/// How a write to followers' timelines learns which of them unfollowed meanwhile.
-pub(super) enum Recheck<'m> {
-    /// Every follower's edge, read by key (a batch of small fan-outs).
-    Edges,
-    /// The author's unfollow mark, and the edges only if it moved (a page of one fan-out).
-    Mark(&'m mut Mark),
-}
 
 /// An author's unfollow mark as a fan-out last read it.
 pub(super) struct Mark {
@@ -44,6 +35,14 @@ impl Mark {
             author: author.to_owned(),
             seen: store.get(key.table, &key.partition, &key.row).await?,
         })
+    }
+
+    /// `author`'s mark as read with other keys (`None`: never written).
+    pub(super) fn new(author: &str, seen: Option<Bytes>) -> Mark {
+        Mark {
+            author: author.to_owned(),
+            seen,
+        }
     }
 
     /// Where the mark is, to read it with other keys.

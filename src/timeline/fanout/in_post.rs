@@ -21,10 +21,13 @@
 //! Reading the followers and marks cost each post about a tenth of the process's CPU at 5
 //! followers, so a process remembers them per author ([`PLANS_KEPT`]). A remembered plan
 //! is as sound as a fresh one: its checks name the marks it was read with, so a follow or an
-//! unfollow since (by any process) fails the commit, and the plan is forgotten.
+//! unfollow since (by any process) fails the commit, and the plan is forgotten. An author
+//! found with more followers than that (or merged) posts with jobs for [`JOBS_REMEMBERED`]
+//! without reading them again: a post with a job is right whatever the followers are, and
+//! follows and unfollows in this process forget it at once.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -39,6 +42,11 @@ use crate::timeline::{DomainResult, Event, audience, live, merged_authors, trim}
 /// about 1 KB with the cache's own, so 16 MB at most.
 const PLANS_KEPT: usize = 16_384;
 
+/// How long an author found with too many followers to post in its own commit posts with
+/// jobs before its followers are read again (unfollows in other processes may have made
+/// them few).
+const JOBS_REMEMBERED: Duration = Duration::from_secs(10);
+
 /// How posts write small fan-outs themselves.
 #[derive(Clone)]
 pub struct FanoutInPost {
@@ -50,7 +58,16 @@ pub struct FanoutInPost {
     /// Where the fan-out's completion and lag are counted, as a job's would be.
     jobs: JobMetrics,
     /// Plans as last read, per author.
-    plans: Arc<quick_cache::sync::Cache<String, Arc<Plan>>>,
+    plans: Arc<quick_cache::sync::Cache<String, Remembered>>,
+}
+
+/// How an author's posts were last found to deliver their events.
+#[derive(Clone)]
+enum Remembered {
+    /// Themselves, as the plan says.
+    Plan(Arc<Plan>),
+    /// With jobs, until then.
+    Jobs(Instant),
 }
 
 /// Who gets a post's event, and the checks that keep that true until its commit.
@@ -100,13 +117,17 @@ impl FanoutInPost {
         if self.up_to == 0 {
             return Ok(None);
         }
-        if let Some(plan) = self.plans.get(author) {
-            return Ok(Some(plan));
+        match self.plans.get(author) {
+            Some(Remembered::Plan(plan)) => return Ok(Some(plan)),
+            Some(Remembered::Jobs(until)) if Instant::now() < until => return Ok(None),
+            _ => {}
         }
         let plan = self.read_plan(store, author).await?.map(Arc::new);
-        if let Some(plan) = &plan {
-            self.plans.insert(author.to_owned(), plan.clone());
-        }
+        let remembered = match &plan {
+            Some(plan) => Remembered::Plan(plan.clone()),
+            None => Remembered::Jobs(Instant::now() + JOBS_REMEMBERED),
+        };
+        self.plans.insert(author.to_owned(), remembered);
         Ok(plan)
     }
 
@@ -251,6 +272,10 @@ mod tests {
 
     /// A process on `store` whose posts deliver to up to 2 followers themselves.
     fn process(store: &EmbeddedStore) -> Timelines {
+        process_on(Arc::new(store.clone()))
+    }
+
+    fn process_on(store: Arc<dyn Store>) -> Timelines {
         let fanout_in_post = FanoutInPost::new(
             2,
             &super::super::FanoutSettings::default(),
@@ -258,7 +283,7 @@ mod tests {
             (FanoutMetrics::default(), JobMetrics::default()),
         );
         Timelines::new(
-            Arc::new(store.clone()),
+            store,
             CursorCodec::new(b"test"),
             crate::config::Config::defaults().timeline_settings(),
             Wake::without_handoff(),
@@ -345,6 +370,39 @@ mod tests {
             "the follow's and the post's"
         );
         assert!(!rows(&store, "fan1").await.contains(&big.row_key));
+    }
+
+    /// An author found with more followers than a post delivers to itself posts with jobs,
+    /// without its followers read again at each post, until this process follows or
+    /// unfollows it.
+    #[tokio::test]
+    async fn an_author_with_too_many_followers_posts_with_jobs_reading_them_once() {
+        use crate::store::fault::{Calls, FaultyStore, Op};
+        let (_dir, store) = store().await;
+        let faulty = Arc::new(FaultyStore::new(Arc::new(store.clone())));
+        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        faulty.on_every(Calls::on(Op::Query, Table::SubjectFollowers), {
+            let reads = reads.clone();
+            move || {
+                reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let timelines = process_on(faulty);
+        for fan in ["fan1", "fan2", "fan3"] {
+            follow(&timelines, fan, "alice").await;
+        }
+        for _ in 0..3 {
+            let event = post(&timelines, "alice").await;
+            assert_eq!(state(&store, &event).await.0, FanoutState::Pending);
+        }
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        timelines
+            .unfollow(&id("fan3"), &id("alice"))
+            .await
+            .expect("unfollow");
+        let event = post(&timelines, "alice").await;
+        assert_eq!(state(&store, &event).await, (FanoutState::Done, Some(2)));
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     /// Another process follows or unfollows after this one remembered the author's plan: the

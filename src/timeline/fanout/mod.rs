@@ -21,6 +21,7 @@
 mod ahead;
 mod edges;
 mod in_post;
+mod known;
 mod metrics;
 mod small;
 mod split;
@@ -382,6 +383,8 @@ pub struct FanoutHandler {
     /// Whether big events are split into part jobs: only where the store commits a part
     /// with its root's checkpoint. Elsewhere one job walks every follower, page by page.
     splits: bool,
+    /// Followers of the authors of small fan-outs, as last read (see `known`).
+    known: known::KnownFollowers,
 }
 
 #[async_trait]
@@ -490,6 +493,7 @@ impl FanoutHandler {
             metrics,
             wake,
             notices: Notices::local(),
+            known: known::KnownFollowers::new(),
         }
     }
 
@@ -809,7 +813,7 @@ impl FanoutHandler {
                     .write_entries(
                         std::slice::from_ref(&delivery),
                         checkpoint_opt,
-                        edges::Recheck::Mark(mark),
+                        std::slice::from_mut(mark),
                     )
                     .await?;
                 if !gone.is_empty() {

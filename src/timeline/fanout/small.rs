@@ -6,14 +6,17 @@
 //! A job is small when it is a fresh delivery whose author is not merged at read time and
 //! has at most [`SMALL_FOLLOWERS`] followers (and no more than one page of them, nor than
 //! the split and merge thresholds). Anything else, found while looking, runs alone as before.
-//! The reads of a batch are three rounds whatever its size: every author's followers, every
-//! author's merged flag, and the events of jobs that carry no entry; after the write, one
-//! round checks that no event was deleted and no reader unfollowed meanwhile. Entries are
-//! keyed by event row key, so a batch written twice (a retry after a failed write) leaves one
-//! entry per follower; a failed write fails every job of the batch, and each is retried.
+//! The reads of a batch are two rounds whatever its size: every author's merged flag and two
+//! marks, with the events of jobs that carry no entry; then the followers of the authors not
+//! known under those marks (see `known`). After the write, one round reads the events and
+//! the unfollow marks again: no event was deleted, and no reader unfollowed, unless one moved
+//! (see `edges`). Entries are keyed by event row key, so a batch written twice (a retry after
+//! a failed write) leaves one entry per follower; a failed write fails every job of the
+//! batch, and each is retried.
 
 use bytes::Bytes;
 
+use super::known::Marks;
 use super::{Action, FanoutHandler, FanoutJob, edges};
 use crate::jobs::{Claimed, Ending, Handler as _, JobError, JobResult, Outcome};
 use crate::keys::parse_event_row_key;
@@ -30,8 +33,13 @@ enum Found {
     Alone,
     /// The event is gone: nothing to deliver.
     Deleted,
-    /// The entry and everyone who gets it (followers, then the author).
-    Deliver { entry: Bytes, owners: Vec<String> },
+    /// The entry and everyone who gets it (followers, then the author), and the author's
+    /// unfollow mark as read before the followers.
+    Deliver {
+        entry: Bytes,
+        owners: Vec<String>,
+        mark: edges::Mark,
+    },
 }
 
 impl FanoutHandler {
@@ -43,49 +51,88 @@ impl FanoutHandler {
             .min(self.settings.merge_threshold)
     }
 
-    /// Reads what fresh deliveries need, for all of them in three rounds at once: their
-    /// followers (up to one more than the small limit), their authors' merged flags, and the
-    /// events of the jobs that carry no entry.
+    /// Reads what fresh deliveries need, for all of them at once: their authors' merged flags
+    /// and marks, and the events of the jobs that carry no entry; then the followers (up to
+    /// one more than the small limit) of the authors not known under those marks.
     async fn look_all(&self, states: &[&FanoutJob]) -> Vec<JobResult<Found>> {
         let store = self.store.as_ref();
         let limit = self.small_limit();
-        let queries = states
+        let authors = states
             .iter()
-            .map(|state| Query::partition(Table::SubjectFollowers, &state.author, limit + 1))
-            .collect();
-        let flags = states
-            .iter()
-            .map(|state| merged_authors::flag_key(&state.author))
+            .flat_map(|state| {
+                let [audience, unfollowed] = Marks::keys(&state.author);
+                [
+                    merged_authors::flag_key(&state.author),
+                    audience,
+                    unfollowed,
+                ]
+            })
             .collect();
         let events = states
             .iter()
             .filter(|state| state.entry.is_none())
             .map(|state| Key::new(Table::Events, &state.author, &state.row_key))
             .collect();
-        let (followers, flags, events) = futures::join!(
-            store.query_many(queries),
-            store.get_many(flags),
-            store.get_many(events),
-        );
-        let (followers, flags, events) = match (followers, flags, events) {
-            (Ok(followers), Ok(flags), Ok(events)) => (followers, flags, events),
-            (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => {
+        let (authors, events) = futures::join!(store.get_many(authors), store.get_many(events));
+        let (authors, events) = match (authors, events) {
+            (Ok(authors), Ok(events)) => (authors, events),
+            (Err(err), _) | (_, Err(err)) => {
                 return states.iter().map(|_| Err(err.clone().into())).collect();
             }
+        };
+        let mut authors = authors.into_iter();
+        let looks: Vec<(bool, Marks, Option<Vec<String>>)> = states
+            .iter()
+            .map(|state| {
+                let merged = authors.next().flatten().is_some();
+                let marks = Marks {
+                    audience: authors.next().flatten(),
+                    unfollowed: authors.next().flatten(),
+                };
+                let known = (!merged)
+                    .then(|| self.known.get(&state.author, &marks))
+                    .flatten();
+                (merged, marks, known)
+            })
+            .collect();
+        // Read after the marks: followers that changed since moved one of them.
+        let queries = states
+            .iter()
+            .zip(&looks)
+            .filter(|(_, (merged, _, known))| !merged && known.is_none())
+            .map(|(state, _)| Query::partition(Table::SubjectFollowers, &state.author, limit + 1))
+            .collect();
+        let mut read = match store.query_many(queries).await {
+            Ok(read) => read.into_iter(),
+            Err(err) => return states.iter().map(|_| Err(err.clone().into())).collect(),
         };
         let mut uncarried_events = events.into_iter();
         states
             .iter()
-            .zip(followers.into_iter().zip(flags))
-            .map(|(state, (followers, flag))| {
+            .zip(looks)
+            .map(|(state, (merged, marks, known))| {
                 // Taken first, so that each job without an entry gets its own event's answer.
                 let event = match state.entry {
                     Some(_) => None,
                     None => uncarried_events.next().flatten(),
                 };
-                if flag.is_some() || followers.len() > limit {
+                if merged {
                     return Ok(Found::Alone);
                 }
+                let mut owners = match known {
+                    Some(followers) => followers,
+                    None => {
+                        let followers = read.next().unwrap_or_default();
+                        if followers.len() > limit {
+                            return Ok(Found::Alone);
+                        }
+                        let followers: Vec<String> =
+                            followers.into_iter().map(|item| item.row).collect();
+                        self.known
+                            .remember(&state.author, marks.clone(), followers.clone());
+                        followers
+                    }
+                };
                 let entry = match (&state.entry, event) {
                     (Some(carried), _) => carried.bytes(),
                     (None, Some(body)) => {
@@ -95,9 +142,12 @@ impl FanoutHandler {
                     }
                     (None, _) => return Ok(Found::Deleted),
                 };
-                let mut owners: Vec<String> = followers.into_iter().map(|item| item.row).collect();
                 owners.push(state.author.clone());
-                Ok(Found::Deliver { entry, owners })
+                Ok(Found::Deliver {
+                    entry,
+                    owners,
+                    mark: edges::Mark::new(&state.author, marks.unfollowed),
+                })
             })
             .collect()
     }
@@ -146,13 +196,22 @@ impl FanoutHandler {
         let states: Vec<&FanoutJob> = fresh.iter().map(|(_, state)| state).collect();
         let looks = self.look_all(&states).await;
         let mut small = Vec::new();
+        // The unfollow mark of each of `small`'s authors, as read before its followers.
+        let mut marks = Vec::new();
         for ((index, state), found) in fresh.into_iter().zip(looks) {
             match found {
                 Ok(Found::Alone) => {}
                 Ok(Found::Deleted) => {
                     results[index] = Some(Ok(done(0)));
                 }
-                Ok(Found::Deliver { entry, owners }) => small.push((index, state, entry, owners)),
+                Ok(Found::Deliver {
+                    entry,
+                    owners,
+                    mark,
+                }) => {
+                    small.push((index, state, entry, owners));
+                    marks.push(mark);
+                }
                 Err(err) => results[index] = Some(Err(err)),
             }
         }
@@ -166,10 +225,7 @@ impl FanoutHandler {
                     owners: owners.iter().map(String::as_str).collect(),
                 })
                 .collect();
-            match self
-                .write_entries(&deliveries, None, edges::Recheck::Edges)
-                .await
-            {
+            match self.write_entries(&deliveries, None, &mut marks).await {
                 Ok(gone) => {
                     for (position, (index, _, _, owners)) in small.iter().enumerate() {
                         let written = owners.len() as u64;
@@ -227,13 +283,14 @@ impl FanoutHandler {
     /// after them, in one durable write where the store can), trims the timelines whose
     /// deliveries trim, then takes back the copies of events deleted meanwhile (a delete whose
     /// removal job may have run before these writes) and those of readers who unfollowed
-    /// meanwhile, found as `recheck` says (see [`edges`]). Returns the positions of the
-    /// deleted events. Used for a page of one big fan-out too.
+    /// meanwhile: `marks` holds each delivery's author's unfollow mark as read before its
+    /// followers, and only where it moved are edges read (see [`edges`]). Returns the
+    /// positions of the deleted events. Used for a page of one big fan-out too.
     pub(super) async fn write_entries(
         &self,
         deliveries: &[Delivery<'_>],
         checkpoint_opt: Option<&mut Claimed>,
-        recheck: edges::Recheck<'_>,
+        marks: &mut [edges::Mark],
     ) -> JobResult<Vec<usize>> {
         let store = self.store.as_ref();
         let puts = deliveries
@@ -273,39 +330,45 @@ impl FanoutHandler {
         if !trimmed.is_empty() {
             self.trim_all(&trimmed).await?;
         }
-        let events = deliveries
+        let mut keys: Vec<Key> = deliveries
             .iter()
             .map(|delivery| Key::new(Table::Events, delivery.author, delivery.row_key))
             .collect();
-        // Built only when the edges are read: a page whose mark did not move needs none.
-        let written = || -> Vec<edges::Written<'_>> {
-            deliveries
-                .iter()
-                .map(|delivery| edges::Written {
-                    author: delivery.author,
-                    followers: delivery.followers().collect(),
-                })
-                .collect()
-        };
-        let (still, unfollowed) = match recheck {
-            edges::Recheck::Edges => {
-                let written = written();
-                let (still, unfollowed) =
-                    futures::join!(store.get_many(events), edges::unfollowed(store, &written));
-                (still?, unfollowed?)
-            }
-            edges::Recheck::Mark(mark) => {
-                let mut keys = events;
-                keys.push(mark.key());
-                let mut still = store.get_many(keys).await?;
-                let unfollowed = if mark.moved_to(still.pop().flatten()) {
-                    edges::unfollowed(store, &written()).await?
+        keys.extend(marks.iter().map(edges::Mark::key));
+        debug_assert_eq!(marks.len(), deliveries.len(), "a mark for each delivery");
+        let mut still = store.get_many(keys).await?;
+        let marks_now = still.split_off(deliveries.len());
+        let moved: Vec<bool> = marks
+            .iter_mut()
+            .zip(marks_now)
+            .map(|(mark, now)| mark.moved_to(now))
+            .collect();
+        // The edges of the deliveries whose author's mark moved: an unfollow came in between.
+        let written: Vec<edges::Written<'_>> = deliveries
+            .iter()
+            .zip(&moved)
+            .filter(|(_, moved)| **moved)
+            .map(|(delivery, _)| edges::Written {
+                author: delivery.author,
+                followers: delivery.followers().collect(),
+            })
+            .collect();
+        let mut gone_since = if written.is_empty() {
+            Vec::new()
+        } else {
+            edges::unfollowed(store, &written).await?
+        }
+        .into_iter();
+        let unfollowed: Vec<Vec<&str>> = moved
+            .iter()
+            .map(|moved| {
+                if *moved {
+                    gone_since.next().unwrap_or_default()
                 } else {
-                    deliveries.iter().map(|_| Vec::new()).collect()
-                };
-                (still, unfollowed)
-            }
-        };
+                    Vec::new()
+                }
+            })
+            .collect();
         let gone: Vec<usize> = still
             .iter()
             .enumerate()

@@ -799,6 +799,143 @@ async fn workers_of_one_process_never_run_the_same_small_fanout_twice() {
     );
 }
 
+/// The rows of `owner`'s timeline.
+async fn timeline_rows(store: &EmbeddedStore, owner: &str) -> Vec<String> {
+    store
+        .query(Query::partition(Table::Timelines, owner, 10))
+        .await
+        .expect("timeline")
+        .into_iter()
+        .map(|item| item.row)
+        .collect()
+}
+
+/// Counts `store`'s `calls`.
+fn count(store: &FaultyStore, calls: Calls) -> Arc<std::sync::atomic::AtomicU64> {
+    let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    store.on_every(calls, {
+        let counted = counted.clone();
+        move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    counted
+}
+
+/// As an unfollow's transaction does: `follower`'s edge to `author` goes, and the author's
+/// unfollow mark moves.
+async fn unfollow_edge(store: &EmbeddedStore, author: &str, follower: &str) {
+    store
+        .transact(vec![
+            Write::delete(Table::SubjectFollowers, author, follower),
+            merged_authors::unfollowed_mark(author),
+        ])
+        .await
+        .expect("unfollow");
+}
+
+/// A small fan-out of an author whose marks are as its last one found them takes the
+/// followers it read then; one after a follow or an unfollow (each moves one of the marks in
+/// its transaction) reads them again, and delivers to the followers as they are now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_fanouts_read_the_followers_again_only_once_a_mark_moved() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+    let readers: Vec<String> = (0..4).map(|n| format!("reader-{n}")).collect();
+    add_followers(&store, "author", &readers[..3]).await;
+    let faulty = Arc::new(FaultyStore::new(Arc::new(store.clone())));
+    let reads = count(&faulty, Calls::on(Op::Query, Table::SubjectFollowers));
+    let (mut worker, _) = worker(
+        faulty.clone(),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    let mut deliver = async |expected_reads: u64, to: &[&String]| {
+        reads.store(0, std::sync::atomic::Ordering::SeqCst);
+        let event = post_one(&store, "author").await;
+        drain(&mut worker, &store).await;
+        assert_eq!(
+            reads.load(std::sync::atomic::Ordering::SeqCst),
+            expected_reads
+        );
+        for reader in &readers {
+            let rows = timeline_rows(&store, reader).await;
+            assert_eq!(
+                rows.contains(&event.row_key),
+                to.contains(&reader),
+                "{reader}: {rows:?}"
+            );
+        }
+    };
+    deliver(1, &[&readers[0], &readers[1], &readers[2]]).await;
+    deliver(0, &[&readers[0], &readers[1], &readers[2]]).await;
+    // As a follow's transaction does: the edge, and the author's audience mark moved.
+    let since = Edge::encode_since(Ticks::now());
+    store
+        .transact(vec![
+            Write::put(
+                Table::SubjectFollowers,
+                Item::new("author", &readers[3], since),
+            ),
+            merged_authors::followed_mark("author"),
+        ])
+        .await
+        .expect("follow");
+    deliver(1, &[&readers[0], &readers[1], &readers[2], &readers[3]]).await;
+    unfollow_edge(&store, "author", &readers[0]).await;
+    deliver(1, &[&readers[1], &readers[2], &readers[3]]).await;
+    deliver(0, &[&readers[1], &readers[2], &readers[3]]).await;
+}
+
+/// A reader who unfollows while a small fan-out is being written, after its followers were
+/// taken as known, has the entry taken back: the author's unfollow mark moved, so the
+/// fan-out reads the edges it wrote to again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_fanout_written_after_an_unfollow_takes_that_entry_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+    let readers: Vec<String> = (0..3).map(|n| format!("reader-{n}")).collect();
+    add_followers(&store, "author", &readers).await;
+    let faulty = Arc::new(FaultyStore::new(Arc::new(store.clone())));
+    let (mut worker, _) = worker(
+        faulty.clone(),
+        settings(Duration::from_secs(30)),
+        CancellationToken::new(),
+    );
+    // The followers are known.
+    post_one(&store, "author").await;
+    drain(&mut worker, &store).await;
+    let reads = count(&faulty, Calls::on(Op::Query, Table::SubjectFollowers));
+    let edge_reads = count(&faulty, Calls::on(Op::Get, Table::SubjectFollowers));
+    let write = faulty.hold_nth(1, Calls::on(Op::BatchWrite, Table::Timelines));
+    let event = post_one(&store, "author").await;
+    let drained = tokio::spawn({
+        let store = store.clone();
+        async move { drain(&mut worker, &store).await }
+    });
+    tokio::time::timeout(Duration::from_secs(30), write.reached())
+        .await
+        .expect("the fan-out was never written");
+    unfollow_edge(&store, "author", &readers[0]).await;
+    write.open();
+    drained.await.expect("drain");
+    for reader in &readers {
+        let rows = timeline_rows(&store, reader).await;
+        assert_eq!(
+            rows.contains(&event.row_key),
+            reader != &readers[0],
+            "{reader}: {rows:?}"
+        );
+    }
+    // The look took the followers it knew; the check after the write read the edges of
+    // those it wrote to, by key.
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(
+        edge_reads.load(std::sync::atomic::Ordering::SeqCst),
+        readers.len() as u64
+    );
+}
+
 /// A worker that dies inside a batch of small fan-outs held no lease: another worker takes
 /// the batch's jobs at once and delivers each exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
