@@ -34,7 +34,7 @@ const QUIET: &[u8] = b"quiet";
 
 /// Where `author`'s audience mark is.
 pub fn mark_key(author: &str) -> Key {
-    Key::new(Table::MergedAuthors, author, MARK_ROW)
+    super::merged_authors::audience_key(author)
 }
 
 /// Whether an author's event needs a fan-out job.

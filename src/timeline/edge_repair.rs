@@ -116,7 +116,7 @@ pub(super) async fn settle(
 /// (it reads again). A mark never written is written first, since a check that a row is
 /// absent cannot go in a group on Azure.
 pub(super) async fn repair(store: &dyn Store, follower: &str, author: &str) -> JobResult<()> {
-    let audience_key = Key::new(Table::MergedAuthors, author, merged_authors::AUDIENCE_ROW);
+    let audience_key = merged_authors::audience_key(author);
     let unfollowed_key = merged_authors::unfollowed_key(author);
     let target_key = Key::new(Table::SubjectFollowers, author, follower);
     // A mark moved: a fresh value, written only over the one read.

@@ -92,6 +92,11 @@ pub fn unfollowed_mark(author: &str) -> Write {
     )
 }
 
+/// Where `author`'s audience mark is (the one [`followed_mark`] moves).
+pub fn audience_key(author: &str) -> Key {
+    Key::new(Table::MergedAuthors, author, AUDIENCE_ROW)
+}
+
 /// Where `author`'s unfollow mark is.
 pub fn unfollowed_key(author: &str) -> Key {
     Key::new(Table::MergedAuthors, author, UNFOLLOWED_ROW)

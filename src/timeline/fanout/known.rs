@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::store::Key;
-use crate::timeline::{audience, merged_authors};
+use crate::timeline::merged_authors;
 
 /// Bytes of followers kept: at 50 followers of 12 bytes each, about 4,000 authors.
 const KNOWN_BYTES: u64 = 16 * 1024 * 1024;
@@ -34,7 +34,7 @@ impl Marks {
     /// Where `author`'s marks are: the audience mark, then the unfollow mark.
     pub fn keys(author: &str) -> [Key; 2] {
         [
-            audience::mark_key(author),
+            merged_authors::audience_key(author),
             merged_authors::unfollowed_key(author),
         ]
     }
