@@ -1224,11 +1224,7 @@ mod tests {
     async fn counting_queue_polls() -> (tempfile::TempDir, Arc<FaultyStore>, Arc<AtomicU64>) {
         let (dir, embedded) = temp_store().await;
         let store = Arc::new(FaultyStore::new(embedded));
-        let queries = Arc::new(AtomicU64::new(0));
-        let counted = queries.clone();
-        store.on_every(Calls::on(Op::Query, Table::Jobs), move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        });
+        let queries = store.count(Calls::on(Op::Query, Table::Jobs));
         (dir, store, queries)
     }
 

@@ -226,6 +226,16 @@ impl FaultyStore {
         self.on_nth(0, calls, hook);
     }
 
+    /// A count of the matching calls started from now on.
+    pub fn count(&self, calls: Calls) -> std::sync::Arc<AtomicU64> {
+        let count = std::sync::Arc::new(AtomicU64::new(0));
+        let counted = count.clone();
+        self.on_every(calls, move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        });
+        count
+    }
+
     /// Holds the `n`th matching call (1-based) at its start until the returned gate is
     /// opened: the test stages what it wants between that call and the ones before it (an
     /// unfollow between a fan-out's read of the followers and its write).

@@ -380,13 +380,7 @@ mod tests {
         use crate::store::fault::{Calls, FaultyStore, Op};
         let (_dir, store) = store().await;
         let faulty = Arc::new(FaultyStore::new(Arc::new(store.clone())));
-        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        faulty.on_every(Calls::on(Op::Query, Table::SubjectFollowers), {
-            let reads = reads.clone();
-            move || {
-                reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        });
+        let reads = faulty.count(Calls::on(Op::Query, Table::SubjectFollowers));
         let timelines = process_on(faulty);
         for fan in ["fan1", "fan2", "fan3"] {
             follow(&timelines, fan, "alice").await;

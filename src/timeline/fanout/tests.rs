@@ -306,13 +306,7 @@ async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries
     // The second page's write waits after the followers were read; two of its readers
     // unfollow meanwhile (their cleanup would find nothing to delete yet).
     let second_page = store.hold_nth(2, Calls::on(Op::BatchWrite, Table::Timelines));
-    let follower_reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    store.on_every(Calls::on(Op::Query, Table::SubjectFollowers), {
-        let follower_reads = follower_reads.clone();
-        move || {
-            follower_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    });
+    let follower_reads = store.count(Calls::on(Op::Query, Table::SubjectFollowers));
     let (mut worker, _) = worker(
         store.clone(),
         settings(Duration::from_secs(30)),
@@ -810,18 +804,6 @@ async fn timeline_rows(store: &EmbeddedStore, owner: &str) -> Vec<String> {
         .collect()
 }
 
-/// Counts `store`'s `calls`.
-fn count(store: &FaultyStore, calls: Calls) -> Arc<std::sync::atomic::AtomicU64> {
-    let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    store.on_every(calls, {
-        let counted = counted.clone();
-        move || {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    });
-    counted
-}
-
 /// As an unfollow's transaction does: `follower`'s edge to `author` goes, and the author's
 /// unfollow mark moves.
 async fn unfollow_edge(store: &EmbeddedStore, author: &str, follower: &str) {
@@ -844,7 +826,7 @@ async fn small_fanouts_read_the_followers_again_only_once_a_mark_moved() {
     let readers: Vec<String> = (0..4).map(|n| format!("reader-{n}")).collect();
     add_followers(&store, "author", &readers[..3]).await;
     let faulty = Arc::new(FaultyStore::new(Arc::new(store.clone())));
-    let reads = count(&faulty, Calls::on(Op::Query, Table::SubjectFollowers));
+    let reads = faulty.count(Calls::on(Op::Query, Table::SubjectFollowers));
     let (mut worker, _) = worker(
         faulty.clone(),
         settings(Duration::from_secs(30)),
@@ -905,8 +887,8 @@ async fn a_small_fanout_written_after_an_unfollow_takes_that_entry_back() {
     // The followers are known.
     post_one(&store, "author").await;
     drain(&mut worker, &store).await;
-    let reads = count(&faulty, Calls::on(Op::Query, Table::SubjectFollowers));
-    let edge_reads = count(&faulty, Calls::on(Op::Get, Table::SubjectFollowers));
+    let reads = faulty.count(Calls::on(Op::Query, Table::SubjectFollowers));
+    let edge_reads = faulty.count(Calls::on(Op::Get, Table::SubjectFollowers));
     let write = faulty.hold_nth(1, Calls::on(Op::BatchWrite, Table::Timelines));
     let event = post_one(&store, "author").await;
     let drained = tokio::spawn({

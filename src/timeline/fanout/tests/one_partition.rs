@@ -19,11 +19,7 @@ fn splitting_settings(lease: Duration) -> TestSettings {
 async fn a_big_event_is_walked_by_one_job_page_by_page_where_parts_cannot_be_enqueued() {
     let fixture = fixture().await;
     let store = shaped(&fixture.store);
-    let batches = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counted = batches.clone();
-    store.on_every(Calls::on(Op::BatchWrite, Table::Timelines), move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    });
+    let batches = store.count(Calls::on(Op::BatchWrite, Table::Timelines));
     let (mut worker, metrics) = worker(
         store,
         splitting_settings(Duration::from_secs(30)),
@@ -243,22 +239,13 @@ mod posting_ahead {
         all.remove(0)
     }
 
-    fn counting(store: &Arc<FaultyStore>) -> Arc<std::sync::atomic::AtomicU64> {
-        let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counted = calls.clone();
-        store.on_every(Calls::ANY, move || {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        });
-        calls
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_post_is_three_writes_and_its_job_shows_confirmed_at_once() {
         let fixture = fixture().await;
         let store = shaped(&fixture.store);
         let timelines = timelines_on(store.clone());
         for client_id in [None, Some("first")] {
-            let calls = counting(&store);
+            let calls = store.count(Calls::ANY);
             let posted = timelines
                 .post_event(
                     &SubjectId::parse("poster").expect("id"),
