@@ -42,7 +42,7 @@ impl Marks {
 
 struct Known {
     marks: Marks,
-    followers: Vec<String>,
+    followers: Arc<[String]>,
 }
 
 /// The bytes an author's entry holds, for the cache's bound.
@@ -78,7 +78,7 @@ impl KnownFollowers {
     }
 
     /// `author`'s followers, if they were read under `marks` as they read now.
-    pub fn get(&self, author: &str, marks: &Marks) -> Option<Vec<String>> {
+    pub fn get(&self, author: &str, marks: &Marks) -> Option<Arc<[String]>> {
         self.0
             .get(author)
             .filter(|known| known.marks == *marks)
@@ -86,7 +86,7 @@ impl KnownFollowers {
     }
 
     /// Keeps `followers` of `author`'s, read after `marks` were.
-    pub fn remember(&self, author: &str, marks: Marks, followers: Vec<String>) {
+    pub fn remember(&self, author: &str, marks: Marks, followers: Arc<[String]>) {
         self.0
             .insert(author.to_owned(), Arc::new(Known { marks, followers }));
     }
@@ -110,11 +110,11 @@ mod tests {
         known.remember(
             "alice",
             read_under.clone(),
-            vec!["bob".into(), "carol".into()],
+            ["bob".into(), "carol".into()].into(),
         );
         assert_eq!(
-            known.get("alice", &read_under),
-            Some(vec!["bob".to_owned(), "carol".to_owned()])
+            known.get("alice", &read_under).as_deref(),
+            Some(&["bob".to_owned(), "carol".to_owned()][..])
         );
         // A follow moved the audience mark; an unfollow wrote the first unfollow mark.
         assert_eq!(known.get("alice", &marks(b"a2", None)), None);
@@ -125,7 +125,7 @@ mod tests {
     #[test]
     fn the_followers_kept_stay_within_their_bytes() {
         let known = KnownFollowers::with_bytes(64 * 1024);
-        let followers: Vec<String> = (0..100).map(|n| format!("follower-{n:04}")).collect();
+        let followers: Arc<[String]> = (0..100).map(|n| format!("follower-{n:04}")).collect();
         for author in 0..1000 {
             known.remember(
                 &format!("author-{author}"),

@@ -14,6 +14,8 @@
 //! a failed write) leaves one entry per follower; a failed write fails every job of the
 //! batch, and each is retried.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::known::Marks;
@@ -33,11 +35,11 @@ enum Found {
     Alone,
     /// The event is gone: nothing to deliver.
     Deleted,
-    /// The entry and everyone who gets it (followers, then the author), and the author's
+    /// The entry, the author's followers (shared with those known), and the author's
     /// unfollow mark as read before the followers.
     Deliver {
         entry: Bytes,
-        owners: Vec<String>,
+        followers: Arc<[String]>,
         mark: edges::Mark,
     },
 }
@@ -81,7 +83,7 @@ impl FanoutHandler {
             }
         };
         let mut authors = authors.into_iter();
-        let looks: Vec<(bool, Marks, Option<Vec<String>>)> = states
+        let looks: Vec<_> = states
             .iter()
             .map(|state| {
                 let merged = authors.next().flatten().is_some();
@@ -119,14 +121,14 @@ impl FanoutHandler {
                 if merged {
                     return Ok(Found::Alone);
                 }
-                let mut owners = match known {
+                let followers = match known {
                     Some(followers) => followers,
                     None => {
                         let followers = read.next().unwrap_or_default();
                         if followers.len() > limit {
                             return Ok(Found::Alone);
                         }
-                        let followers: Vec<String> =
+                        let followers: Arc<[String]> =
                             followers.into_iter().map(|item| item.row).collect();
                         self.known
                             .remember(&state.author, marks.clone(), followers.clone());
@@ -142,10 +144,9 @@ impl FanoutHandler {
                     }
                     (None, _) => return Ok(Found::Deleted),
                 };
-                owners.push(state.author.clone());
                 Ok(Found::Deliver {
                     entry,
-                    owners,
+                    followers,
                     mark: edges::Mark::new(&state.author, marks.unfollowed),
                 })
             })
@@ -206,10 +207,10 @@ impl FanoutHandler {
                 }
                 Ok(Found::Deliver {
                     entry,
-                    owners,
+                    followers,
                     mark,
                 }) => {
-                    small.push((index, state, entry, owners));
+                    small.push((index, state, entry, followers));
                     marks.push(mark);
                 }
                 Err(err) => results[index] = Some(Err(err)),
@@ -218,17 +219,22 @@ impl FanoutHandler {
         if !small.is_empty() {
             let deliveries: Vec<Delivery<'_>> = small
                 .iter()
-                .map(|(_, state, entry, owners)| Delivery {
+                .map(|(_, state, entry, followers)| Delivery {
                     author: &state.author,
                     row_key: &state.row_key,
                     entry,
-                    owners: owners.iter().map(String::as_str).collect(),
+                    owners: followers
+                        .iter()
+                        .map(String::as_str)
+                        .chain([state.author.as_str()])
+                        .collect(),
                 })
                 .collect();
             match self.write_entries(&deliveries, None, &mut marks).await {
                 Ok(gone) => {
-                    for (position, (index, _, _, owners)) in small.iter().enumerate() {
-                        let written = owners.len() as u64;
+                    for (position, (index, _, _, followers)) in small.iter().enumerate() {
+                        // The followers' entries and the author's own.
+                        let written = followers.len() as u64 + 1;
                         jobs[*index].add_progress(written);
                         self.metrics.deliveries.inc_by(written);
                         // An event deleted meanwhile had its copies taken back: its removal
