@@ -997,6 +997,23 @@ async fn a_batch_write_failing_midway_retries_every_job_of_the_batch_and_loses_n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_of_the_authors_marks_retries_every_job_of_the_batch_and_loses_none() {
+    // The look's first round: every author's merged flag and marks.
+    a_failed_batch_step_retries_every_job_and_loses_none(Calls::on(Op::Get, Table::MergedAuthors))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_of_the_followers_retries_every_job_of_the_batch_and_loses_none() {
+    // The look's second round: the followers of authors not known yet.
+    a_failed_batch_step_retries_every_job_and_loses_none(Calls::on(
+        Op::Query,
+        Table::SubjectFollowers,
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_check_after_a_batch_write_retries_every_job_of_the_batch_and_loses_none() {
     // Jobs carry their entries, so the first read of an event is the check, after the
     // batch's entries were written, that no event of the batch was deleted meanwhile.
