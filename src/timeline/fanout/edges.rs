@@ -28,21 +28,17 @@ pub(super) struct Mark {
 }
 
 impl Mark {
-    /// Reads `author`'s mark: before the followers whose writes it guards are read.
-    pub(super) async fn read(store: &dyn Store, author: &str) -> StoreResult<Mark> {
-        let key = merged_authors::unfollowed_key(author);
-        Ok(Mark {
-            author: author.to_owned(),
-            seen: store.get(key.table, &key.partition, &key.row).await?,
-        })
-    }
-
     /// `author`'s mark as read with other keys (`None`: never written).
     pub(super) fn new(author: &str, seen: Option<Bytes>) -> Mark {
         Mark {
             author: author.to_owned(),
             seen,
         }
+    }
+
+    /// The mark as last read (`None`: never written).
+    pub(super) fn seen(&self) -> Option<&Bytes> {
+        self.seen.as_ref()
     }
 
     /// Where the mark is, to read it with other keys.

@@ -1,5 +1,6 @@
-//! The followers of authors whose small fan-outs ran lately, kept with the two marks they
-//! were read under, so that a small fan-out of the same author reads two rows, not a range.
+//! The followers of authors whose fan-outs ran lately, kept with the two marks they were read
+//! under, so that a fan-out of the same author reads two rows, not a range: a small one, a
+//! big one's first job, and each part of a split one (see `in_hand`).
 //!
 //! Every change to an author's `subjectFollowers` moves one of the author's two marks in its
 //! own transaction: a follow the audience mark, an unfollow the unfollow mark, an edge repair
@@ -13,10 +14,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::store::Key;
+use crate::store::{Key, Store, StoreResult};
 use crate::timeline::merged_authors;
 
-/// Bytes of followers kept: at 50 followers of 12 bytes each, about 4,000 authors.
+/// Bytes of followers kept: at 50 followers of 12 bytes each, about 4,000 authors; at 10,000,
+/// about 40 (an author heavier than the cache's share of a shard is not kept).
 const KNOWN_BYTES: u64 = 16 * 1024 * 1024;
 /// Bytes an author's entry takes beyond its texts (the cache's entry, the two marks).
 const ENTRY_OVERHEAD: u64 = 160;
@@ -37,6 +39,18 @@ impl Marks {
             merged_authors::audience_key(author),
             merged_authors::unfollowed_key(author),
         ]
+    }
+
+    /// Reads `author`'s marks, in one round.
+    pub async fn read(store: &dyn Store, author: &str) -> StoreResult<Marks> {
+        let mut marks = store
+            .get_many(Marks::keys(author).into())
+            .await?
+            .into_iter();
+        Ok(Marks {
+            audience: marks.next().flatten(),
+            unfollowed: marks.next().flatten(),
+        })
     }
 }
 

@@ -20,6 +20,7 @@
 
 mod ahead;
 mod edges;
+mod in_hand;
 mod in_post;
 mod known;
 mod metrics;
@@ -349,7 +350,7 @@ enum Step {
 
 /// One page of a job's followers, and what goes with it.
 struct Page<'a> {
-    followers: &'a [Item],
+    followers: &'a [String],
     /// The author's own entry goes with this page (the event's first).
     with_author: bool,
     /// A checkpoint of the job goes with this page's writes, where its action allows.
@@ -537,14 +538,17 @@ impl FanoutHandler {
         if state.split.is_some() {
             return self.split(job, state, None).await;
         }
-        // Read before any follower, so that a page sees every unfollow after its read.
-        let mut mark = edges::Mark::read(self.store.as_ref(), &author).await?;
-        // A fresh job: one read tells whether to split (and whether the author is merged at
-        // read time), and otherwise holds every follower to work on, in memory.
-        let mut preread_opt = None;
-        // Whether the followers read first are all of them (a job that cannot split reads
-        // the rest page by page after them).
-        let mut preread_complete = true;
+        // Read before any follower, so that a page sees every unfollow after its read. A
+        // delivery finds its author's followers known under both (see `known`).
+        let marks = known::Marks::read(self.store.as_ref(), &author).await?;
+        let mut mark = edges::Mark::new(&author, marks.unfollowed.clone());
+        let mut known_opt = state
+            .action
+            .is_deliver()
+            .then(|| self.known.get(&author, &marks))
+            .flatten();
+        // The followers the job works through from memory (see `in_hand`).
+        let mut in_hand = None;
         if fresh {
             let threshold = self.settings.merge_threshold;
             let fresh_delivery = state.action == Action::Deliver;
@@ -555,14 +559,29 @@ impl FanoutHandler {
             } else {
                 self.settings.split_above
             };
-            let followers = self
-                .store
-                .query(Query::partition(
-                    Table::SubjectFollowers,
-                    &author,
-                    limit + 1,
-                ))
-                .await?;
+            // One read tells whether to split (and whether the author is merged at read time),
+            // and otherwise holds every follower to work on.
+            let followers: Arc<[String]> =
+                match known_opt.take().filter(|known| known.len() <= limit) {
+                    Some(known) => known,
+                    None => {
+                        let read: Arc<[String]> = self
+                            .store
+                            .query(Query::partition(
+                                Table::SubjectFollowers,
+                                &author,
+                                limit + 1,
+                            ))
+                            .await?
+                            .into_iter()
+                            .map(|item| item.row)
+                            .collect();
+                        if fresh_delivery && read.len() <= limit {
+                            self.known.remember(&author, marks.clone(), read.clone());
+                        }
+                        read
+                    }
+                };
             if fresh_delivery {
                 let flag = merged_authors::author_flag(self.store.as_ref(), &author).await?;
                 let over_threshold = followers.len() > threshold;
@@ -608,15 +627,32 @@ impl FanoutHandler {
                 }
                 state.action = Action::Deliver;
             }
-            preread_complete = followers.len() <= limit;
+            // Whether they are all of them (a job that cannot split reads the rest page by
+            // page after them).
+            let complete = followers.len() <= limit;
             if followers.len() > self.settings.split_above && self.splits {
                 let first = split::Preread {
-                    complete: preread_complete,
+                    complete,
                     followers,
                 };
                 return self.split(job, state, Some(first)).await;
             }
-            preread_opt = Some(followers.into_iter());
+            in_hand = Some(in_hand::InHand::all(
+                followers,
+                complete,
+                marks.unfollowed.clone(),
+            ));
+        } else if let Some(known) = known_opt {
+            // A part, or a job resumed: its range of the followers known, past its cursor.
+            let range = state.range.as_ref().map_or((None, None), |range| {
+                (Some(range.start.as_str()), range.end.as_deref())
+            });
+            in_hand = Some(in_hand::InHand::left_of(
+                known,
+                range,
+                state.cursor.as_deref(),
+                marks.unfollowed.clone(),
+            ));
         }
 
         let page_size = self.settings.page_size.max(1);
@@ -624,27 +660,34 @@ impl FanoutHandler {
             if job.stopping() {
                 return Ok(Step::Stopped);
             }
-            let (followers, last_page) = match preread_opt.as_mut() {
-                Some(preread) if preread.len() > 0 || preread_complete => {
-                    let page: Vec<Item> = preread.by_ref().take(page_size).collect();
-                    (page, preread.len() == 0 && preread_complete)
-                }
-                _ => {
+            let read: Vec<String>;
+            let (followers, last_page) = match in_hand
+                .as_ref()
+                .and_then(|hand: &in_hand::InHand| hand.page(page_size))
+            {
+                Some(page) => page,
+                None => {
                     let mut query = Query::partition(Table::SubjectFollowers, &author, page_size)
                         .after(state.cursor.clone());
                     if let Some(FollowerRange { start, end }) = state.range.clone() {
                         query = query.range(Some(start), end);
                     }
-                    let page = self.store.query(query).await?;
-                    let last_page = page.len() < page_size;
-                    (page, last_page)
+                    read = self
+                        .store
+                        .query(query)
+                        .await?
+                        .into_iter()
+                        .map(|item| item.row)
+                        .collect();
+                    (read.as_slice(), read.len() < page_size)
                 }
             };
+            let taken = followers.len();
             // The author's own entry goes with the first page of the event (of its first part
             // when split), so it costs no request of its own.
             let with_author = state.cursor.is_none() && job.part().is_none_or(|index| index == 0);
             let page = Page {
-                followers: &followers,
+                followers,
                 with_author,
                 // The job's end follows the last page: no checkpoint goes with it.
                 checkpoint: !last_page,
@@ -654,6 +697,16 @@ impl FanoutHandler {
                 .await?;
             if last_page || applied == Applied::Stopped {
                 return Ok(Step::Delivered);
+            }
+            if let Some(hand) = in_hand.as_mut() {
+                hand.took(taken);
+            }
+            // An unfollow since they were read: the rest are read after the mark's new read.
+            if in_hand
+                .as_ref()
+                .is_some_and(|hand| !hand.holds(mark.seen()))
+            {
+                in_hand = None;
             }
             if applied == Applied::Unsaved {
                 save(job, state, Vec::new()).await?;
@@ -700,8 +753,8 @@ impl FanoutHandler {
         } = page;
         let row_key = state.row_key.clone();
         let author = state.author.clone();
-        let mut owners: Vec<&str> = followers.iter().map(|item| item.row.as_str()).collect();
-        let cursor = followers.last().map(|last| last.row.clone());
+        let mut owners: Vec<&str> = followers.iter().map(String::as_str).collect();
+        let cursor = followers.last().cloned();
         let mut applied = Applied::Unsaved;
         let written = match (&state.action, entry_opt) {
             (Action::Remove, _) => {

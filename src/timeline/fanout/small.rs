@@ -122,6 +122,8 @@ impl FanoutHandler {
                     return Ok(Found::Alone);
                 }
                 let followers = match known {
+                    // Known from a big fan-out of the author's.
+                    Some(followers) if followers.len() > limit => return Ok(Found::Alone),
                     Some(followers) => followers,
                     None => {
                         let followers = read.next().unwrap_or_default();

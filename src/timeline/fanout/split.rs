@@ -4,12 +4,14 @@ use super::{FanoutHandler, FanoutJob, FollowerRange, Step, save};
 use crate::jobs::{Claimed, JobResult};
 use tracing::debug;
 
-use crate::store::{Item, Query, Table};
+use std::sync::Arc;
 
-/// The followers a fresh job read before it knew it would split.
+use crate::store::{Query, Table};
+
+/// The followers a fresh job read (or knew) before it knew it would split.
 pub(super) struct Preread {
     /// From the first, in row-key order.
-    pub followers: Vec<Item>,
+    pub followers: Arc<[String]>,
     /// They are all the author's followers (the read asked for more).
     pub complete: bool,
 }
@@ -36,7 +38,7 @@ impl FanoutHandler {
             }
             let mut split = state.split.clone().unwrap_or_default();
             let read;
-            let followers: &[Item] = match first.as_ref() {
+            let followers: &[String] = match first.as_ref() {
                 // A part, and the start of the next (or the end of them all), in hand.
                 Some(preread)
                     if preread.followers.len().saturating_sub(cut) > part_size
@@ -52,7 +54,10 @@ impl FanoutHandler {
                             Query::partition(Table::SubjectFollowers, &state.author, part_size + 1)
                                 .range(split.next.clone(), None),
                         )
-                        .await?;
+                        .await?
+                        .into_iter()
+                        .map(|item| item.row)
+                        .collect::<Vec<String>>();
                     &read
                 }
             };
@@ -60,7 +65,7 @@ impl FanoutHandler {
             cut += part_size;
             let mut part_writes = Vec::new();
             if let Some(first) = followers.first() {
-                let end = followers.get(part_size).map(|item| item.row.clone());
+                let end = followers.get(part_size).cloned();
                 let part = FanoutJob {
                     action: state.action.clone(),
                     author: state.author.clone(),
@@ -68,7 +73,7 @@ impl FanoutHandler {
                     // A part reads the event: one read for a thousand followers or more.
                     entry: None,
                     range: Some(FollowerRange {
-                        start: first.row.clone(),
+                        start: first.clone(),
                         end: end.clone(),
                     }),
                     split: None,

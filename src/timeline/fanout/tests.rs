@@ -303,8 +303,9 @@ async fn a_job_is_delivered_page_by_page_then_deleted() {
 async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries_back() {
     let fixture = fixture().await;
     let store = faulty(&fixture);
-    // The second page's write waits after the followers were read; two of its readers
-    // unfollow meanwhile (their cleanup would find nothing to delete yet).
+    // The second page's write waits after the followers were read; two of its readers and
+    // one of the third page's unfollow meanwhile (their cleanup would find nothing to delete
+    // yet).
     let second_page = store.hold_nth(2, Calls::on(Op::BatchWrite, Table::Timelines));
     let follower_reads = store.count(Calls::on(Op::Query, Table::SubjectFollowers));
     let (mut worker, _) = worker(
@@ -317,7 +318,7 @@ async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries
         .await
         .expect("the second page was never written");
     // As the unfollows' transactions do: the edges go, and the author's unfollow mark moves.
-    let unfollowed = ["f01500", "f01600"];
+    let unfollowed = ["f01500", "f01600", "f02100"];
     let mut unfollows: Vec<Write> = unfollowed
         .iter()
         .map(|follower| Write::delete(Table::SubjectFollowers, "author", *follower))
@@ -335,9 +336,9 @@ async fn a_page_written_after_some_of_its_readers_unfollowed_takes_their_entries
         assert_eq!(entries.len(), expected, "entries of {owner}");
     }
     // The batch's look (too many for a small fan-out) and the job's one read of all the
-    // followers, then the second page's edges, read again because the unfollow mark moved
-    // under it; under the first and third pages it did not.
-    assert_eq!(follower_reads.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // followers; then the second page's edges, read again because the unfollow mark moved
+    // under it; then the third page, read again after that: f02100 was in it as read first.
+    assert_eq!(follower_reads.load(std::sync::atomic::Ordering::SeqCst), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -658,6 +659,61 @@ async fn a_split_whose_first_read_holds_only_one_part_reads_the_rest_and_misses_
     for (owner, entries) in everyones_entries(&fixture).await {
         assert!(entries.is_empty(), "{owner} still has {entries:?}");
     }
+}
+
+/// A big author's later events are delivered, split into parts, to the followers its first
+/// one read: no follower is read again until a follow or an unfollow moves one of the
+/// author's marks, and then each event reaches the followers as they are at that point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_authors_events_take_the_followers_known_until_a_mark_moves() {
+    let fixture = fixture().await;
+    let mut split = settings(Duration::from_secs(30));
+    split.fanout.split_above = 1000;
+    split.fanout.page_size = 300;
+    let counted = faulty(&fixture);
+    let reads = counted.count(Calls::on(Op::Query, Table::SubjectFollowers));
+    let (mut worker, _) = worker(counted, split, CancellationToken::new());
+    let store = &fixture.store;
+    let mut deliver = async |expected_reads: u64, unfollowed: &[&str], followed: &[&str]| {
+        reads.store(0, std::sync::atomic::Ordering::SeqCst);
+        let event = post_one(store, "author").await;
+        drain(&mut worker, store).await;
+        assert_eq!(
+            reads.load(std::sync::atomic::Ordering::SeqCst),
+            expected_reads
+        );
+        let readers = fixture
+            .followers
+            .iter()
+            .map(String::as_str)
+            .chain(followed.iter().copied());
+        for reader in readers {
+            let rows = timeline_rows(store, reader).await;
+            let copies = rows.iter().filter(|row| **row == event.row_key).count();
+            let expected = usize::from(!unfollowed.contains(&reader));
+            assert_eq!(copies, expected, "{reader}: {rows:?}");
+        }
+    };
+    // The queued event: the small look's read (too many), then the root's read of them all,
+    // which the three parts are cut from.
+    deliver(2, &[], &[]).await;
+    // Known: neither the look, the root nor the parts read them.
+    deliver(0, &[], &[]).await;
+    let since = Edge::encode_since(Ticks::now());
+    store
+        .transact(vec![
+            Write::put(
+                Table::SubjectFollowers,
+                Item::new("author", "g00000", since),
+            ),
+            merged_authors::followed_mark("author"),
+        ])
+        .await
+        .expect("follow");
+    deliver(2, &[], &["g00000"]).await;
+    unfollow_edge(store, "author", "f01234").await;
+    deliver(2, &["f01234"], &["g00000"]).await;
+    deliver(0, &["f01234"], &["g00000"]).await;
 }
 
 /// Authors with a few followers each, and one posted (queued) event of each author.
