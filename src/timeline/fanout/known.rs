@@ -1,6 +1,6 @@
 //! The followers of authors whose fan-outs ran lately, kept with the two marks they were read
 //! under, so that a fan-out of the same author reads two rows, not a range: a small one, a
-//! big one's first job, and each part of a split one (see `in_hand`).
+//! big one's first job, and each part of a split one (see `held`).
 //!
 //! Every change to an author's `subjectFollowers` moves one of the author's two marks in its
 //! own transaction: a follow the audience mark, an unfollow the unfollow mark, an edge repair

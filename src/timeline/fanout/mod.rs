@@ -20,7 +20,7 @@
 
 mod ahead;
 mod edges;
-mod in_hand;
+mod held;
 mod in_post;
 mod known;
 mod metrics;
@@ -37,6 +37,7 @@ use crate::jobs::Wake;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::future::try_join_all;
+use held::HeldFollowers;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tracing::info;
@@ -547,8 +548,8 @@ impl FanoutHandler {
             .is_deliver()
             .then(|| self.known.get(&author, &marks))
             .flatten();
-        // The followers the job works through from memory (see `in_hand`).
-        let mut in_hand = None;
+        // The followers the job works through from memory (see `held`).
+        let mut held = None;
         if fresh {
             let threshold = self.settings.merge_threshold;
             let fresh_delivery = state.action == Action::Deliver;
@@ -637,7 +638,7 @@ impl FanoutHandler {
                 };
                 return self.split(job, state, Some(first)).await;
             }
-            in_hand = Some(in_hand::InHand::all(
+            held = Some(HeldFollowers::all(
                 followers,
                 complete,
                 marks.unfollowed.clone(),
@@ -647,7 +648,7 @@ impl FanoutHandler {
             let range = state.range.as_ref().map_or((None, None), |range| {
                 (Some(range.start.as_str()), range.end.as_deref())
             });
-            in_hand = Some(in_hand::InHand::left_of(
+            held = Some(HeldFollowers::left_of(
                 known,
                 range,
                 state.cursor.as_deref(),
@@ -661,9 +662,9 @@ impl FanoutHandler {
                 return Ok(Step::Stopped);
             }
             let read: Vec<String>;
-            let (followers, last_page) = match in_hand
+            let (followers, last_page) = match held
                 .as_ref()
-                .and_then(|hand: &in_hand::InHand| hand.page(page_size))
+                .and_then(|held: &HeldFollowers| held.page(page_size))
             {
                 Some(page) => page,
                 None => {
@@ -698,15 +699,10 @@ impl FanoutHandler {
             if last_page || applied == Applied::Stopped {
                 return Ok(Step::Delivered);
             }
-            if let Some(hand) = in_hand.as_mut() {
-                hand.took(taken);
-            }
             // An unfollow since they were read: the rest are read after the mark's new read.
-            if in_hand
-                .as_ref()
-                .is_some_and(|hand| !hand.holds(mark.seen()))
-            {
-                in_hand = None;
+            match held.as_mut() {
+                Some(followers) if followers.holds(mark.seen()) => followers.took(taken),
+                _ => held = None,
             }
             if applied == Applied::Unsaved {
                 save(job, state, Vec::new()).await?;

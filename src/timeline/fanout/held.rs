@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 /// A job's followers in memory, and how far it has got through them.
-pub(super) struct InHand {
+pub(super) struct HeldFollowers {
     /// In row-key order.
     followers: Arc<[String]>,
     /// The next one to work on.
@@ -30,12 +30,12 @@ pub(super) struct InHand {
     under: Option<Bytes>,
 }
 
-impl InHand {
+impl HeldFollowers {
     /// `followers` read after the unfollow mark read `under`; `complete` if they are all
     /// the followers the job works on.
     pub fn all(followers: Arc<[String]>, complete: bool, under: Option<Bytes>) -> Self {
         let end = followers.len();
-        InHand {
+        HeldFollowers {
             followers,
             next: 0,
             end,
@@ -62,7 +62,7 @@ impl InHand {
         let end = end.map_or(known.len(), |end| {
             known.partition_point(|follower| follower.as_str() < end)
         });
-        InHand {
+        HeldFollowers {
             next: first.max(past_cursor).min(end),
             end,
             complete: true,
@@ -104,7 +104,7 @@ mod tests {
             .collect()
     }
 
-    fn pages(mut hand: InHand, size: usize) -> Vec<(Vec<String>, bool)> {
+    fn pages(mut hand: HeldFollowers, size: usize) -> Vec<(Vec<String>, bool)> {
         let mut pages = Vec::new();
         while let Some((page, last)) = hand.page(size) {
             let taken = page.len();
@@ -124,33 +124,33 @@ mod tests {
     #[test]
     fn a_range_past_a_cursor_is_cut_from_the_known_followers() {
         // Range [c, i), resumed after "c": e and g are left.
-        let hand = InHand::left_of(known(), (Some("c"), Some("i")), Some("c"), None);
+        let hand = HeldFollowers::left_of(known(), (Some("c"), Some("i")), Some("c"), None);
         assert_eq!(pages(hand, 10), vec![(texts(&["e", "g"]), true)]);
         // Bounds between names, and a cursor before the range's start.
-        let hand = InHand::left_of(known(), (Some("b"), Some("f")), Some("a"), None);
+        let hand = HeldFollowers::left_of(known(), (Some("b"), Some("f")), Some("a"), None);
         assert_eq!(
             pages(hand, 1),
             vec![(texts(&["c"]), false), (texts(&["e"]), true)]
         );
         // Nothing left: one empty last page, so the job still ends (and writes the author's
         // own entry if it is the event's first).
-        let hand = InHand::left_of(known(), (None, None), Some("i"), None);
+        let hand = HeldFollowers::left_of(known(), (None, None), Some("i"), None);
         assert_eq!(pages(hand, 10), vec![(Vec::new(), true)]);
     }
 
     #[test]
     fn followers_read_first_that_are_not_all_give_way_to_reads() {
-        let hand = InHand::all(known(), false, None);
+        let hand = HeldFollowers::all(known(), false, None);
         // Two full pages, then nothing: the job reads on past "i".
         assert_eq!(pages(hand, 3).len(), 2);
-        let mut hand = InHand::all(known(), false, None);
+        let mut hand = HeldFollowers::all(known(), false, None);
         hand.took(5);
         assert!(hand.page(3).is_none());
     }
 
     #[test]
     fn they_hold_only_under_the_mark_they_were_read_under() {
-        let hand = InHand::all(known(), true, Some(Bytes::from_static(b"u1")));
+        let hand = HeldFollowers::all(known(), true, Some(Bytes::from_static(b"u1")));
         assert!(hand.holds(Some(&Bytes::from_static(b"u1"))));
         assert!(!hand.holds(Some(&Bytes::from_static(b"u2"))));
         assert!(!hand.holds(None));
