@@ -260,13 +260,7 @@ impl Series {
                 None,
             )
             .after(after);
-        let mut series: Vec<String> = self
-            .store
-            .query(query)
-            .await?
-            .into_iter()
-            .map(|item| item.row)
-            .collect();
+        let mut series = self.store.query_rows(query).await?;
         let next_cursor = if series.len() > limit {
             series.truncate(limit);
             series.last().map(|last| self.cursors.encode(&scope, last))

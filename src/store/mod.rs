@@ -640,6 +640,12 @@ pub trait StoreExt: Store {
         transactions
     }
 
+    /// The row keys of the items `query` finds, for a caller that needs no values.
+    async fn query_rows(&self, query: Query) -> StoreResult<Vec<String>> {
+        let items = self.query(query).await?;
+        Ok(items.into_iter().map(|item| item.row).collect())
+    }
+
     /// Reads all items of a query's range, page by page (for small partitions and tools).
     async fn query_all(&self, query: Query) -> StoreResult<Vec<Item>> {
         let page_size = query.limit.max(1);

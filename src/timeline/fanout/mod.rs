@@ -48,7 +48,7 @@ use super::{Event, SubjectId, changes, merged_authors, reconcile, removal, trim}
 use crate::jobs::{Claimed, Ending, Handler, JobError, JobKey, JobResult, NewJob, Outcome};
 use crate::keys::{Ticks, parse_event_row_key};
 use crate::notices::{Notice, Notices};
-use crate::store::{Item, Query, Store, Table, Write};
+use crate::store::{Item, Query, Store, StoreExt as _, Table, Write};
 
 pub(crate) use ahead::delete_unless_deleted;
 pub(crate) use in_post::after_delivery;
@@ -568,15 +568,13 @@ impl FanoutHandler {
                     None => {
                         let read: Arc<[String]> = self
                             .store
-                            .query(Query::partition(
+                            .query_rows(Query::partition(
                                 Table::SubjectFollowers,
                                 &author,
                                 limit + 1,
                             ))
                             .await?
-                            .into_iter()
-                            .map(|item| item.row)
-                            .collect();
+                            .into();
                         if fresh_delivery && read.len() <= limit {
                             self.known.remember(&author, marks.clone(), read.clone());
                         }
@@ -673,13 +671,7 @@ impl FanoutHandler {
                     if let Some(FollowerRange { start, end }) = state.range.clone() {
                         query = query.range(Some(start), end);
                     }
-                    read = self
-                        .store
-                        .query(query)
-                        .await?
-                        .into_iter()
-                        .map(|item| item.row)
-                        .collect();
+                    read = self.store.query_rows(query).await?;
                     (read.as_slice(), read.len() < page_size)
                 }
             };

@@ -6,7 +6,7 @@ use tracing::debug;
 
 use std::sync::Arc;
 
-use crate::store::{Query, Table};
+use crate::store::{Query, StoreExt as _, Table};
 
 /// The followers a fresh job read (or knew) before it knew it would split.
 pub(super) struct Preread {
@@ -50,14 +50,11 @@ impl FanoutHandler {
                     first = None;
                     read = self
                         .store
-                        .query(
+                        .query_rows(
                             Query::partition(Table::SubjectFollowers, &state.author, part_size + 1)
                                 .range(split.next.clone(), None),
                         )
-                        .await?
-                        .into_iter()
-                        .map(|item| item.row)
-                        .collect::<Vec<String>>();
+                        .await?;
                     &read
                 }
             };
