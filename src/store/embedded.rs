@@ -30,7 +30,7 @@ use std::sync::{Arc, mpsc};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fjall::config::BlockSizePolicy;
+use fjall::config::{BlockSizePolicy, FilterPolicy};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable as _, Snapshot};
 use tokio::sync::oneshot;
 
@@ -566,14 +566,18 @@ fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
 
 /// How a table's keyspace is laid out on disk, when it is created (fjall keeps it after).
 /// Timelines are read a page at a time (250 entries of under 200 bytes, about 45 KiB in
-/// a row) and almost never by key: blocks of 32 KiB (fjall's default is 4 KiB) make a page
-/// two or three block loads from disk or the OS page cache instead of a dozen or more.
+/// a row) and never by key (their writes are unconditional puts and deletes):
+/// - blocks of 32 KiB (fjall's default is 4 KiB) make a page two or three block loads from
+///   disk or the OS page cache instead of a dozen or more;
+/// - no bloom filters: only a read by key consults one, and building them hashed every
+///   entry at each flush and compaction, the heaviest work of a fan-out's store (a read by
+///   key, should one come, still finds its row, in every table's index).
 pub fn keyspace_options(table: Table) -> KeyspaceCreateOptions {
     let options = KeyspaceCreateOptions::default();
     match table {
-        Table::Timelines => {
-            options.data_block_size_policy(BlockSizePolicy::all(TIMELINE_BLOCK_BYTES))
-        }
+        Table::Timelines => options
+            .data_block_size_policy(BlockSizePolicy::all(TIMELINE_BLOCK_BYTES))
+            .filter_policy(FilterPolicy::disabled()),
         _ => options,
     }
 }
@@ -1301,6 +1305,64 @@ mod tests {
         let reopened = EmbeddedStore::open_async(dir.path()).await.expect("reopen");
         let value = reopened.get(Table::Events, "p", "r").await.expect("get");
         assert_eq!(value.as_deref(), Some(&b"v"[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn timelines_on_disk_have_no_filters_and_read_whole_by_range_and_by_key() {
+        use crate::store::StoreExt as _;
+        use fjall::AbstractTree as _;
+        let (dir, store) = open_temp().await;
+        let rows: Vec<String> = (0..2_000).map(|n| format!("row-{n:05}")).collect();
+        let writes = rows
+            .iter()
+            .flat_map(|row| {
+                [
+                    Write::put(Table::Timelines, Item::new("reader", row, "entry")),
+                    Write::put(Table::Events, Item::new("author", row, "event")),
+                ]
+            })
+            .collect();
+        store.batch_write(writes).await.expect("write");
+        let timelines = store
+            .flushed_disk_space(Table::Timelines)
+            .await
+            .expect("flush");
+        let events = store
+            .flushed_disk_space(Table::Events)
+            .await
+            .expect("flush");
+        assert!(
+            timelines > 0 && events > 0,
+            "{timelines} and {events} bytes"
+        );
+        let filters = |table| {
+            let keyspace = store.inner.keyspaces.of(table).expect("keyspace");
+            (keyspace.table_count(), keyspace.tree.filter_size())
+        };
+        let (tables, filter_bytes) = filters(Table::Timelines);
+        assert!(tables > 0, "the timelines' memtable was flushed");
+        assert_eq!(filter_bytes, 0, "timelines build no bloom filter");
+        // A table of the defaults, beside it, does.
+        assert!(filters(Table::Events).1 > 0);
+        drop(store);
+        let reopened = EmbeddedStore::open_async(dir.path()).await.expect("reopen");
+        let read = reopened
+            .query_rows(Query::partition(Table::Timelines, "reader", 5_000))
+            .await
+            .expect("range");
+        assert_eq!(read, rows);
+        for row in [&rows[0], &rows[1_234], &rows[1_999]] {
+            let entry = reopened
+                .get(Table::Timelines, "reader", row)
+                .await
+                .expect("get");
+            assert_eq!(entry.as_deref(), Some(&b"entry"[..]), "{row}");
+        }
+        let absent = reopened
+            .get(Table::Timelines, "reader", "row-x")
+            .await
+            .expect("get");
+        assert_eq!(absent, None);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
