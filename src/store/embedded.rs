@@ -570,8 +570,8 @@ fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
 /// - blocks of 32 KiB (fjall's default is 4 KiB) make a page two or three block loads from
 ///   disk or the OS page cache instead of a dozen or more;
 /// - no bloom filters: only a read by key consults one, and building them hashed every
-///   entry at each flush and compaction, the heaviest work of a fan-out's store (a read by
-///   key, should one come, still finds its row, in every table's index).
+///   entry at each flush and compaction (a read by key, should one come, still finds its
+///   row, through every table's index).
 pub fn keyspace_options(table: Table) -> KeyspaceCreateOptions {
     let options = KeyspaceCreateOptions::default();
     match table {

@@ -35,7 +35,7 @@ use super::{FanoutMetrics, delivery_key};
 use crate::jobs::{self, JobMetrics};
 use crate::keys::Ticks;
 use crate::notices::{Notice, Notices};
-use crate::store::{Condition, Item, Query, Store, StoreResult, Table, Write};
+use crate::store::{Condition, Item, Query, Store, StoreExt as _, StoreResult, Table, Write};
 use crate::timeline::{DomainResult, Event, audience, live, merged_authors, trim};
 
 /// Authors whose plans a process remembers: a plan is at most 9 follower ids and 3 marks,
@@ -150,18 +150,17 @@ impl FanoutInPost {
         if merged.is_some() {
             return Ok(None);
         }
-        let followers = store
-            .query(Query::partition(
+        let mut owners = store
+            .query_rows(Query::partition(
                 Table::SubjectFollowers,
                 author,
                 self.up_to + 1,
             ))
             .await?;
-        if followers.len() > self.up_to {
+        if owners.len() > self.up_to {
             return Ok(None);
         }
         let unchanged = |mark: Option<Bytes>| mark.map_or(Condition::Absent, Condition::Equals);
-        let mut owners: Vec<String> = followers.into_iter().map(|edge| edge.row).collect();
         owners.push(author.to_owned());
         Ok(Some(Plan {
             owners,
