@@ -38,9 +38,6 @@ use super::{
     Condition, Direction, Item, Key, Limits, Query, Store, StoreError, StoreResult, Table, Write,
     validate,
 };
-use layout::{append_partition, encode_key, partition_prefix};
-
-mod layout;
 
 /// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
 const MAX_GROUP_WRITES: usize = 32 * 1024;
@@ -156,11 +153,10 @@ impl EmbeddedStore {
                 fjall::Error::Locked => StoreError::InUse(super::lock_holder::in_use_message(path)),
                 other => StoreError::Other(format!("{}: fjall: {other}", path.display())),
             })?;
-        let layout_1 = layout::layout_1_tables(&db)?;
         let mut keyspaces = HashMap::new();
         for table in Table::ALL {
             let keyspace = db
-                .keyspace(&layout::keyspace_name(table), || keyspace_options(table))
+                .keyspace(table.name(), || keyspace_options(table))
                 .map_err(map_fjall_error)?;
             keyspaces.insert(table, keyspace);
         }
@@ -186,23 +182,14 @@ impl EmbeddedStore {
             .map_err(|err| {
                 StoreError::Other(format!("failed to start the writer thread: {err}"))
             })?;
-        let store = EmbeddedStore {
+        Ok(EmbeddedStore {
             inner: Arc::new(Inner {
                 db,
                 keyspaces,
                 writer: sender,
                 writer_thread: Some(writer_thread),
             }),
-        };
-        layout::copy_to_layout_2(&store.inner.db, layout_1, |writes| {
-            store.submit_blocking(writes)
-        })?;
-        Ok(store)
-    }
-
-    /// The key the store files `row` of `partition` under, in every table (see [`layout`]).
-    pub fn key(partition: &str, row: &str) -> Vec<u8> {
-        encode_key(partition, row)
+        })
     }
 
     /// Opens the store on the blocking pool, with the default memory bounds.
@@ -255,24 +242,6 @@ impl EmbeddedStore {
     }
 
     async fn submit(&self, writes: Vec<Write>, atomic: bool) -> StoreResult<()> {
-        self.send(writes, atomic)?
-            .await
-            .map_err(|_| writer_stopped())?
-    }
-
-    /// [`EmbeddedStore::submit`] of writes that need no condition, from a blocking thread.
-    fn submit_blocking(&self, writes: Vec<Write>) -> StoreResult<()> {
-        self.send(writes, false)?
-            .blocking_recv()
-            .map_err(|_| writer_stopped())?
-    }
-
-    /// Hands `writes` to the writer thread; the receiver gets its answer.
-    fn send(
-        &self,
-        writes: Vec<Write>,
-        atomic: bool,
-    ) -> StoreResult<oneshot::Receiver<StoreResult<()>>> {
         let (reply, answer) = oneshot::channel();
         self.inner
             .writer
@@ -281,13 +250,11 @@ impl EmbeddedStore {
                 atomic,
                 reply,
             })
-            .map_err(|_| writer_stopped())?;
-        Ok(answer)
+            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the writer thread has stopped".into()))?
     }
-}
-
-fn writer_stopped() -> StoreError {
-    StoreError::Unavailable("the writer thread has stopped".into())
 }
 
 #[async_trait]
@@ -464,6 +431,27 @@ fn read_value(snapshot: &Snapshot, keyspace: &Keyspace, key: &[u8]) -> StoreResu
 
 fn map_fjall_error(err: fjall::Error) -> StoreError {
     StoreError::Other(format!("fjall: {err}"))
+}
+
+/// `len(partition) as u16 BE ++ partition ++ row`: all rows of a partition share one prefix
+/// and sort by row key within it, in the same UTF-8 byte order DynamoDB uses.
+fn encode_key(partition: &str, row: &str) -> Vec<u8> {
+    let mut key = partition_prefix(partition);
+    key.extend_from_slice(row.as_bytes());
+    key
+}
+
+fn partition_prefix(partition: &str) -> Vec<u8> {
+    let mut prefix = Vec::with_capacity(2 + partition.len() + 64);
+    append_partition(&mut prefix, partition);
+    prefix
+}
+
+fn append_partition(key: &mut Vec<u8>, partition: &str) {
+    // validate::key bounds the partition at 2048 bytes, well inside u16.
+    let length = u16::try_from(partition.len()).unwrap_or(u16::MAX);
+    key.extend_from_slice(&length.to_be_bytes());
+    key.extend_from_slice(partition.as_bytes());
 }
 
 /// The smallest key greater than every key that starts with `prefix`, if there is one.

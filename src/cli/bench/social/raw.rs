@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use fjall::{Database, PersistMode};
 
-use crate::store::EmbeddedStore;
-
 /// One entry to write: the owner's timeline, the row key and the stored value.
 pub(in crate::cli::bench) struct RawEntry {
     pub row: String,
@@ -51,11 +49,7 @@ pub(in crate::cli::bench) fn insert_loop(
     let mut in_batch = 0;
     for event in events {
         for owner in owners {
-            pending.insert(
-                &keyspace,
-                EmbeddedStore::key(owner, &event.row),
-                event.value.clone(),
-            );
+            pending.insert(&keyspace, entry_key(owner, &event.row), event.value.clone());
             in_batch += 1;
             if in_batch == batch {
                 std::mem::replace(&mut pending, db.batch())
@@ -79,6 +73,17 @@ pub(in crate::cli::bench) fn insert_loop(
         elapsed: started.elapsed(),
         batch,
     })
+}
+
+/// The embedded store's key: the partition's length (u16, big-endian), the partition, the
+/// row key.
+fn entry_key(partition: &str, row: &str) -> Vec<u8> {
+    let length = u16::try_from(partition.len()).unwrap_or(u16::MAX);
+    let mut key = Vec::with_capacity(2 + partition.len() + row.len());
+    key.extend_from_slice(&length.to_be_bytes());
+    key.extend_from_slice(partition.as_bytes());
+    key.extend_from_slice(row.as_bytes());
+    key
 }
 
 #[cfg(test)]
