@@ -50,15 +50,10 @@ impl Drop for Background {
     }
 }
 
-/// Lowers the calling thread's priority by [`NICENESS`]: on Linux the nice value is per
-/// thread, and `None` names the calling one. Raising a nice value needs no privilege;
-/// should it fail, the thread keeps its priority, which costs read latency under load,
-/// nothing else.
+/// Lowers the calling thread's priority by [`NICENESS`]; should that fail, the thread keeps
+/// its priority, which costs read latency under load, nothing else.
 fn lower_priority() {
-    use rustix::process::{getpriority_process, setpriority_process};
-    if let Ok(current) = getpriority_process(None) {
-        let _ = setpriority_process(None, (current + NICENESS).min(19));
-    }
+    crate::priority::lower_current_thread(NICENESS);
 }
 
 #[cfg(test)]
