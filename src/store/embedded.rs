@@ -34,10 +34,14 @@ use fjall::config::{BlockSizePolicy, FilterPolicy};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable as _, Snapshot};
 use tokio::sync::oneshot;
 
+use checked::CheckedValues;
+
 use super::{
     Condition, Direction, Item, Key, Limits, Query, Store, StoreError, StoreResult, Table, Write,
     validate,
 };
+
+mod checked;
 
 /// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
 const MAX_GROUP_WRITES: usize = 32 * 1024;
@@ -845,6 +849,7 @@ fn run_writer(
     mut compactor: Compactor,
     requests: &mpsc::Receiver<WriteRequest>,
 ) {
+    let mut checked = CheckedValues::new();
     while let Ok(first) = requests.recv() {
         let mut total = first.writes.len();
         let mut group = vec![first];
@@ -857,7 +862,12 @@ fn run_writer(
                 Err(_) => break,
             }
         }
-        commit_group(db, keyspaces, &mut write_buffer, &mut compactor, group);
+        let mut state = WriterState {
+            write_buffer: &mut write_buffer,
+            compactor: &mut compactor,
+            checked: &mut checked,
+        };
+        commit_group(db, keyspaces, &mut state, group);
         write_buffer.enforce(db, keyspaces, sealer);
         compactor.enforce(keyspaces);
     }
@@ -869,11 +879,17 @@ fn run_writer(
 /// collide could slow one commit, not the store.
 type Overlay = HashMap<(Table, Vec<u8>), Option<Bytes>, foldhash::fast::RandomState>;
 
+/// What the writer thread keeps from one group to the next.
+struct WriterState<'a> {
+    write_buffer: &'a mut WriteBuffer,
+    compactor: &'a mut Compactor,
+    checked: &'a mut CheckedValues,
+}
+
 fn commit_group(
     db: &Database,
     keyspaces: &Keyspaces,
-    write_buffer: &mut WriteBuffer,
-    compactor: &mut Compactor,
+    state: &mut WriterState<'_>,
     group: Vec<WriteRequest>,
 ) {
     // Values written earlier in this group to keys that its conditions look at, so that
@@ -887,7 +903,7 @@ fn commit_group(
     let mut refused = Vec::new();
     for request in group {
         let checked = if request.atomic {
-            check_conditions(keyspaces, &overlay, &request.writes)
+            check_conditions(keyspaces, &overlay, state.checked, &request.writes)
         } else {
             Ok(())
         };
@@ -900,8 +916,7 @@ fn commit_group(
             &watched,
             &mut overlay,
             &mut batch,
-            write_buffer,
-            compactor,
+            state,
             request.writes,
         ) {
             let _ = request.reply.send(Err(err));
@@ -917,6 +932,9 @@ fn commit_group(
             .and_then(|()| db.persist(PersistMode::SyncAll))
             .map_err(|err| err.to_string())
     };
+    if result.is_err() {
+        state.checked.clear();
+    }
     let failed = |err: &String| StoreError::Unavailable(format!("commit failed: {err}"));
     for reply in accepted {
         let _ = reply.send(result.clone().map_err(|err| failed(&err)));
@@ -928,7 +946,14 @@ fn commit_group(
     }
 }
 
-fn check_conditions(keyspaces: &Keyspaces, overlay: &Overlay, writes: &[Write]) -> StoreResult<()> {
+/// Whether every condition of `writes` holds, judged against the writes staged earlier in
+/// the group (`overlay`), then the values the writer keeps (`checked`), then the tables.
+fn check_conditions(
+    keyspaces: &Keyspaces,
+    overlay: &Overlay,
+    checked: &mut CheckedValues,
+    writes: &[Write],
+) -> StoreResult<()> {
     for write in writes {
         let condition = write.condition();
         if *condition == Condition::None {
@@ -937,13 +962,22 @@ fn check_conditions(keyspaces: &Keyspaces, overlay: &Overlay, writes: &[Write]) 
         let table = write.table();
         let (partition, row) = write.key();
         let key = encode_key(partition, row);
-        let current = match overlay.get(&(table, key.clone())) {
-            Some(value) => value.clone(),
-            None => keyspaces
+        let staged = if overlay.is_empty() {
+            None
+        } else {
+            overlay.get(&(table, key.clone()))
+        };
+        let read = || -> StoreResult<Option<Bytes>> {
+            Ok(keyspaces
                 .of(table)?
                 .get(&key)
                 .map_err(map_fjall_error)?
-                .map(|value| Bytes::copy_from_slice(&value)),
+                .map(|value| Bytes::copy_from_slice(&value)))
+        };
+        let current = match staged {
+            Some(value) => value.clone(),
+            None if CheckedValues::keeps(write) => checked.get_or_read(table, &key, read)?,
+            None => read()?,
         };
         let holds = match condition {
             Condition::None => true,
@@ -1001,8 +1035,7 @@ fn stage(
     watched: &Watched,
     overlay: &mut Overlay,
     batch: &mut fjall::OwnedWriteBatch,
-    write_buffer: &mut WriteBuffer,
-    compactor: &mut Compactor,
+    state: &mut WriterState<'_>,
     writes: Vec<Write>,
 ) -> StoreResult<()> {
     // Resolve every keyspace first so a bad table leaves the batch untouched.
@@ -1026,12 +1059,15 @@ fn stage(
             Write::Put { item, .. } => Some(&item.value),
             Write::Delete { .. } | Write::Check { .. } => None,
         };
-        write_buffer.record(table, &key, value.map_or(0, Bytes::len));
+        state
+            .write_buffer
+            .record(table, &key, value.map_or(0, Bytes::len));
+        state.checked.staged(table, &key, value);
         match value {
             Some(value) => batch.insert(keyspace, key.as_slice(), value.as_ref()),
             None => {
                 batch.remove(keyspace, key.as_slice());
-                compactor.deleted(table);
+                state.compactor.deleted(table);
             }
         }
         if watched.holds(table, &key) {
@@ -1147,13 +1183,12 @@ mod tests {
         assert!(watched.holds(Table::Jobs, &encode_key("p", "job")));
         assert!(!watched.holds(Table::Timelines, &encode_key("p", "entry")));
         let inner = &store.inner;
-        commit_group(
-            &inner.db,
-            &inner.keyspaces,
-            &mut WriteBuffer::new(u64::MAX),
-            &mut Compactor::start().expect("compactor"),
-            requests,
-        );
+        let mut state = WriterState {
+            write_buffer: &mut WriteBuffer::new(u64::MAX),
+            compactor: &mut Compactor::start().expect("compactor"),
+            checked: &mut CheckedValues::new(),
+        };
+        commit_group(&inner.db, &inner.keyspaces, &mut state, requests);
         let answers: Vec<_> = answers
             .iter_mut()
             .map(|answer| answer.try_recv().expect("answered"))
