@@ -1116,14 +1116,32 @@ mod tests {
         })
         .join()
         .expect("the probe ran");
-        let (_dir, _store) = open_temp().await;
+        let (_dir, store) = open_temp().await;
+        // Answered by the writer, so past the first thing it does.
+        store
+            .put(
+                Table::Meta,
+                Item::new("p", "r", "v".to_owned()),
+                Condition::None,
+            )
+            .await
+            .expect("a write");
 
-        let writers = nice_values_of_threads("fanline-writer");
+        let raised = (main_thread - WRITER_PRIORITY).max(-20);
+        // Every store's writer: this test's, and those of tests running beside it, which
+        // may have been started an instant ago and not yet have raised themselves.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let writers = loop {
+            let writers = nice_values_of_threads("fanline-writer");
+            let settled = !may_raise || writers.iter().all(|&nice| nice == raised);
+            if settled || std::time::Instant::now() > deadline {
+                break writers;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
 
         assert!(!writers.is_empty(), "no writer thread found");
         if may_raise {
-            // Every store's writer, this test's and those of tests running beside it.
-            let raised = (main_thread - WRITER_PRIORITY).max(-20);
             assert!(writers.iter().all(|&nice| nice == raised), "{writers:?}");
         }
     }
