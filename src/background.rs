@@ -53,7 +53,7 @@ impl Drop for Background {
 /// Lowers the calling thread's priority by [`NICENESS`]; should that fail, the thread keeps
 /// its priority, which costs read latency under load, nothing else.
 fn lower_priority() {
-    crate::priority::lower_current_thread(NICENESS);
+    crate::os_thread::lower_current(NICENESS);
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 //! - [`app`]: wiring of store, domain, server and workers; graceful shutdown
 //! - [`auth`]: admin, subject and device tokens: who a request acts as
 //! - [`cli`]: the `fanline import` and `fanline bench` commands, clients of the above
-//! - `priority`: OS scheduling priorities of the process's own threads
+//! - `os_thread`: the process's own threads: found by name, and their OS priorities
 
 pub mod app;
 mod auth;
@@ -32,7 +32,7 @@ pub mod keys;
 mod metrics;
 pub mod mqtt;
 pub mod notices;
-mod priority;
+mod os_thread;
 pub mod series;
 pub mod store;
 pub mod timeline;

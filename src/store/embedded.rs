@@ -183,7 +183,7 @@ impl EmbeddedStore {
         let writer_thread = std::thread::Builder::new()
             .name("fanline-writer".into())
             .spawn(move || {
-                if !crate::priority::raise_current_thread_above_process(WRITER_PRIORITY) {
+                if !crate::os_thread::raise_current_above_process(WRITER_PRIORITY) {
                     tracing::debug!(
                         steps = WRITER_PRIORITY,
                         "the writer thread runs at the request threads' priority: raising it needs CAP_SYS_NICE or RLIMIT_NICE"
@@ -1091,18 +1091,12 @@ mod tests {
 
     /// The nice values of this process's threads named `name`.
     fn nice_values_of_threads(name: &str) -> Vec<i32> {
-        let tasks = std::fs::read_dir("/proc/self/task").expect("the process's threads");
-        tasks
-            .filter_map(|task| {
-                let path = task.ok()?.path();
-                let comm = std::fs::read_to_string(path.join("comm")).ok()?;
-                if comm.trim_end() != name {
-                    return None;
-                }
-                // Field 19 of stat, counted after the command's closing parenthesis.
-                let stat = std::fs::read_to_string(path.join("stat")).ok()?;
-                let (_, after_comm) = stat.rsplit_once(')')?;
-                after_comm.split_whitespace().nth(16)?.parse().ok()
+        crate::os_thread::named(name)
+            .iter()
+            .filter_map(|path| {
+                let tid = path.file_name()?.to_str()?.parse().ok()?;
+                let pid = rustix::process::Pid::from_raw(tid)?;
+                rustix::process::getpriority_process(Some(pid)).ok()
             })
             .collect()
     }
@@ -1111,11 +1105,10 @@ mod tests {
     async fn the_writer_thread_runs_above_the_main_thread_where_the_os_allows() {
         let main_thread = rustix::process::getpriority_process(Some(rustix::process::getpid()))
             .expect("the main thread's priority");
-        let may_raise = std::thread::spawn(|| {
-            crate::priority::raise_current_thread_above_process(WRITER_PRIORITY)
-        })
-        .join()
-        .expect("the probe ran");
+        let may_raise =
+            std::thread::spawn(|| crate::os_thread::raise_current_above_process(WRITER_PRIORITY))
+                .join()
+                .expect("the probe ran");
         let (_dir, store) = open_temp().await;
         // Answered by the writer, so past the first thing it does.
         store
@@ -1144,6 +1137,50 @@ mod tests {
         if may_raise {
             assert!(writers.iter().all(|&nice| nice == raised), "{writers:?}");
         }
+    }
+
+    /// A check of a key the writer keeps judges the key's value as the last commit left it,
+    /// whatever wrote it since: a batch write, a transaction or a delete, in later groups.
+    #[tokio::test]
+    async fn checks_of_a_kept_key_see_every_later_write_to_it() {
+        let (_dir, store) = open_temp().await;
+        let mark = Key::new(Table::MergedAuthors, "author", "mark");
+        let check = |condition: Condition| {
+            let store = store.clone();
+            let mark = mark.clone();
+            async move {
+                store
+                    .transact(vec![
+                        Write::check(mark, condition),
+                        Write::put(Table::Meta, Item::new("p", "r", "v".to_owned())),
+                    ])
+                    .await
+            }
+        };
+        let put_mark = |value: &str| Item::new("author", "mark", value.to_owned());
+        let refused = |result: StoreResult<()>| matches!(result, Err(StoreError::ConditionFailed));
+
+        check(Condition::Absent)
+            .await
+            .expect("absent, and now kept");
+        store
+            .batch_write(vec![Write::put(Table::MergedAuthors, put_mark("1"))])
+            .await
+            .expect("a batch write");
+        assert!(refused(check(Condition::Absent).await));
+        check(Condition::Equals("1".into()))
+            .await
+            .expect("as batch-written");
+        store
+            .transact(vec![Write::put(Table::MergedAuthors, put_mark("2"))])
+            .await
+            .expect("a transaction");
+        assert!(refused(check(Condition::Equals("1".into())).await));
+        store
+            .delete(Table::MergedAuthors, "author", "mark", Condition::None)
+            .await
+            .expect("a delete");
+        check(Condition::Absent).await.expect("deleted");
     }
 
     /// Conditions judge what earlier requests of the same group wrote, whatever the request

@@ -230,7 +230,7 @@ impl BenchStore {
         } = self;
         drop(store);
         if let Some((embedded, dir)) = embedded {
-            let running = threads_named(FJALL_THREAD_NAME).len();
+            let running = crate::os_thread::named(FJALL_THREAD_NAME).len();
             drop(embedded);
             let left = running.saturating_sub(crate::store::FJALL_WORKER_THREADS);
             if !wait_for_store_threads(left).await {
@@ -416,7 +416,7 @@ async fn wait_for_stores_to_close() {
 pub(in crate::cli::bench) async fn wait_for_store_threads(left: usize) -> bool {
     let deadline = Instant::now() + STORE_CLOSE_PATIENCE;
     loop {
-        if threads_named(FJALL_THREAD_NAME).len() <= left {
+        if crate::os_thread::named(FJALL_THREAD_NAME).len() <= left {
             return true;
         }
         if Instant::now() >= deadline {
@@ -428,21 +428,6 @@ pub(in crate::cli::bench) async fn wait_for_store_threads(left: usize) -> bool {
 
 /// The name fjall gives its background threads.
 pub(in crate::cli::bench) const FJALL_THREAD_NAME: &str = "fjall:worker";
-
-/// The `/proc` directories of this process's threads named `name`.
-pub(in crate::cli::bench) fn threads_named(name: &str) -> Vec<std::path::PathBuf> {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .map(|task| task.path())
-        // A thread may end between the listing and the read: it is left out.
-        .filter(|path| {
-            std::fs::read_to_string(path.join("comm")).is_ok_and(|comm| comm.trim_end() == name)
-        })
-        .collect()
-}
 
 /// How the figures name a backend that counts its requests.
 fn store_label(store: StoreKind) -> &'static str {

@@ -567,7 +567,7 @@ async fn raw_loop(
 ) -> anyhow::Result<RawRun> {
     let dir = tempfile::tempdir_in(parent).context("failed to create a temp dir")?;
     let owners = owners.to_vec();
-    let running = super::threads_named(super::FJALL_THREAD_NAME).len();
+    let running = crate::os_thread::named(super::FJALL_THREAD_NAME).len();
     let (run, dir) = tokio::task::spawn_blocking(move || {
         let run = raw::insert_loop(dir.path(), &owners, &entries, batch);
         (run, dir)

@@ -196,7 +196,7 @@ pub(in crate::cli::bench) fn thread_cpu() -> anyhow::Result<Duration> {
 /// CPU time of the embedded store's background threads (fjall names them `fjall:worker`).
 fn store_background_cpu() -> anyhow::Result<Duration> {
     let mut total = Duration::ZERO;
-    for thread in super::super::threads_named(super::super::FJALL_THREAD_NAME) {
+    for thread in crate::os_thread::named(super::super::FJALL_THREAD_NAME) {
         // A thread may end between the listing and the read: it is skipped.
         if let Ok(cpu) = cpu_of(&thread.join("stat").to_string_lossy()) {
             total += cpu;
