@@ -488,7 +488,7 @@ impl Timelines {
                 removed.push(change.event_id);
             } else {
                 edited_refs.push(EntryRef {
-                    author: change.author.clone(),
+                    author: change.author.as_str().into(),
                     row_key: change.row_key.clone(),
                 });
             }

@@ -78,7 +78,7 @@ impl EventCache {
         let changes_before = self.changes.load(Ordering::SeqCst);
         let keys = unread
             .iter()
-            .map(|&index| Key::new(Table::Events, &refs[index].author, &refs[index].row_key))
+            .map(|&index| Key::new(Table::Events, &*refs[index].author, &refs[index].row_key))
             .collect();
         let bodies = store.get_many(keys).await?;
         self.keep(refs, &unread, &bodies, changes_before);

@@ -290,18 +290,47 @@ impl Merged {
             if self.done {
                 return Ok(None);
             }
-            let mut rows = Vec::with_capacity(self.batch);
-            while rows.len() < self.batch {
-                match self.next_row(store).await? {
-                    Some(row) => rows.push(row),
-                    None => {
-                        self.done = true;
-                        break;
-                    }
-                }
-            }
+            let rows = if let [timeline] = self.sources.as_mut_slice() {
+                Self::timeline_rows(store, timeline, self.batch).await?
+            } else {
+                self.merged_rows(store).await?
+            };
+            self.done = rows.len() < self.batch;
             self.hydrate(store, rows).await?;
         }
+    }
+
+    /// Up to `batch` rows of a read that merges no one: its timeline's, in their order.
+    async fn timeline_rows(
+        store: &dyn Store,
+        timeline: &mut Source,
+        batch: usize,
+    ) -> DomainResult<Vec<Row>> {
+        let mut rows = Vec::with_capacity(batch);
+        while rows.len() < batch {
+            if timeline.is_dry() {
+                fill(store, std::iter::once(&mut *timeline)).await?;
+            }
+            let Some(item) = timeline.buffer.pop_front() else {
+                break;
+            };
+            let reference =
+                EntryRef::from_timeline_row(item.row, &item.value).map_err(DomainError::Corrupt)?;
+            rows.push(Row::Ref(reference));
+        }
+        Ok(rows)
+    }
+
+    /// Up to `self.batch` rows of the timeline and its merged authors, in merge order.
+    async fn merged_rows(&mut self, store: &dyn Store) -> DomainResult<Vec<Row>> {
+        let mut rows = Vec::with_capacity(self.batch);
+        while rows.len() < self.batch {
+            match self.next_row(store).await? {
+                Some(row) => rows.push(row),
+                None => break,
+            }
+        }
+        Ok(rows)
     }
 
     /// Reads the events that the references among `rows` name, in one round, and queues the

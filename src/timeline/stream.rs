@@ -122,7 +122,7 @@ impl Timelines {
         row_key: String,
     ) -> DomainResult<Option<TimelineEntry>> {
         let reference = super::model::EntryRef {
-            author: author.to_owned(),
+            author: author.into(),
             row_key,
         };
         let body = self

@@ -235,7 +235,7 @@ impl Timelines {
             .iter()
             .flatten()
             .map(|row| EntryRef {
-                author: row.latest.author.clone(),
+                author: row.latest.author.as_str().into(),
                 row_key: event_row_key(Ticks::clamped(row.latest.at), row.latest.event_id),
             })
             .collect();
