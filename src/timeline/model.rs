@@ -319,9 +319,7 @@ impl EntryRef {
         if body.len() >= ENTRY_BODY_START.len() + 2
             && body.starts_with(ENTRY_BODY_START)
             && body.ends_with(b"\"}")
-            && !body[ENTRY_BODY_START.len()..name_end]
-                .iter()
-                .any(|byte| matches!(byte, b'"' | b'\\'))
+            && memchr::memchr2(b'"', b'\\', &body[ENTRY_BODY_START.len()..name_end]).is_none()
             && let Ok(author) = ByteString::try_from(body.slice(ENTRY_BODY_START.len()..name_end))
         {
             return Ok(EntryRef { author, row_key });
