@@ -423,6 +423,7 @@ impl Merged {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use serde_json::value::RawValue;
     use uuid::Uuid;
 
@@ -517,6 +518,67 @@ mod tests {
         assert!(read_all(&store, &hints, &owner).await.is_empty());
     }
 
+    #[tokio::test]
+    async fn a_timeline_that_merges_no_one_reads_in_batches_and_passes_over_deleted_events() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let owner = SubjectId::parse("reader").expect("owner");
+        let mut references = Vec::new();
+        for second in 0..25 {
+            let row_key = post(&store, "friend", second).await;
+            references.push(Write::put(
+                Table::Timelines,
+                Item::new(
+                    "reader",
+                    &row_key,
+                    Bytes::from_static(br#"{"author":"friend"}"#),
+                ),
+            ));
+        }
+        store.batch_write(references).await.expect("references");
+        let mut expected: Vec<String> = store
+            .query(Query::partition(Table::Timelines, "reader", 100))
+            .await
+            .expect("rows")
+            .into_iter()
+            .map(|item| item.row)
+            .collect();
+        // The event of the twelfth reference is deleted: its reference reads as nothing.
+        let gone = expected.remove(11);
+        store
+            .delete(
+                Table::Events,
+                "friend",
+                &gone,
+                crate::store::Condition::None,
+            )
+            .await
+            .expect("delete");
+        // Batches of 10: three rounds of references, the last one short.
+        assert_eq!(
+            read_all(&store, &MergedHints::new(16), &owner).await,
+            expected
+        );
+
+        // A row that is not a reference is an error, not a skipped row.
+        store
+            .batch_write(vec![Write::put(
+                Table::Timelines,
+                Item::new("reader", &expected[0], Bytes::from_static(b"not json")),
+            )])
+            .await
+            .expect("corrupt");
+        let events = Arc::new(EventCache::new(0, true));
+        let window = Window::default();
+        let mut merged = Merged::open(&store, &MergedHints::new(16), &events, &owner, &window, 10)
+            .await
+            .expect("open");
+        assert!(matches!(
+            merged.next(&store).await,
+            Err(DomainError::Corrupt(_))
+        ));
+    }
+
     /// An item of `table` in the first stored format, at `seconds`; returns its row key.
     async fn put_first_format(
         store: &dyn Store,
@@ -530,7 +592,7 @@ mod tests {
         store
             .batch_write(vec![Write::put(
                 table,
-                Item::new(partition, &row_key, bytes::Bytes::from_static(body)),
+                Item::new(partition, &row_key, Bytes::from_static(body)),
             )])
             .await
             .expect("put");
