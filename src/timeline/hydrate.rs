@@ -54,6 +54,12 @@ impl EventCache {
         }
     }
 
+    /// The cached body of the event of `row_key`, if any: a page takes what is cached as it
+    /// reads its references, and reads the rest with [`EventCache::read`].
+    pub fn cached(&self, row_key: &str) -> Option<Bytes> {
+        self.bodies.as_ref()?.get(row_key)
+    }
+
     /// The `events` bodies of `refs`, in their order; `None` where the event is gone.
     pub async fn read(
         &self,
@@ -63,11 +69,7 @@ impl EventCache {
         let mut found: Vec<Option<Bytes>> = vec![None; refs.len()];
         let mut unread = Vec::new();
         for (index, reference) in refs.iter().enumerate() {
-            match self
-                .bodies
-                .as_ref()
-                .and_then(|bodies| bodies.get(&reference.row_key))
-            {
+            match self.cached(&reference.row_key) {
                 Some(body) => found[index] = Some(body),
                 None => unread.push(index),
             }

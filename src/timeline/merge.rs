@@ -65,7 +65,12 @@ impl Source {
         if let Some(last) = items.last() {
             self.query.start_after = Some(last.row.clone());
         }
-        self.buffer.extend(items);
+        if self.buffer.is_empty() {
+            // Takes the answer's own allocation: a page's rows are not copied again.
+            self.buffer = VecDeque::from(items);
+        } else {
+            self.buffer.extend(items);
+        }
         // A source that needed a second batch is busier than guessed: read more next time.
         self.batch = self.batch.saturating_mul(2).min(1000);
     }
@@ -290,20 +295,50 @@ impl Merged {
             if self.done {
                 return Ok(None);
             }
-            let rows = if let [timeline] = self.sources.as_mut_slice() {
-                Self::timeline_rows(store, timeline, self.batch).await?
-            } else {
-                self.merged_rows(store).await?
-            };
-            self.done = rows.len() < self.batch;
-            self.hydrate(store, rows).await?;
+            self.read_batch(store).await?;
         }
     }
 
-    /// Up to `batch` rows of a read that merges no one: its timeline's, in their order.
+    /// The next `count` entries, in order; fewer only when every source is exhausted. A page
+    /// takes its entries at once rather than one await each.
+    pub async fn take(
+        &mut self,
+        store: &dyn Store,
+        count: usize,
+    ) -> DomainResult<Vec<TimelineEntry>> {
+        let mut entries = Vec::with_capacity(count);
+        while entries.len() < count {
+            if self.ready.is_empty() {
+                if self.done {
+                    break;
+                }
+                self.read_batch(store).await?;
+                continue;
+            }
+            let share = (count - entries.len()).min(self.ready.len());
+            entries.extend(self.ready.drain(..share));
+        }
+        Ok(entries)
+    }
+
+    /// Reads the next batch of rows into `ready`.
+    async fn read_batch(&mut self, store: &dyn Store) -> DomainResult<()> {
+        let rows = if let [timeline] = self.sources.as_mut_slice() {
+            Self::timeline_rows(store, timeline, &self.events, self.batch).await?
+        } else {
+            self.merged_rows(store).await?
+        };
+        self.done = rows.len() < self.batch;
+        self.hydrate(store, rows).await
+    }
+
+    /// Up to `batch` rows of a read that merges no one: its timeline's, in their order. A
+    /// reference whose event is cached is its entry at once, without an [`EntryRef`]: a page
+    /// of a hot timeline is 250 of them.
     async fn timeline_rows(
         store: &dyn Store,
         timeline: &mut Source,
+        events: &EventCache,
         batch: usize,
     ) -> DomainResult<Vec<Row>> {
         let mut rows = Vec::with_capacity(batch);
@@ -314,9 +349,15 @@ impl Merged {
             let Some(item) = timeline.buffer.pop_front() else {
                 break;
             };
-            let reference =
-                EntryRef::from_timeline_row(item.row, &item.value).map_err(DomainError::Corrupt)?;
-            rows.push(Row::Ref(reference));
+            let row = match events.cached(&item.row) {
+                Some(body) => {
+                    let author = EntryRef::author_of_timeline_row(&item.row, &item.value)
+                        .map_err(DomainError::Corrupt)?;
+                    TimelineEntry::from_referenced_event(&author, item.row, body).map(Row::Entry)
+                }
+                None => EntryRef::from_timeline_row(item.row, &item.value).map(Row::Ref),
+            };
+            rows.push(row.map_err(DomainError::Corrupt)?);
         }
         Ok(rows)
     }
@@ -336,6 +377,14 @@ impl Merged {
     /// Reads the events that the references among `rows` name, in one round, and queues the
     /// entries in order; a reference whose event is gone (deleted) is passed over.
     async fn hydrate(&mut self, store: &dyn Store, rows: Vec<Row>) -> DomainResult<()> {
+        if rows.iter().all(|row| matches!(row, Row::Entry(_))) {
+            self.ready
+                .extend(rows.into_iter().filter_map(|row| match row {
+                    Row::Entry(entry) => Some(entry),
+                    Row::Ref(_) => None,
+                }));
+            return Ok(());
+        }
         let mut refs = Vec::with_capacity(rows.len());
         let mut entries = Vec::new();
         // Where each row's entry comes from, in order: `Some` an entry as read, `None` the
@@ -575,6 +624,86 @@ mod tests {
             .expect("open");
         assert!(matches!(
             merged.next(&store).await,
+            Err(DomainError::Corrupt(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_page_of_cached_and_uncached_events_keeps_its_order_and_drops_the_deleted() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        let owner = SubjectId::parse("reader").expect("owner");
+        let mut references = Vec::new();
+        for second in 0..25 {
+            let row_key = post(&store, "friend", second).await;
+            references.push(Write::put(
+                Table::Timelines,
+                Item::new(
+                    "reader",
+                    &row_key,
+                    Bytes::from_static(br#"{"author":"friend"}"#),
+                ),
+            ));
+        }
+        store.batch_write(references).await.expect("references");
+        let mut expected: Vec<String> = store
+            .query(Query::partition(Table::Timelines, "reader", 100))
+            .await
+            .expect("rows")
+            .into_iter()
+            .map(|item| item.row)
+            .collect();
+        // Every third event is cached, so each batch mixes entries taken from the cache with
+        // references read from the store in one round.
+        let events = Arc::new(EventCache::new(1 << 20, false));
+        let warm: Vec<EntryRef> = expected
+            .iter()
+            .step_by(3)
+            .map(|row_key| EntryRef {
+                author: "friend".into(),
+                row_key: row_key.clone(),
+            })
+            .collect();
+        events.read(&store, &warm).await.expect("warm");
+        // A cached event is deleted, as a delete does it: the row, then the cache.
+        let gone = expected.remove(9);
+        store
+            .delete(
+                Table::Events,
+                "friend",
+                &gone,
+                crate::store::Condition::None,
+            )
+            .await
+            .expect("delete");
+        events.changed(&gone);
+
+        let window = Window::default();
+        let mut merged = Merged::open(&store, &MergedHints::new(16), &events, &owner, &window, 10)
+            .await
+            .expect("open");
+        let mut read = Vec::new();
+        for count in [7, 7, 100] {
+            let entries = merged.take(&store, count).await.expect("take");
+            assert!(entries.len() <= count);
+            read.extend(entries.into_iter().map(|entry| entry.row_key));
+        }
+        assert_eq!(read, expected);
+        assert!(merged.take(&store, 1).await.expect("end").is_empty());
+
+        // A row that is not a reference is an error whether or not its event is cached.
+        store
+            .batch_write(vec![Write::put(
+                Table::Timelines,
+                Item::new("reader", &expected[0], Bytes::from_static(b"not json")),
+            )])
+            .await
+            .expect("corrupt");
+        let mut merged = Merged::open(&store, &MergedHints::new(16), &events, &owner, &window, 10)
+            .await
+            .expect("open");
+        assert!(matches!(
+            merged.take(&store, 5).await,
             Err(DomainError::Corrupt(_))
         ));
     }

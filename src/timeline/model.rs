@@ -6,6 +6,8 @@
 //! (docs/architecture.md, "Stored events and pages"). A payload is kept as raw JSON text, so
 //! it is never parsed again after the request that brought it.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use bytestring::ByteString;
 use serde::{Deserialize, Serialize};
@@ -192,13 +194,13 @@ const ENTRY_BODY_START: &[u8] = br#"{"author":""#;
 #[derive(Deserialize)]
 struct StoredFields<'a> {
     #[serde(alias = "k", borrow)]
-    kind: std::borrow::Cow<'a, str>,
+    kind: Cow<'a, str>,
     #[serde(alias = "p", borrow)]
     payload: &'a RawValue,
     #[serde(default)]
     version: Option<u64>,
     #[serde(default, borrow)]
-    edited_at: Option<std::borrow::Cow<'a, str>>,
+    edited_at: Option<Cow<'a, str>>,
     #[serde(default = "fanned_out")]
     fanout: bool,
 }
@@ -213,7 +215,7 @@ fn fanned_out() -> bool {
 #[derive(Deserialize)]
 struct StoredRef<'a> {
     #[serde(alias = "a", borrow)]
-    author: std::borrow::Cow<'a, str>,
+    author: Cow<'a, str>,
 }
 
 /// Body of a follow-edge item.
@@ -309,27 +311,37 @@ fn is_current(body: &[u8], start: &[u8]) -> bool {
 impl EntryRef {
     /// A `timelines` row: a reference, or a copy written before timelines held references.
     pub fn from_timeline_row(row_key: String, body: &Bytes) -> Result<EntryRef, String> {
-        if !is_event_row_key(&row_key) {
-            return Err(corrupt("timeline entry", &row_key));
+        let author = match EntryRef::author_of_timeline_row(&row_key, body)? {
+            // A slice of the row: a page's 250 references allocate no names.
+            Cow::Borrowed(name) => ByteString::try_from(body.slice_ref(name.as_bytes()))
+                .map_err(|_| corrupt("timeline entry", &row_key))?,
+            Cow::Owned(name) => ByteString::from(name),
+        };
+        Ok(EntryRef { author, row_key })
+    }
+
+    /// The author a `timelines` row names, once its row key is checked. A reference as this
+    /// build writes it, `{"author":"name"}` with nothing to unescape in the name, is read
+    /// without a parser, and the name is borrowed from the row.
+    pub fn author_of_timeline_row<'a>(
+        row_key: &str,
+        body: &'a [u8],
+    ) -> Result<Cow<'a, str>, String> {
+        if !is_event_row_key(row_key) {
+            return Err(corrupt("timeline entry", row_key));
         }
-        // A reference as this build writes it, `{"author":"name"}` with nothing to unescape
-        // in the name, is read without a parser, and its name is a slice of the row: a page
-        // reads 250 of them.
         let name_end = body.len().saturating_sub(2);
         if body.len() >= ENTRY_BODY_START.len() + 2
             && body.starts_with(ENTRY_BODY_START)
             && body.ends_with(b"\"}")
             && memchr::memchr2(b'"', b'\\', &body[ENTRY_BODY_START.len()..name_end]).is_none()
-            && let Ok(author) = ByteString::try_from(body.slice(ENTRY_BODY_START.len()..name_end))
+            && let Ok(name) = std::str::from_utf8(&body[ENTRY_BODY_START.len()..name_end])
         {
-            return Ok(EntryRef { author, row_key });
+            return Ok(Cow::Borrowed(name));
         }
         let stored: StoredRef<'_> =
-            serde_json::from_slice(body).map_err(|_| corrupt("timeline entry", &row_key))?;
-        Ok(EntryRef {
-            author: ByteString::from(stored.author.into_owned()),
-            row_key,
-        })
+            serde_json::from_slice(body).map_err(|_| corrupt("timeline entry", row_key))?;
+        Ok(stored.author)
     }
 }
 
@@ -385,8 +397,18 @@ impl TimelineEntry {
         reference: EntryRef,
         body: Bytes,
     ) -> Result<TimelineEntry, String> {
-        debug_assert!(is_event_row_key(&reference.row_key));
-        TimelineEntry::from_checked_event_row(&reference.author, reference.row_key, body)
+        TimelineEntry::from_referenced_event(&reference.author, reference.row_key, body)
+    }
+
+    /// The event `author`'s row `row_key` names, as [`TimelineEntry::from_timeline_reference`]
+    /// without the reference.
+    pub fn from_referenced_event(
+        author: &str,
+        row_key: String,
+        body: Bytes,
+    ) -> Result<TimelineEntry, String> {
+        debug_assert!(is_event_row_key(&row_key));
+        TimelineEntry::from_checked_event_row(author, row_key, body)
     }
 
     fn from_checked_event_row(

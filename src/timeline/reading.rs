@@ -42,14 +42,10 @@ impl Timelines {
             ..Window::default()
         };
         let mut rows = self.merged(owner, &window, want + 1).await?;
-        let mut items = Vec::with_capacity(want);
-        while items.len() < want {
-            match rows.next(store).await? {
-                Some(entry) => items.push(entry),
-                None => break,
-            }
-        }
-        let more = items.len() == want && rows.next(store).await?.is_some();
+        // One more than the page, to tell whether another follows.
+        let mut items = rows.take(store, want + 1).await?;
+        let more = items.len() > want;
+        items.truncate(want);
         let reached = position + items.len();
         // A page that reaches the cap says so whether or not older entries lie past it: once
         // a trim has dropped them the two cannot be told apart, and a page must not answer
