@@ -506,6 +506,31 @@ mod tests {
         event.row_key
     }
 
+    /// 25 events of `friend`, each referenced from `reader`'s timeline: the timeline's row
+    /// keys, newest first.
+    async fn references_to_25_posts(store: &dyn Store) -> Vec<String> {
+        let mut references = Vec::new();
+        for second in 0..25 {
+            let row_key = post(store, "friend", second).await;
+            references.push(Write::put(
+                Table::Timelines,
+                Item::new(
+                    "reader",
+                    &row_key,
+                    Bytes::from_static(br#"{"author":"friend"}"#),
+                ),
+            ));
+        }
+        store.batch_write(references).await.expect("references");
+        store
+            .query(Query::partition(Table::Timelines, "reader", 100))
+            .await
+            .expect("rows")
+            .into_iter()
+            .map(|item| item.row)
+            .collect()
+    }
+
     async fn read_all(store: &dyn Store, hints: &MergedHints, owner: &SubjectId) -> Vec<String> {
         let window = Window::default();
         let events = Arc::new(EventCache::new(0, true));
@@ -572,26 +597,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
         let owner = SubjectId::parse("reader").expect("owner");
-        let mut references = Vec::new();
-        for second in 0..25 {
-            let row_key = post(&store, "friend", second).await;
-            references.push(Write::put(
-                Table::Timelines,
-                Item::new(
-                    "reader",
-                    &row_key,
-                    Bytes::from_static(br#"{"author":"friend"}"#),
-                ),
-            ));
-        }
-        store.batch_write(references).await.expect("references");
-        let mut expected: Vec<String> = store
-            .query(Query::partition(Table::Timelines, "reader", 100))
-            .await
-            .expect("rows")
-            .into_iter()
-            .map(|item| item.row)
-            .collect();
+        let mut expected = references_to_25_posts(&store).await;
         // The event of the twelfth reference is deleted: its reference reads as nothing.
         let gone = expected.remove(11);
         store
@@ -633,26 +639,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
         let owner = SubjectId::parse("reader").expect("owner");
-        let mut references = Vec::new();
-        for second in 0..25 {
-            let row_key = post(&store, "friend", second).await;
-            references.push(Write::put(
-                Table::Timelines,
-                Item::new(
-                    "reader",
-                    &row_key,
-                    Bytes::from_static(br#"{"author":"friend"}"#),
-                ),
-            ));
-        }
-        store.batch_write(references).await.expect("references");
-        let mut expected: Vec<String> = store
-            .query(Query::partition(Table::Timelines, "reader", 100))
-            .await
-            .expect("rows")
-            .into_iter()
-            .map(|item| item.row)
-            .collect();
+        let mut expected = references_to_25_posts(&store).await;
         // Every third event is cached, so each batch mixes entries taken from the cache with
         // references read from the store in one round.
         let events = Arc::new(EventCache::new(1 << 20, false));
