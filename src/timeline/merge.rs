@@ -409,8 +409,12 @@ impl Merged {
                 Some(index) => entries[index].take(),
                 None => match referenced.next() {
                     Some((reference, Some(body))) => Some(
-                        TimelineEntry::from_timeline_reference(reference, body)
-                            .map_err(DomainError::Corrupt)?,
+                        TimelineEntry::from_referenced_event(
+                            &reference.author,
+                            reference.row_key,
+                            body,
+                        )
+                        .map_err(DomainError::Corrupt)?,
                     ),
                     // The event is gone: deleted.
                     _ => None,
@@ -531,6 +535,30 @@ mod tests {
             .collect()
     }
 
+    /// Deletes `friend`'s event of `row_key` from the log (its references stay).
+    async fn delete_event(store: &dyn Store, row_key: &str) {
+        store
+            .delete(
+                Table::Events,
+                "friend",
+                row_key,
+                crate::store::Condition::None,
+            )
+            .await
+            .expect("delete");
+    }
+
+    /// Overwrites `reader`'s reference at `row_key` with a row that is not a reference.
+    async fn corrupt_reference(store: &dyn Store, row_key: &str) {
+        store
+            .batch_write(vec![Write::put(
+                Table::Timelines,
+                Item::new("reader", row_key, Bytes::from_static(b"not json")),
+            )])
+            .await
+            .expect("corrupt");
+    }
+
     async fn read_all(store: &dyn Store, hints: &MergedHints, owner: &SubjectId) -> Vec<String> {
         let window = Window::default();
         let events = Arc::new(EventCache::new(0, true));
@@ -600,15 +628,7 @@ mod tests {
         let mut expected = references_to_25_posts(&store).await;
         // The event of the twelfth reference is deleted: its reference reads as nothing.
         let gone = expected.remove(11);
-        store
-            .delete(
-                Table::Events,
-                "friend",
-                &gone,
-                crate::store::Condition::None,
-            )
-            .await
-            .expect("delete");
+        delete_event(&store, &gone).await;
         // Batches of 10: three rounds of references, the last one short.
         assert_eq!(
             read_all(&store, &MergedHints::new(16), &owner).await,
@@ -616,13 +636,7 @@ mod tests {
         );
 
         // A row that is not a reference is an error, not a skipped row.
-        store
-            .batch_write(vec![Write::put(
-                Table::Timelines,
-                Item::new("reader", &expected[0], Bytes::from_static(b"not json")),
-            )])
-            .await
-            .expect("corrupt");
+        corrupt_reference(&store, &expected[0]).await;
         let events = Arc::new(EventCache::new(0, true));
         let window = Window::default();
         let mut merged = Merged::open(&store, &MergedHints::new(16), &events, &owner, &window, 10)
@@ -654,38 +668,25 @@ mod tests {
         events.read(&store, &warm).await.expect("warm");
         // A cached event is deleted, as a delete does it: the row, then the cache.
         let gone = expected.remove(9);
-        store
-            .delete(
-                Table::Events,
-                "friend",
-                &gone,
-                crate::store::Condition::None,
-            )
-            .await
-            .expect("delete");
+        delete_event(&store, &gone).await;
         events.changed(&gone);
 
         let window = Window::default();
         let mut merged = Merged::open(&store, &MergedHints::new(16), &events, &owner, &window, 10)
             .await
             .expect("open");
+        // 24 entries left: two full takes of 7, then the 10 left of a take of 100.
         let mut read = Vec::new();
-        for count in [7, 7, 100] {
+        for (count, taken) in [(7, 7), (7, 7), (100, 10)] {
             let entries = merged.take(&store, count).await.expect("take");
-            assert!(entries.len() <= count);
+            assert_eq!(entries.len(), taken);
             read.extend(entries.into_iter().map(|entry| entry.row_key));
         }
         assert_eq!(read, expected);
         assert!(merged.take(&store, 1).await.expect("end").is_empty());
 
         // A row that is not a reference is an error whether or not its event is cached.
-        store
-            .batch_write(vec![Write::put(
-                Table::Timelines,
-                Item::new("reader", &expected[0], Bytes::from_static(b"not json")),
-            )])
-            .await
-            .expect("corrupt");
+        corrupt_reference(&store, &expected[0]).await;
         let mut merged = Merged::open(&store, &MergedHints::new(16), &events, &owner, &window, 10)
             .await
             .expect("open");

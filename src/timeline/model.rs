@@ -390,18 +390,9 @@ impl TimelineEntry {
         TimelineEntry::from_checked_event_row(author, row_key, body)
     }
 
-    /// The event a timeline row names, read from its author's log: the reference's row key
-    /// was checked when the row was read ([`EntryRef::from_timeline_row`]), and a page of 250
-    /// need not check each again.
-    pub fn from_timeline_reference(
-        reference: EntryRef,
-        body: Bytes,
-    ) -> Result<TimelineEntry, String> {
-        TimelineEntry::from_referenced_event(&reference.author, reference.row_key, body)
-    }
-
-    /// The event `author`'s row `row_key` names, as [`TimelineEntry::from_timeline_reference`]
-    /// without the reference.
+    /// The event `author`'s row `row_key` names, read from the author's log for a timeline
+    /// row: the row key was checked when the row was read
+    /// ([`EntryRef::author_of_timeline_row`]), and a page of 250 need not check each again.
     pub fn from_referenced_event(
         author: &str,
         row_key: String,
