@@ -36,7 +36,9 @@ use bytes::Bytes;
 pub use azure::{AzureConfig, AzureStore, development_connection_string};
 pub use dynamo::DynamoStore;
 pub use dynamo::client::DynamoConfig;
-pub use embedded::{EmbeddedSettings, EmbeddedStore, FJALL_WORKER_THREADS, keyspace_options};
+pub use embedded::{
+    EmbeddedSettings, EmbeddedStore, FJALL_WORKER_THREADS, keyspace_options, open_database,
+};
 pub use stats::{RetryReason, StoreStats, StoreStatsSnapshot};
 
 // The limits: DynamoDB's, the stricter backend, so that data that fits on the embedded store

@@ -33,11 +33,12 @@ pub(in crate::cli::bench) fn insert_loop(
 ) -> anyhow::Result<RawRun> {
     let batch = batch.max(1);
     // Opened as the embedded store opens its database, so that the comparison is fair.
-    let db = Database::builder(dir)
-        .manual_journal_persist(true)
-        .worker_threads(crate::store::FJALL_WORKER_THREADS)
-        .open()
-        .context("failed to open the raw fjall database")?;
+    let db = crate::store::open_database(
+        Database::builder(dir)
+            .manual_journal_persist(true)
+            .worker_threads(crate::store::FJALL_WORKER_THREADS),
+    )
+    .context("failed to open the raw fjall database")?;
     let keyspace = db
         .keyspace("timelines", || {
             crate::store::keyspace_options(crate::store::Table::Timelines)
@@ -102,7 +103,7 @@ mod tests {
             .collect();
         let run = insert_loop(dir.path(), &owners, &events, 5).expect("loop");
         assert_eq!(run.entries, 21);
-        let db = Database::builder(dir.path()).open().expect("reopen");
+        let db = crate::store::open_database(Database::builder(dir.path())).expect("reopen");
         let keyspace = db
             .keyspace("timelines", fjall::KeyspaceCreateOptions::default)
             .expect("keyspace");
