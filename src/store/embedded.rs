@@ -1145,7 +1145,8 @@ mod tests {
         let opener = rustix::process::getpriority_process(None).expect("this thread's priority");
         let (_dir, _store) = open_temp().await;
 
-        // Every store's: this test's, and those of tests running beside it, all opened alike.
+        // Every database's: this test's, and those of tests running beside it, all opened
+        // through `open_database` (one opened otherwise would fail this test).
         let workers = nice_values_of_threads("fjall:worker");
 
         assert!(!workers.is_empty(), "no fjall worker thread found");

@@ -103,6 +103,8 @@ mod tests {
             .collect();
         let run = insert_loop(dir.path(), &owners, &events, 5).expect("loop");
         assert_eq!(run.entries, 21);
+        // Through the store's opener, as every database of this process: the store's tests
+        // check that every fjall thread runs lowered.
         let db = crate::store::open_database(Database::builder(dir.path())).expect("reopen");
         let keyspace = db
             .keyspace("timelines", fjall::KeyspaceCreateOptions::default)
