@@ -176,12 +176,18 @@ async fn measure_in_process(store: Arc<dyn Store>) {
     })
     .await;
     println!("  reverse: {reverse:.0} us CPU for 251 rows read in reverse (one store query)");
-    let timelines = Arc::new(crate::timeline::Timelines::new(
-        store.clone(),
-        crate::cursor::CursorCodec::new(b"page cost"),
-        Config::defaults().timeline_settings(),
-        crate::jobs::Wake::without_handoff(),
-    ));
+    // With the event cache a `serve` process has (default size, one process), as the pages
+    // over HTTP below read: without it every page would read its 250 events from the store.
+    let config = Config::defaults();
+    let timelines = Arc::new(
+        crate::timeline::Timelines::new(
+            store.clone(),
+            crate::cursor::CursorCodec::new(b"page cost"),
+            config.timeline_settings(),
+            crate::jobs::Wake::without_handoff(),
+        )
+        .with_event_cache(config.event_cache_mb.saturating_mul(1 << 20), false),
+    );
     let owner = SubjectId::parse("reader").expect("owner");
     let page = cpu_per_call(|| {
         let timelines = timelines.clone();
