@@ -184,7 +184,7 @@ async fn app_state(
         (metrics.fanout.clone(), metrics.jobs.clone()),
     ))
     .with_event_cache(
-        config.event_cache_mb.saturating_mul(1 << 20),
+        config.event_cache_bytes(),
         config.store != StoreKind::Embedded,
     );
     let series = Series::new(store.clone(), CursorCodec::new(&key), wake.clone())

@@ -458,6 +458,11 @@ impl Config {
         }
     }
 
+    /// Bytes of the timeline pages' cache of recently read events (`--event-cache-mb`).
+    pub fn event_cache_bytes(&self) -> u64 {
+        self.event_cache_mb.saturating_mul(MEGABYTE)
+    }
+
     pub fn token_cache_entries(&self) -> usize {
         usize::try_from(self.token_cache_entries).unwrap_or(usize::MAX)
     }
@@ -521,5 +526,6 @@ mod tests {
         assert_eq!(embedded.cache_bytes, 32 * 1024 * 1024);
         assert_eq!(embedded.write_buffer_bytes, 32 * 1024 * 1024);
         assert_eq!(embedded, EmbeddedSettings::default());
+        assert_eq!(config.event_cache_bytes(), 64 * 1024 * 1024);
     }
 }

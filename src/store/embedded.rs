@@ -65,7 +65,7 @@ pub const FJALL_WORKER_THREADS: usize = 1;
 /// work no one waits on until the memtables are full: at the request threads' priority they
 /// took a core from posts and page reads. Measured side by side (medians of 3 or 4 pairs),
 /// posts at 5 followers an event went up 10 %, at 50 followers 2-9 %, pages 4 % in two of
-/// three comparisons; the 10,000-follower fan-out moved within the noise (docs/benchmarks.md).
+/// three comparisons; the 10,000-follower fan-out moved within the noise (2026-12-06, a4c5640).
 /// The kernel still gives them about a tenth of a contended core, and every idle moment;
 /// should flushes fall behind, fjall stalls the writer, which frees the CPU for them.
 const BACKGROUND_NICENESS: i32 = 10;

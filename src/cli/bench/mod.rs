@@ -289,7 +289,7 @@ impl Rig {
                 wake.clone(),
             )
             .with_event_cache(
-                Config::defaults().event_cache_mb.saturating_mul(1 << 20),
+                Config::defaults().event_cache_bytes(),
                 args.store != StoreKind::Embedded,
             ),
         );

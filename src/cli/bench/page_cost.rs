@@ -186,7 +186,7 @@ async fn measure_in_process(store: Arc<dyn Store>) {
             config.timeline_settings(),
             crate::jobs::Wake::without_handoff(),
         )
-        .with_event_cache(config.event_cache_mb.saturating_mul(1 << 20), false),
+        .with_event_cache(config.event_cache_bytes(), false),
     );
     let owner = SubjectId::parse("reader").expect("owner");
     let page = cpu_per_call(|| {
