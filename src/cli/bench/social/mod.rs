@@ -17,8 +17,8 @@
 //!    come.
 //! 3. **A raw fjall loop** ([`raw`]) writing the same entries as the biggest fixed point's
 //!    fan-out, back to back with it (embedded store).
-//! 4. **Page reads** over HTTP of that fixed point's readers' timelines ([`pages`]), with each
-//!    of `--page-connections` connections.
+//! 4. **Page reads** over HTTP of that fixed point's readers' timelines ([`pages`]), the
+//!    first `--page-timelines` of them, with each of `--page-connections` connections.
 //!
 //! How completion, lag and the backlog are watched: see [`post`].
 
@@ -85,7 +85,7 @@ pub struct SocialBenchArgs {
     #[arg(long)]
     pub fanout_in_post: Option<u32>,
     /// Megabytes of the embedded store's block cache (`--cache-mb`); by default the
-    /// server's (32), which the page reads' 10,000 timelines do not fit in.
+    /// server's (32), which the 10,000 timelines of the biggest point do not fit in.
     #[arg(long, default_value_t = crate::config::Config::defaults().cache_mb)]
     pub cache_mb: u64,
     /// Followers per event of each fixed point (each on a fresh store); the flag alone, with
@@ -120,6 +120,11 @@ pub struct SocialBenchArgs {
     /// Connections of each page-read run, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     pub page_connections: Vec<usize>,
+    /// Distinct timelines the page reads read, the first of the biggest point's followers
+    /// (at most all of them). 2,000 by default, as the PostgreSQL peer's pages
+    /// (`run.sh pages`) read 2,000 full timelines: the same working set on both sides.
+    #[arg(long, default_value_t = 2_000)]
+    pub page_timelines: usize,
 }
 
 /// Everything one run measured, as printed.
@@ -189,6 +194,10 @@ pub(in crate::cli::bench) async fn measure(args: &SocialBenchArgs) -> anyhow::Re
     anyhow::ensure!(
         args.fixed_followers.is_empty() || (args.fixed_events > 0 && args.big_events > 0),
         "--fixed-events and --big-events must be at least 1"
+    );
+    anyhow::ensure!(
+        args.page_timelines > 0,
+        "--page-timelines must be at least 1"
     );
     if tracing::enabled!(target: "tower_http::trace::on_response", tracing::Level::INFO) {
         eprintln!(
@@ -527,7 +536,9 @@ async fn fixed_point(
             .unwrap_or(usize::MAX)
             .min(MAX_PAGE_SIZE);
         if args.page_reads > 0 && limit > 0 {
-            let owners = Arc::new(reader_names);
+            let mut owners = reader_names;
+            owners.truncate(args.page_timelines);
+            let owners = Arc::new(owners);
             for &connections in &args.page_connections {
                 let run = pages::read_pages(
                     server.address,
@@ -539,7 +550,8 @@ async fn fixed_point(
                 )
                 .await?;
                 println!(
-                    "page reads over HTTP ({limit} items), {} connection(s): {:.0} pages/s, p50 {:.2} ms, p99 {:.2} ms; CPU per page: server {:.3} ms (of which the store's background flushes and compactions {:.3} ms), reader {:.3} ms ({} pages in {:.2} s)",
+                    "page reads over HTTP ({limit} items, {} timelines), {} connection(s): {:.0} pages/s, p50 {:.2} ms, p99 {:.2} ms; CPU per page: server {:.3} ms (of which the store's background flushes and compactions {:.3} ms), reader {:.3} ms ({} pages in {:.2} s)",
+                    run.timelines,
                     run.connections,
                     run.pages_per_second(),
                     millis(run.p50),

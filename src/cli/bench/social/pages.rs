@@ -30,6 +30,8 @@ const TICKS_PER_SECOND: u64 = 100;
 /// What one page-read run measured.
 #[derive(Clone, Debug)]
 pub(in crate::cli::bench) struct PageRun {
+    /// Distinct timelines read.
+    pub timelines: usize,
     pub connections: usize,
     pub pages: u64,
     pub elapsed: Duration,
@@ -158,6 +160,7 @@ async fn read_on_this_thread(
     let process_cpu = process_cpu()?.saturating_sub(process_before);
     let background_cpu = store_background_cpu()?.saturating_sub(background_before);
     Ok(PageRun {
+        timelines: owners.len(),
         connections,
         pages: latencies.len() as u64,
         elapsed,

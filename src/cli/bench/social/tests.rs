@@ -26,6 +26,7 @@ fn tiny() -> SocialBenchArgs {
         raw_batch: 5,
         page_reads: 20,
         page_connections: vec![1, 3],
+        page_timelines: 10,
     }
 }
 
@@ -109,12 +110,13 @@ async fn a_tiny_social_bench_delivers_every_event_and_its_figures_add_up() {
     assert_eq!(raw.after.entries, 6 * 12);
     assert!(raw.fanout_rate > 0.0);
 
-    let runs: Vec<(usize, usize, u64)> = report
+    // Over the first 10 of the 12 readers' timelines.
+    let runs: Vec<(usize, usize, usize, u64)> = report
         .pages
         .iter()
-        .map(|(items, run)| (*items, run.connections, run.pages))
+        .map(|(items, run)| (*items, run.timelines, run.connections, run.pages))
         .collect();
-    assert_eq!(runs, vec![(6, 1, 20), (6, 3, 20)]);
+    assert_eq!(runs, vec![(6, 10, 1, 20), (6, 10, 3, 20)]);
     assert!(report.pages.iter().all(|(_, run)| run.p50 <= run.p99));
 }
 
@@ -130,6 +132,7 @@ async fn bad_flags_are_refused_before_anything_runs() {
         ("--rate", |args| args.rate = Some(0.0)),
         ("--max-followers", |args| args.max_followers = 0),
         ("--fixed-events", |args| args.fixed_events = 0),
+        ("--page-timelines", |args| args.page_timelines = 0),
     ] {
         let mut args = tiny();
         change(&mut args);
