@@ -120,8 +120,8 @@ pub struct SocialBenchArgs {
     /// Connections of each page-read run, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     pub page_connections: Vec<usize>,
-    /// Distinct timelines the page reads read, the first of the biggest point's followers
-    /// (at most all of them). 2,000 by default, as the PostgreSQL peer's pages
+    /// How many distinct timelines the page reads cover: the first of the biggest point's
+    /// followers (at most all of them). 2,000 by default, as the PostgreSQL peer's pages
     /// (`run.sh pages`) read 2,000 full timelines: the same working set on both sides.
     #[arg(long, default_value_t = 2_000)]
     pub page_timelines: usize,
