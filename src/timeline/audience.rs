@@ -102,6 +102,7 @@ fn quiet_mark(author: &str, condition: Condition) -> Write {
 #[derive(Clone)]
 pub struct Quiet {
     notices: Notices,
+    trim_turns: super::trim::TrimTurns,
     max_timeline_len: usize,
     status_retention: Duration,
 }
@@ -110,6 +111,7 @@ impl Quiet {
     pub fn new(notices: Notices, max_timeline_len: usize, status_retention: Duration) -> Self {
         Quiet {
             notices,
+            trim_turns: super::trim::TrimTurns::default(),
             max_timeline_len,
             status_retention,
         }
@@ -146,7 +148,7 @@ impl Quiet {
     pub async fn posted(&self, store: &dyn Store, event: &Event) -> DomainResult<()> {
         super::fanout::after_delivery(
             store,
-            &self.notices,
+            (&self.notices, &self.trim_turns),
             &[event.author.as_str()],
             event,
             (self.max_timeline_len, self.status_retention),

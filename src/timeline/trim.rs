@@ -3,12 +3,21 @@
 //! A timeline read never goes past `max_timeline_len` entries, so what a reader sees is exact
 //! whatever is stored. The rows beyond the cap are deleted by [`trim`]: after a backfill, when
 //! a read reaches the cap and finds more, and by fan-outs: one delivery in [`TRIM_EVERY`]
-//! trims the timeline it goes to. Which deliveries trim is decided by the event id and the
-//! timeline's owner together, so every worker (and a retry) decides alike, a timeline that
-//! keeps receiving entries is trimmed about every `TRIM_EVERY` of them, and an event to many
-//! followers trims about one timeline in `TRIM_EVERY` rather than all of them at once (an
-//! event that trimmed each of its 10,000 followers' timelines read up to 800 rows of each, 8
-//! million rows, before its fan-out could end).
+//! is the turn of the timeline it goes to. Which deliveries are turns is decided by the event
+//! id and the timeline's owner together, so every worker (and a retry) decides alike, a
+//! timeline that keeps receiving entries has a turn about every `TRIM_EVERY` of them, and an
+//! event to many followers is the turn of about one timeline in `TRIM_EVERY` rather than all
+//! of them at once (an event that trimmed each of its 10,000 followers' timelines read up to
+//! 800 rows of each, 8 million rows, before its fan-out could end).
+//!
+//! A turn reads the newest `cap` rows to find where the cap falls. A timeline still filling
+//! up is read whole for nothing, and turns were the biggest cost of a fan-out after its
+//! writes. So [`TrimTurns`] remembers, per process, how far below the cap each timeline was at
+//! its last turn and passes over as many turns as the deliveries they stand for would take
+//! to fill that room. A timeline may so overrun the cap by a few hundred rows, as it may
+//! between any two turns; no read ever shows them.
+
+use std::sync::Arc;
 
 use uuid::Uuid;
 
@@ -30,14 +39,61 @@ pub fn trims(event_id: Uuid, owner: &str) -> bool {
     hash.is_multiple_of(u64::from(TRIM_EVERY))
 }
 
+/// Timelines one [`TrimTurns`] remembers: about 100 bytes each, so under 2 MB.
+const REMEMBERED_TIMELINES: usize = 16_384;
+
+/// The turns of timelines known to be below the cap that may be passed over (see the module
+/// documentation). Cheap to clone: clones share what they remember.
+#[derive(Clone)]
+pub struct TrimTurns {
+    /// Turns each timeline may still pass over.
+    passes: Arc<quick_cache::sync::Cache<String, u32>>,
+}
+
+impl Default for TrimTurns {
+    fn default() -> Self {
+        TrimTurns {
+            passes: Arc::new(quick_cache::sync::Cache::new(REMEMBERED_TIMELINES)),
+        }
+    }
+}
+
+impl TrimTurns {
+    /// `owner`'s turn: trims its timeline to `cap`, unless its last turn found room enough
+    /// for the deliveries this one stands for. Returns the entries deleted.
+    pub async fn take(&self, store: &dyn Store, owner: &str, cap: usize) -> StoreResult<u64> {
+        if let Some(left) = self.passes.get(owner).filter(|left| *left > 0) {
+            self.passes.insert(owner.to_owned(), left - 1);
+            return Ok(0);
+        }
+        let (kept, removed) = trim_counting(store, owner, cap).await?;
+        // Turns come about every `TRIM_EVERY` deliveries: the room below the cap lasts this
+        // many of them.
+        let passes = cap.saturating_sub(kept) / usize::from(TRIM_EVERY);
+        match u32::try_from(passes) {
+            Ok(0) => {
+                self.passes.remove(owner);
+            }
+            Ok(passes) => self.passes.insert(owner.to_owned(), passes),
+            Err(_) => self.passes.insert(owner.to_owned(), u32::MAX),
+        }
+        Ok(removed)
+    }
+}
+
 /// Deletes the entries of `owner`'s timeline beyond its newest `cap`; returns how many.
 pub async fn trim(store: &dyn Store, owner: &str, cap: usize) -> StoreResult<u64> {
+    Ok(trim_counting(store, owner, cap).await?.1)
+}
+
+/// [`trim`], which also says how many entries the timeline keeps.
+async fn trim_counting(store: &dyn Store, owner: &str, cap: usize) -> StoreResult<(usize, u64)> {
     let cap = cap.max(1);
     let kept = store
         .query(Query::partition(Table::Timelines, owner, cap))
         .await?;
     let Some(boundary) = kept.last().filter(|_| kept.len() == cap) else {
-        return Ok(0);
+        return Ok((kept.len(), 0));
     };
     let boundary = boundary.row.clone();
     drop(kept);
@@ -62,7 +118,7 @@ pub async fn trim(store: &dyn Store, owner: &str, cap: usize) -> StoreResult<u64
             break;
         }
     }
-    Ok(removed)
+    Ok((cap, removed))
 }
 
 #[cfg(test)]
@@ -93,5 +149,92 @@ mod tests {
             about_one_in_every(trimmed_by),
             "{trimmed_by} of one timeline's entries"
         );
+    }
+}
+
+#[cfg(test)]
+mod turn_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::store::fault::{Calls, FaultyStore, Op};
+    use crate::store::{EmbeddedStore, Item, StoreExt as _};
+
+    /// A store holding `rows` entries of `owner`'s timeline, and a count of the reads of
+    /// timelines from now on.
+    async fn timeline_of(
+        owner: &str,
+        rows: usize,
+    ) -> (
+        tempfile::TempDir,
+        FaultyStore,
+        Arc<std::sync::atomic::AtomicU64>,
+    ) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open_async(dir.path()).await.expect("open");
+        add(&store, owner, 0..rows).await;
+        let faulty = FaultyStore::new(Arc::new(store));
+        let reads = faulty.count(Calls::on(Op::Query, Table::Timelines));
+        (dir, faulty, reads)
+    }
+
+    async fn add(store: &dyn Store, owner: &str, rows: std::ops::Range<usize>) {
+        let writes = rows
+            .map(|row| {
+                Write::put(
+                    Table::Timelines,
+                    Item::new(owner, format!("{row:019}"), bytes::Bytes::new()),
+                )
+            })
+            .collect();
+        store.batch_write(writes).await.expect("entries");
+    }
+
+    async fn held(store: &dyn Store, owner: &str) -> usize {
+        store
+            .query_rows(Query::partition(Table::Timelines, owner, 10_000))
+            .await
+            .expect("rows")
+            .len()
+    }
+
+    #[tokio::test]
+    async fn a_timeline_below_the_cap_passes_over_the_turns_its_room_lasts() {
+        let cap = 800;
+        let (_dir, store, reads) = timeline_of("filling", 100).await;
+        let turns = TrimTurns::default();
+        // 700 rows of room: two turns' worth of deliveries, at one turn in 256.
+        assert_eq!(turns.take(&store, "filling", cap).await.expect("turn"), 0);
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "the first turn reads");
+        for _ in 0..2 {
+            assert_eq!(turns.take(&store, "filling", cap).await.expect("turn"), 0);
+        }
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "two turns passed over");
+        // The timeline has gone past the cap meanwhile: the next turn reads and trims it.
+        add(&store, "filling", 100..1000).await;
+        assert_eq!(turns.take(&store, "filling", cap).await.expect("turn"), 200);
+        assert!(reads.load(Ordering::SeqCst) > 1);
+        assert_eq!(held(&store, "filling").await, cap);
+    }
+
+    #[tokio::test]
+    async fn a_timeline_at_the_cap_is_read_and_trimmed_at_every_turn() {
+        let cap = 800;
+        let (_dir, store, reads) = timeline_of("full", 900).await;
+        let turns = TrimTurns::default();
+        assert_eq!(turns.take(&store, "full", cap).await.expect("turn"), 100);
+        let after_first = reads.load(Ordering::SeqCst);
+        add(&store, "full", 900..950).await;
+        assert_eq!(turns.take(&store, "full", cap).await.expect("turn"), 50);
+        assert!(
+            reads.load(Ordering::SeqCst) > after_first,
+            "no turn passed over"
+        );
+        assert_eq!(held(&store, "full").await, cap);
+        // Other timelines are remembered apart.
+        add(&store, "other", 0..10).await;
+        assert_eq!(turns.take(&store, "other", cap).await.expect("turn"), 0);
+        assert_eq!(turns.take(&store, "full", cap).await.expect("turn"), 0);
     }
 }

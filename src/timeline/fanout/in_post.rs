@@ -36,7 +36,8 @@ use crate::jobs::{self, JobMetrics};
 use crate::keys::Ticks;
 use crate::notices::{Notice, Notices};
 use crate::store::{Condition, Item, Query, Store, StoreExt as _, StoreResult, Table, Write};
-use crate::timeline::{DomainResult, Event, audience, live, merged_authors, trim};
+use crate::timeline::trim::{self, TrimTurns};
+use crate::timeline::{DomainResult, Event, audience, live, merged_authors};
 
 /// Authors whose plans a process remembers: a plan is at most 9 follower ids and 3 marks,
 /// about 1 KB with the cache's own, so 16 MB at most.
@@ -59,6 +60,8 @@ pub struct FanoutInPost {
     jobs: JobMetrics,
     /// Plans as last read, per author.
     plans: Arc<quick_cache::sync::Cache<String, Remembered>>,
+    /// The trims of the timelines these posts deliver to.
+    trim_turns: TrimTurns,
 }
 
 /// How an author's posts were last found to deliver their events.
@@ -98,6 +101,7 @@ impl FanoutInPost {
             metrics,
             jobs,
             plans: Arc::new(quick_cache::sync::Cache::new(PLANS_KEPT)),
+            trim_turns: TrimTurns::default(),
         }
     }
 
@@ -216,7 +220,7 @@ impl FanoutInPost {
         let owners: Vec<&str> = plan.owners.iter().map(String::as_str).collect();
         after_delivery(
             store,
-            notices,
+            (notices, &self.trim_turns),
             &owners,
             event,
             (self.max_timeline_len, self.status_retention),
@@ -226,12 +230,12 @@ impl FanoutInPost {
 }
 
 /// What follows a delivery written with its event's own commit (here, or for an author nobody
-/// follows): tells the owners' live streams, trims their timelines to `max_timeline_len`
-/// and sweeps the author's status records past `status_retention`, as often as a delivery
-/// job would.
+/// follows): tells the owners' live streams, gives their timelines their trim turns (to
+/// `max_timeline_len`) and sweeps the author's status records past `status_retention`, as
+/// often as a delivery job would.
 pub(crate) async fn after_delivery(
     store: &dyn Store,
-    notices: &Notices,
+    (notices, trim_turns): (&Notices, &TrimTurns),
     owners: &[&str],
     event: &Event,
     (max_timeline_len, status_retention): (usize, Duration),
@@ -243,7 +247,7 @@ pub(crate) async fn after_delivery(
         .iter()
         .filter(|owner| trim::trims(event.event_id, owner))
     {
-        trim::trim(store, owner, max_timeline_len).await?;
+        trim_turns.take(store, owner, max_timeline_len).await?;
     }
     let key = delivery_key(event.event_id);
     jobs::sweep_after_done(store, event.author.as_str(), &key, status_retention).await?;

@@ -387,6 +387,8 @@ pub struct FanoutHandler {
     splits: bool,
     /// Followers of the authors of small fan-outs, as last read (see `known`).
     known: known::KnownFollowers,
+    /// The trims of the timelines delivered to.
+    trim_turns: trim::TrimTurns,
 }
 
 #[async_trait]
@@ -496,6 +498,7 @@ impl FanoutHandler {
             wake,
             notices: Notices::local(),
             known: known::KnownFollowers::new(),
+            trim_turns: trim::TrimTurns::default(),
         }
     }
 
@@ -912,14 +915,14 @@ impl FanoutHandler {
         Ok(())
     }
 
-    /// Trims the timelines of `owners` to the cap.
+    /// Gives the timelines of `owners` their trim turns (to the cap).
     async fn trim_all(&self, owners: &[&str]) -> JobResult<()> {
         let cap = self.settings.max_timeline_len;
         for chunk in owners.chunks(PER_FOLLOWER_CONCURRENCY) {
             try_join_all(
                 chunk
                     .iter()
-                    .map(|owner| trim::trim(self.store.as_ref(), owner, cap)),
+                    .map(|owner| self.trim_turns.take(self.store.as_ref(), owner, cap)),
             )
             .await?;
         }
