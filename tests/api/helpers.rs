@@ -422,9 +422,11 @@ impl Api {
         }
     }
 
-    /// Polls a timeline until it holds `expected` items, or fails after a deadline.
+    /// Polls a timeline until it holds `expected` items, or fails after a deadline. The
+    /// deadline is past the 30 s after which a job whose confirmation failed (a step of a
+    /// post on Azure, under load) shows and runs anyway.
     pub async fn wait_for_timeline(&self, subject: &str, expected: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let items = self.timeline(subject).await;
             if items.len() >= expected || Instant::now() > deadline {

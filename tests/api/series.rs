@@ -840,12 +840,13 @@ async fn each_write_fans_out_one_readings_event_per_series(backend: Backend) {
         StatusCode::CREATED
     );
     // 10,000 points in one request are one entry, not 10,000.
-    write(
+    let big = write(
         &app,
         "field-7/soil",
         points(start + 3600 * SECOND, SECOND, 10_000, |i| i as f64),
     )
     .await;
+    assert_eq!(big.status, StatusCode::CREATED, "{:?}", big.body);
     app.wait_for_idle().await;
     let timeline = app.wait_for_timeline("farmer", 2).await;
     let payloads: Vec<&Value> = timeline.iter().map(|item| &item["payload"]).collect();
