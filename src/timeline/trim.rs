@@ -70,12 +70,11 @@ impl TrimTurns {
         // Turns come about every `TRIM_EVERY` deliveries: the room below the cap lasts this
         // many of them.
         let passes = cap.saturating_sub(kept) / usize::from(TRIM_EVERY);
-        match u32::try_from(passes) {
-            Ok(0) => {
-                self.passes.remove(owner);
-            }
-            Ok(passes) => self.passes.insert(owner.to_owned(), passes),
-            Err(_) => self.passes.insert(owner.to_owned(), u32::MAX),
+        if passes == 0 {
+            self.passes.remove(owner);
+        } else {
+            let passes = u32::try_from(passes).unwrap_or(u32::MAX);
+            self.passes.insert(owner.to_owned(), passes);
         }
         Ok(removed)
     }
@@ -150,15 +149,10 @@ mod tests {
             "{trimmed_by} of one timeline's entries"
         );
     }
-}
 
-#[cfg(test)]
-mod turn_tests {
-    use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
-    use super::*;
-    use crate::store::fault::{Calls, FaultyStore, Op};
+    use crate::store::fault::{Calls, Fault, FaultyStore, Op};
     use crate::store::{EmbeddedStore, Item, StoreExt as _};
 
     /// A store holding `rows` entries of `owner`'s timeline, and a count of the reads of
@@ -232,9 +226,28 @@ mod turn_tests {
             "no turn passed over"
         );
         assert_eq!(held(&store, "full").await, cap);
-        // Other timelines are remembered apart.
+        // Another timeline's room is its own: the full one is still read at its turn.
         add(&store, "other", 0..10).await;
         assert_eq!(turns.take(&store, "other", cap).await.expect("turn"), 0);
+        let before = reads.load(Ordering::SeqCst);
         assert_eq!(turns.take(&store, "full", cap).await.expect("turn"), 0);
+        assert!(
+            reads.load(Ordering::SeqCst) > before,
+            "the full timeline was read"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_turn_whose_read_fails_says_so_and_leaves_no_passes() {
+        let cap = 800;
+        let (_dir, store, reads) = timeline_of("filling", 100).await;
+        let turns = TrimTurns::default();
+        store.fail_always(Calls::on(Op::Query, Table::Timelines), Fault::Unavailable);
+        assert!(turns.take(&store, "filling", cap).await.is_err());
+        store.clear();
+        // Nothing was learned from the failed turn: the next one reads.
+        let before = reads.load(Ordering::SeqCst);
+        assert_eq!(turns.take(&store, "filling", cap).await.expect("turn"), 0);
+        assert_eq!(reads.load(Ordering::SeqCst), before + 1);
     }
 }
