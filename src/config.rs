@@ -73,6 +73,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(8..=1_048_576))]
     pub write_buffer_mb: u64,
 
+    /// Megabytes of timelines' first pages the embedded store keeps as last read, to answer
+    /// them again until a write to the timeline; 0 turns it off.
+    #[arg(long, help_heading = STORE, hide_short_help = true, env = "FANLINE_TIMELINE_CACHE_MB", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    pub timeline_cache_mb: u64,
+
     /// Address the HTTP server listens on (port 0 picks a free port).
     #[arg(long, help_heading = HTTP, env = "FANLINE_LISTEN", default_value = "127.0.0.1:8080",
           value_parser = listen_address)]
@@ -455,6 +461,7 @@ impl Config {
         EmbeddedSettings {
             cache_bytes: self.cache_mb.saturating_mul(MEGABYTE),
             write_buffer_bytes: self.write_buffer_mb.saturating_mul(MEGABYTE),
+            timeline_cache_bytes: self.timeline_cache_mb.saturating_mul(MEGABYTE),
         }
     }
 
@@ -517,6 +524,7 @@ mod tests {
         assert_eq!(config.shutdown_timeout_ms, 10_000);
         assert_eq!(config.cache_mb, 32);
         assert_eq!(config.write_buffer_mb, 32);
+        assert_eq!(config.timeline_cache_mb, 64);
         assert_eq!(config.token_cache_entries, 10_000);
         assert_eq!(config.series_retention, Retention::Forever);
         assert_eq!(config.series_retention_sweep_ms, 3_600_000);
@@ -525,6 +533,7 @@ mod tests {
         let embedded = config.embedded_settings();
         assert_eq!(embedded.cache_bytes, 32 * 1024 * 1024);
         assert_eq!(embedded.write_buffer_bytes, 32 * 1024 * 1024);
+        assert_eq!(embedded.timeline_cache_bytes, 64 * 1024 * 1024);
         assert_eq!(embedded, EmbeddedSettings::default());
         assert_eq!(config.event_cache_bytes(), 64 * 1024 * 1024);
     }

@@ -35,6 +35,7 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable as 
 use tokio::sync::oneshot;
 
 use checked::CheckedValues;
+use heads::{HeadWrites, Heads, Watch};
 
 use super::{
     Condition, Direction, Item, Key, Limits, Query, Store, StoreError, StoreResult, Table, Write,
@@ -42,6 +43,7 @@ use super::{
 };
 
 mod checked;
+mod heads;
 
 /// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
 const MAX_GROUP_WRITES: usize = 32 * 1024;
@@ -98,14 +100,19 @@ pub struct EmbeddedSettings {
     /// Bytes of writes the tables hold in memory in all (their memtables, active and sealed)
     /// past which the biggest memtable is flushed.
     pub write_buffer_bytes: u64,
+    /// Bytes of the newest rows of recently read timelines (their first pages), kept to
+    /// answer the same read again (see `heads`); 0 keeps none.
+    pub timeline_cache_bytes: u64,
 }
 
 impl Default for EmbeddedSettings {
-    /// The configuration's defaults (`--cache-mb 32`, `--write-buffer-mb 32`).
+    /// The configuration's defaults (`--cache-mb 32`, `--write-buffer-mb 32`,
+    /// `--timeline-cache-mb 64`).
     fn default() -> Self {
         EmbeddedSettings {
             cache_bytes: 32 * 1024 * 1024,
             write_buffer_bytes: 32 * 1024 * 1024,
+            timeline_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -123,6 +130,8 @@ struct Inner {
     /// Requests for the writer thread; dropping the last store handle stops that thread.
     writer: mpsc::Sender<WriteRequest>,
     writer_thread: Option<std::thread::JoinHandle<()>>,
+    /// Timelines' first pages as last read, which the writer thread's commits invalidate.
+    heads: Option<Arc<Heads>>,
 }
 
 impl Drop for Inner {
@@ -195,6 +204,8 @@ impl EmbeddedStore {
         let sealer = start_sealer()?;
         let compactor = Compactor::start()?;
         let writer_db = db.clone();
+        let heads = Heads::new(settings.timeline_cache_bytes).map(Arc::new);
+        let writer_heads = heads.clone();
         let writer_thread = std::thread::Builder::new()
             .name("fanline-writer".into())
             .spawn(move || {
@@ -207,6 +218,7 @@ impl EmbeddedStore {
                 run_writer(
                     &writer_db,
                     &writer_keyspaces,
+                    writer_heads.as_deref(),
                     write_buffer,
                     &sealer,
                     compactor,
@@ -222,6 +234,7 @@ impl EmbeddedStore {
                 keyspaces,
                 writer: sender,
                 writer_thread: Some(writer_thread),
+                heads,
             }),
         })
     }
@@ -371,8 +384,10 @@ impl Store for EmbeddedStore {
         validate::query(&Limits::DYNAMODB, &query)?;
         let keyspace = self.inner.keyspaces.of(query.table)?.clone();
         let db = self.inner.db.clone();
+        let heads = self.inner.heads.clone();
         read(query.limit, move || {
-            read_range(&db.snapshot(), &keyspace, &query)
+            let watch = watch_head(heads.as_deref(), &query);
+            read_range_or_head(&db.snapshot(), &keyspace, &query, heads.as_deref(), watch)
         })
         .await
     }
@@ -383,6 +398,15 @@ impl Store for EmbeddedStore {
             validate::query(&Limits::DYNAMODB, &query)?;
             reads.push((self.inner.keyspaces.of(query.table)?.clone(), query));
         }
+        let heads = self.inner.heads.clone();
+        // Heads are watched before the snapshot is taken (see `heads`).
+        let reads: Vec<_> = reads
+            .into_iter()
+            .map(|(keyspace, query)| {
+                let watch = watch_head(heads.as_deref(), &query);
+                (keyspace, query, watch)
+            })
+            .collect();
         // As of one moment: every query reads the same snapshot. They run on the calling
         // task while each one's limit fits in the rows the earlier ones left of the inline
         // bound, counting the rows they really read: a timeline page asks for up to 1,000
@@ -392,8 +416,10 @@ impl Store for EmbeddedStore {
         let mut answers = Vec::with_capacity(reads.len());
         let mut left = INLINE_READ_ROWS;
         let mut reads = reads.into_iter().peekable();
-        while let Some((keyspace, query)) = reads.next_if(|(_, query)| query.limit <= left) {
-            let items = read_range(&snapshot, &keyspace, &query)?;
+        while let Some((keyspace, query, watch)) =
+            reads.next_if(|(_, query, _)| query.limit <= left)
+        {
+            let items = read_range_or_head(&snapshot, &keyspace, &query, heads.as_deref(), watch)?;
             left -= items.len();
             answers.push(items);
         }
@@ -403,8 +429,10 @@ impl Store for EmbeddedStore {
             tokio::task::consume_budget().await;
         } else {
             let more = blocking(move || {
-                rest.iter()
-                    .map(|(keyspace, query)| read_range(&snapshot, keyspace, query))
+                rest.into_iter()
+                    .map(|(keyspace, query, watch)| {
+                        read_range_or_head(&snapshot, &keyspace, &query, heads.as_deref(), watch)
+                    })
                     .collect::<StoreResult<Vec<_>>>()
             })
             .await?;
@@ -518,6 +546,31 @@ fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
+}
+
+/// Watches `query` if it reads a timeline's head: call it before taking the read's snapshot.
+fn watch_head(heads: Option<&Heads>, query: &Query) -> Option<Watch> {
+    heads?.watch(query)
+}
+
+/// `query`'s answer as of `snapshot`: from the kept head of its timeline if it is watched
+/// (`watch`) and that head still holds, else read, and kept if watched.
+fn read_range_or_head(
+    snapshot: &Snapshot,
+    keyspace: &Keyspace,
+    query: &Query,
+    heads: Option<&Heads>,
+    watch: Option<Watch>,
+) -> StoreResult<Vec<Item>> {
+    let (Some(heads), Some(watch)) = (heads, watch) else {
+        return read_range(snapshot, keyspace, query);
+    };
+    if let Some(items) = heads.answer(&watch, query) {
+        return Ok(items);
+    }
+    let items = read_range(snapshot, keyspace, query)?;
+    heads.keep(&watch, query, &items);
+    Ok(items)
 }
 
 fn read_range(snapshot: &Snapshot, keyspace: &Keyspace, query: &Query) -> StoreResult<Vec<Item>> {
@@ -883,6 +936,7 @@ impl Compactor {
 fn run_writer(
     db: &Database,
     keyspaces: &Keyspaces,
+    heads: Option<&Heads>,
     mut write_buffer: WriteBuffer,
     sealer: &TableWorker,
     mut compactor: Compactor,
@@ -905,6 +959,7 @@ fn run_writer(
             write_buffer: &mut write_buffer,
             compactor: &mut compactor,
             checked: &mut checked,
+            head_writes: HeadWrites::new(heads),
         };
         commit_group(db, keyspaces, &mut state, group);
         write_buffer.enforce(db, keyspaces, sealer);
@@ -923,6 +978,8 @@ struct WriterState<'a> {
     write_buffer: &'a mut WriteBuffer,
     compactor: &'a mut Compactor,
     checked: &'a mut CheckedValues,
+    /// The group's writes to timelines, which kept heads must not outlive.
+    head_writes: HeadWrites<'a>,
 }
 
 fn commit_group(
@@ -971,6 +1028,7 @@ fn commit_group(
             .and_then(|()| db.persist(PersistMode::SyncAll))
             .map_err(|err| err.to_string())
     };
+    state.head_writes.finished();
     if result.is_err() {
         state.checked.clear();
     }
@@ -1091,6 +1149,7 @@ fn stage(
         let table = write.table();
         let keyspace = keyspaces.of(table)?;
         let (partition, row) = write.key();
+        state.head_writes.started(table, partition);
         key.clear();
         append_partition(&mut key, partition);
         key.extend_from_slice(row.as_bytes());
@@ -1298,6 +1357,7 @@ mod tests {
             write_buffer: &mut WriteBuffer::new(u64::MAX),
             compactor: &mut Compactor::start().expect("compactor"),
             checked: &mut CheckedValues::new(),
+            head_writes: HeadWrites::new(None),
         };
         commit_group(&inner.db, &inner.keyspaces, &mut state, requests);
         let answers: Vec<_> = answers
