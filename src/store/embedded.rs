@@ -85,12 +85,6 @@ const WRITER_PRIORITY: i32 = 10;
 const MEMTABLE_ENTRY_OVERHEAD: u64 = 64;
 /// Data block size of the timelines table (see [`keyspace_options`]).
 const TIMELINE_BLOCK_BYTES: u32 = 32 * 1024;
-/// Level-0 tables of the timelines table that fjall merges into level 1. Every flush of
-/// that table holds rows of nearly every timeline, so a page reads from every level-0 table
-/// (and seeks and loads a block in each): at 2 rather than fjall's 4, a page reads from at
-/// most one more, and the fan-out compacts more often. Measured side by side, pages went up
-/// 17 % and the 10,000-follower fan-out down 5 % (docs/benchmarks.md).
-const TIMELINE_L0_TABLES: u8 = 2;
 
 /// What the embedded store may keep in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -678,17 +672,18 @@ fn range_is_empty(lower: Bound<&str>, upper: Bound<&str>) -> bool {
 ///   disk or the OS page cache instead of a dozen or more;
 /// - no bloom filters: only a read by key consults one, and building them hashed every
 ///   entry at each flush and compaction (a read by key, should one come, still finds its
-///   row, through every table's index);
-/// - level 0 is merged down at [`TIMELINE_L0_TABLES`] tables, not fjall's 4.
+///   row, through every table's index).
+///
+/// Level 0 is merged down at fjall's 4 tables. At 2, pages went up 17 %, as a page seeks
+/// and loads a block in each level-0 table (every flush holds rows of nearly every
+/// timeline); but first pages come from the heads kept in memory now (`heads`), and the
+/// extra compactions cost posts at 5 followers an event 15 % and at 50 4-8 %.
 pub fn keyspace_options(table: Table) -> KeyspaceCreateOptions {
     let options = KeyspaceCreateOptions::default();
     match table {
         Table::Timelines => options
             .data_block_size_policy(BlockSizePolicy::all(TIMELINE_BLOCK_BYTES))
-            .filter_policy(FilterPolicy::disabled())
-            .compaction_strategy(Arc::new(
-                fjall::compaction::Leveled::default().with_l0_threshold(TIMELINE_L0_TABLES),
-            )),
+            .filter_policy(FilterPolicy::disabled()),
         _ => options,
     }
 }
@@ -1636,47 +1631,6 @@ mod tests {
             .await
             .expect("open");
         assert_eq!(store.cache_capacity(), 4 * 1024 * 1024);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn timelines_merge_level_zero_down_at_two_tables() {
-        let (_dir, store) = open_temp().await;
-        // Flushes whose key ranges overlap, as every flush of a busy timelines table does. The
-        // first goes down to the empty level 1 whole; the next two stay in level 0 until it
-        // holds two tables.
-        for rows in [&["row-a", "row-d"][..], &["row-b"], &["row-c"]] {
-            let writes = rows
-                .iter()
-                .map(|row| {
-                    Write::put(
-                        Table::Timelines,
-                        Item::new("reader", *row, Bytes::from_static(b"{}")),
-                    )
-                })
-                .collect();
-            store.batch_write(writes).await.expect("write");
-            store
-                .flushed_disk_space(Table::Timelines)
-                .await
-                .expect("flush");
-        }
-        // fjall compacts in the background once the third flush lands.
-        let keyspace = store
-            .inner
-            .keyspaces
-            .of(Table::Timelines)
-            .expect("keyspace");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while keyspace.l0_table_count() > 0 && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        assert_eq!(keyspace.l0_table_count(), 0, "level 0 was not merged down");
-        let rows = store
-            .query(Query::partition(Table::Timelines, "reader", 10))
-            .await
-            .expect("query");
-        let rows: Vec<&str> = rows.iter().map(|item| item.row.as_str()).collect();
-        assert_eq!(rows, ["row-a", "row-b", "row-c", "row-d"]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
