@@ -122,7 +122,11 @@ async fn trim_counting(store: &dyn Store, owner: &str, cap: usize) -> StoreResul
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
+    use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+    use crate::store::{EmbeddedStore, Item, StoreExt as _};
 
     /// Deliveries of 25,600 tries, one in 256 expected to trim: 100, give or take.
     fn about_one_in_every(trimming: usize) -> bool {
@@ -149,11 +153,6 @@ mod tests {
             "{trimmed_by} of one timeline's entries"
         );
     }
-
-    use std::sync::atomic::Ordering;
-
-    use crate::store::fault::{Calls, Fault, FaultyStore, Op};
-    use crate::store::{EmbeddedStore, Item, StoreExt as _};
 
     /// A store holding `rows` entries of `owner`'s timeline, and a count of the reads of
     /// timelines from now on.
