@@ -39,9 +39,7 @@ pub use metrics::{JobMetrics, KindLabel, LagCounts, LagSnapshot, RetryLabels};
 pub use queue::show_hidden_jobs;
 pub use queue::{Claimed, commits_parts_with_checkpoints, depth};
 pub use runner::{JobDone, Processed, RunnerSettings, Worker};
-pub use status::{
-    WorkState, WorkStatus, done_without_job, lookup as work_status, sweep_after_done,
-};
+pub use status::{DoneInCommit, WorkState, WorkStatus, lookup as work_status, sweep_after_done};
 pub use wake::{HANDOFF_CAPACITY, Handover, Wake};
 
 /// Why a job did not end well.

@@ -219,32 +219,67 @@ pub(super) async fn count_once(
     Err(JobError::Conflict("the status record kept changing".into()))
 }
 
-/// The record of work a writer did itself, in its own transaction, with no job: reads then
-/// report the work `key` done as if a job had ended it, with `progress` units done of
-/// `total`. Put in that transaction; the work's retention starts now.
-pub fn done_without_job(
-    partition: &str,
-    key: &JobKey,
-    enqueued_at: Ticks,
+/// Work a writer did itself, in its own transaction, with no job: what its status record
+/// would hold, small enough for the writer to keep in a row that transaction writes anyway
+/// (a post keeps it in its event's index), rather than in a status record of its own. A
+/// post that delivers its own event thus writes one row fewer; [`DoneInCommit::status`]
+/// reads it as [`lookup`] reads a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoneInCommit {
+    /// When the work was asked for (ticks).
+    enqueued_at: u64,
+    /// Units done.
     progress: u64,
+    /// Units the work had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     total: Option<u64>,
-    retention: std::time::Duration,
-) -> Write {
-    let mut record = StatusRecord {
-        enqueued_at: enqueued_at.get(),
-        parts_total: Some(1),
-        parts_done: 1,
-        progress,
-        total,
-        attempts: 1,
-        ..StatusRecord::default()
-    };
-    record.finish_if_complete(millis(retention));
-    let body = Bytes::from(serde_json::to_vec(&record).unwrap_or_default());
-    Write::put(Table::FanoutStatus, Item::new(partition, &key.id, body))
+    /// When it was done (ticks).
+    finished_at: u64,
+    /// Unix milliseconds after which it is gone, as a done record is.
+    expires_at_ms: i64,
 }
 
-/// After work done without a job (see [`done_without_job`]): deletes `partition`'s expired
+impl DoneInCommit {
+    /// The work asked for at `enqueued_at` and done now, `progress` units of `total`; kept
+    /// for `retention`.
+    pub fn now(
+        enqueued_at: Ticks,
+        progress: u64,
+        total: Option<u64>,
+        retention: std::time::Duration,
+    ) -> DoneInCommit {
+        DoneInCommit {
+            enqueued_at: enqueued_at.get(),
+            progress,
+            total,
+            finished_at: Ticks::now().get(),
+            expires_at_ms: now_ms().saturating_add(millis(retention)),
+        }
+    }
+
+    /// Its status, as [`lookup`] would read a record of it: done, one part, one attempt;
+    /// `None` once past its retention.
+    pub fn status(&self) -> Option<WorkStatus> {
+        let record = self.record();
+        (!record.is_expired(now_ms())).then(|| work_status(record, None, now_ms()))
+    }
+
+    fn record(&self) -> StatusRecord {
+        StatusRecord {
+            enqueued_at: self.enqueued_at,
+            parts_total: Some(1),
+            parts_done: 1,
+            progress: self.progress,
+            total: self.total,
+            attempts: 1,
+            finished_at: Some(self.finished_at),
+            expires_at_ms: Some(self.expires_at_ms),
+            ..StatusRecord::default()
+        }
+    }
+}
+
+/// After work done without a job (see [`DoneInCommit`]): deletes `partition`'s expired
 /// records if `key` is of the work that sweeps, as a job's ending would.
 pub async fn sweep_after_done(
     store: &dyn Store,
@@ -359,37 +394,38 @@ pub async fn lookup(
             finished_at: None,
             last_error: job.last_error,
         }),
-        (Some(record), job_opt) => {
-            // A job whose ending in steps the record already counts is as good as gone.
-            let job_opt = job_opt.filter(|_| {
-                !record.done_jobs.contains(&ROOT_JOB) && !record.failed_jobs.contains(&ROOT_JOB)
-            });
-            let state = if record.finished_at.is_some() {
-                WorkState::Done
-            } else if record.parts_failed > 0 {
-                WorkState::Failed
-            } else if job_opt.as_ref().is_some_and(|job| !job.is_leased(now))
-                && record.parts_done == 0
-            {
-                WorkState::Pending
-            } else {
-                WorkState::Running
-            };
-            let (job_progress, job_attempts, job_error) = job_opt
-                .map(|job| (job.progress, job.attempts, job.last_error))
-                .unwrap_or_default();
-            Some(WorkStatus {
-                state,
-                label: record.label,
-                total: record.total,
-                progress: record.progress + job_progress,
-                attempts: record.attempts + job_attempts,
-                enqueued_at: Ticks::clamped(record.enqueued_at),
-                finished_at: record.finished_at.map(Ticks::clamped),
-                last_error: record.last_error.or(job_error),
-            })
-        }
+        (Some(record), job_opt) => Some(work_status(record, job_opt, now)),
     })
+}
+
+/// The status of work as its `record` and its root job (`job_opt`, if still queued) tell it.
+fn work_status(record: StatusRecord, job_opt: Option<Job>, now: i64) -> WorkStatus {
+    // A job whose ending in steps the record already counts is as good as gone.
+    let job_opt = job_opt.filter(|_| {
+        !record.done_jobs.contains(&ROOT_JOB) && !record.failed_jobs.contains(&ROOT_JOB)
+    });
+    let state = if record.finished_at.is_some() {
+        WorkState::Done
+    } else if record.parts_failed > 0 {
+        WorkState::Failed
+    } else if job_opt.as_ref().is_some_and(|job| !job.is_leased(now)) && record.parts_done == 0 {
+        WorkState::Pending
+    } else {
+        WorkState::Running
+    };
+    let (job_progress, job_attempts, job_error) = job_opt
+        .map(|job| (job.progress, job.attempts, job.last_error))
+        .unwrap_or_default();
+    WorkStatus {
+        state,
+        label: record.label,
+        total: record.total,
+        progress: record.progress + job_progress,
+        attempts: record.attempts + job_attempts,
+        enqueued_at: Ticks::clamped(record.enqueued_at),
+        finished_at: record.finished_at.map(Ticks::clamped),
+        last_error: record.last_error.or(job_error),
+    }
 }
 
 /// One piece of work in this many sweeps its partition when it ends. A sweep finds nothing

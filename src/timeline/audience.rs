@@ -3,8 +3,9 @@
 //! A sensor series posts a `readings` event at every fold of its points, and most series
 //! have no subscribers. Their delivery job would write one entry, the author's own, after a
 //! queue write, a poll, a follower query and an ending. Instead the writer of such an event
-//! writes that entry and the delivery's status record in the event's own transaction,
-//! guarded by the author's **audience mark** (`mergedAuthors`, row `audience`):
+//! writes that entry in the event's own transaction (whose index row notes the delivery
+//! done: the event's fan-out status), guarded by the author's **audience mark**
+//! (`mergedAuthors`, row `audience`):
 //! - every follow's transaction sets the mark to a fresh UUIDv7;
 //! - a writer that found no followers puts `quiet` there, create-if-absent, with the event;
 //!   later writers put `quiet` again, compare-and-swap on `quiet`.
@@ -22,7 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{DomainResult, Event};
-use crate::jobs;
+use crate::jobs::DoneInCommit;
 use crate::keys::Ticks;
 use crate::notices::Notices;
 use crate::store::{Condition, Item, Key, Query, Store, StoreResult, Table, Write};
@@ -117,27 +118,20 @@ impl Quiet {
         }
     }
 
-    /// The writes that post `event` (received at `received`) with no job: the event's rows,
-    /// its author's own timeline entry, its delivery's status record (done, no followers),
+    /// The writes that post `event` (received at `received`) with no job: the event's rows
+    /// (its index noting the delivery done, no followers), its author's own timeline entry,
     /// and `guard`, the author's mark as [`audiences`] read it. Only `guard` has a condition:
     /// the writer makes the event's id its own (as a fold's cursor does).
     pub fn event_writes(&self, event: &Event, received: Ticks, guard: Write) -> Vec<Write> {
         let author = event.author.as_str();
-        let mut writes: Vec<Write> = super::posting::event_rows(event)
+        let delivered = DoneInCommit::now(received, 1, Some(0), self.status_retention);
+        let mut writes: Vec<Write> = super::posting::event_rows(event, Some(delivered))
             .into_iter()
             .map(Write::unconditional)
             .collect();
         writes.push(Write::put(
             Table::Timelines,
             Item::new(author, &event.row_key, event.timeline_entry_body()),
-        ));
-        writes.push(jobs::done_without_job(
-            author,
-            &super::fanout::delivery_key(event.event_id),
-            received,
-            1,
-            Some(0),
-            self.status_retention,
         ));
         writes.push(guard);
         writes

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use super::notifications::Addressed;
 use super::{DomainError, DomainResult, Event, SubjectId};
+use crate::jobs::DoneInCommit;
 use crate::store::{Item, Store, StoreError, StoreExt as _, Table, Write};
 
 /// Body of an `eventIds` item: where an event lives, and whether it was deleted.
@@ -21,6 +22,10 @@ pub struct EventIndex {
     /// Posted with `"fanout": false`: no timeline holds it, and its delete tells none.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unfanned: bool,
+    /// Its delivery, when the post's own commit wrote it (no job): its fan-out status is read
+    /// here, as no status record of its own was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered: Option<DoneInCommit>,
 }
 
 impl EventIndex {
@@ -30,6 +35,7 @@ impl EventIndex {
             deleted: false,
             addressed: None,
             unfanned: false,
+            delivered: None,
         }
     }
 
@@ -107,6 +113,7 @@ pub(super) async fn posted_or_fenced(
         deleted: true,
         addressed: None,
         unfanned: false,
+        delivered: None,
     };
     let write = Write::put_if_absent(Table::EventIds, Item::new(author, &id_row, fence.encode()));
     match store.write_one(write).await {
@@ -122,19 +129,38 @@ pub(super) async fn posted_or_fenced(
     }
 }
 
+/// The delivery of `author`'s event `event_id` that the post's own commit wrote, if it did
+/// (whether the event was deleted since or not).
+pub(super) async fn delivered_in_commit(
+    store: &dyn Store,
+    author: &str,
+    event_id: Uuid,
+) -> DomainResult<Option<DoneInCommit>> {
+    let id_row = event_id.as_hyphenated().to_string();
+    let Some(body) = store.get(Table::EventIds, author, &id_row).await? else {
+        return Ok(None);
+    };
+    Ok(EventIndex::decode(&body, event_id)?.delivered)
+}
+
 /// The writes that delete `author`'s event `event_id` (at `row_key`): its log row, and its
-/// index marked deleted if it is still `seen` (so that of two deletes one wins).
+/// index marked deleted if it is still `seen` (so that of two deletes one wins). The index
+/// keeps the delivery it noted, which stays the event's status until its retention ends.
 pub(super) fn delete_writes(
     author: &str,
     event_id: Uuid,
     row_key: &str,
     seen: Bytes,
 ) -> Vec<Write> {
+    let delivered = EventIndex::decode(&seen, event_id)
+        .ok()
+        .and_then(|index| index.delivered);
     let deleted = EventIndex {
         row_key: row_key.to_owned(),
         deleted: true,
         addressed: None,
         unfanned: false,
+        delivered,
     };
     vec![
         Write::delete(Table::Events, author, row_key),

@@ -13,7 +13,7 @@ use super::live;
 use super::model::{DEFAULT_KIND, MAX_CLIENT_ID_BYTES, MAX_KIND_BYTES, check_printable};
 use super::notifications::{self, Addressed, Addressing, Notified};
 use super::{DomainError, DomainResult, Event, SubjectId, Timelines};
-use crate::jobs::{AHEAD_HIDDEN, Ahead, NewJob};
+use crate::jobs::{AHEAD_HIDDEN, Ahead, DoneInCommit, NewJob};
 use crate::keys::{Ticks, event_row_key};
 use crate::notices::Notice;
 use crate::store::{Item, StoreError, StoreExt as _, Table, Write};
@@ -92,11 +92,14 @@ impl Timelines {
         // hold: checking that they are absent would read each of them (on the embedded store,
         // on its one writer thread) for nothing. A retry is known by its idempotency record,
         // whose condition stays. (A journal replaying a staged event keeps the conditions.)
-        let mut writes: Vec<Write> = vec![
-            event_row(&event).unconditional(),
-            index_row(&event, addressed.as_ref()).unconditional(),
-        ];
-        writes.extend(idempotency_row(author, &event, &new));
+        let author_rows = |delivered: Option<DoneInCommit>| {
+            let mut writes: Vec<Write> = vec![
+                event_row(&event).unconditional(),
+                index_row(&event, addressed.as_ref(), delivered).unconditional(),
+            ];
+            writes.extend(idempotency_row(author, &event, &new));
+            writes
+        };
 
         // Only a plain post delivers itself: an addressed one has its notify job.
         let in_post = match (event.fanout, &addressed) {
@@ -108,8 +111,8 @@ impl Timelines {
             _ => None,
         };
         if let Some(plan) = in_post {
-            let mut delivered = writes.clone();
-            delivered.extend(self.fanout_in_post.writes(&plan, &event, received));
+            let mut delivered = author_rows(Some(self.fanout_in_post.done(&plan, received)));
+            delivered.extend(self.fanout_in_post.writes(&plan, &event));
             // A store that cannot commit it all at once posts with a job.
             let in_post = if self.store.commits_at_once(&delivered) {
                 self.store.transact(delivered).await
@@ -130,6 +133,7 @@ impl Timelines {
                 Err(err) => return Err(err.into()),
             }
         }
+        let mut writes = author_rows(None);
         writes.extend(
             post_jobs(&event, addressed.as_ref(), received)
                 .into_iter()
@@ -182,7 +186,7 @@ impl Timelines {
         }
         let mut writes = vec![
             event_row(&event).unconditional(),
-            index_row(&event, addressed),
+            index_row(&event, addressed, None),
         ];
         writes.extend(idempotency_row(author, &event, new));
         match self.store.transact(writes).await {
@@ -288,7 +292,7 @@ fn event_id_collision() -> DomainError {
 /// fan-out job and its id. A transaction holding them makes the event exist and be fanned
 /// out, or neither (series writes post their `readings` events with them too).
 pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
-    let mut writes = event_rows(event);
+    let mut writes = event_rows(event, None);
     writes.push(delivery_job(event, received).write());
     writes
 }
@@ -296,12 +300,16 @@ pub fn event_writes(event: &Event, received: Ticks) -> Vec<Write> {
 /// [`event_writes`] apart, for a writer whose store cannot commit them at once: the event's
 /// rows (one partition, its author's) and the write that enqueues its fan-out job.
 pub fn event_rows_then_job(event: &Event, received: Ticks) -> (Vec<Write>, Write) {
-    (event_rows(event), delivery_job(event, received).write())
+    (
+        event_rows(event, None),
+        delivery_job(event, received).write(),
+    )
 }
 
-/// The event's own rows: its log row and its event-id index entry (no fan-out job).
-pub(super) fn event_rows(event: &Event) -> Vec<Write> {
-    vec![event_row(event), index_row(event, None)]
+/// The event's own rows: its log row and its event-id index entry (no fan-out job), which
+/// keeps its delivery if the same commit writes it (`delivered`).
+pub(super) fn event_rows(event: &Event, delivered: Option<DoneInCommit>) -> Vec<Write> {
+    vec![event_row(event), index_row(event, None, delivered)]
 }
 
 /// The jobs a post enqueues: its fan-out (unless it reaches no timeline) and its
@@ -340,11 +348,17 @@ fn event_row(event: &Event) -> Write {
     )
 }
 
-/// The event's index entry, with whom it is addressed to, created if absent.
-fn index_row(event: &Event, addressed: Option<&Addressed>) -> Write {
+/// The event's index entry, with whom it is addressed to and its delivery if the same commit
+/// writes it, created if absent.
+fn index_row(
+    event: &Event,
+    addressed: Option<&Addressed>,
+    delivered: Option<DoneInCommit>,
+) -> Write {
     let index = EventIndex {
         addressed: addressed.cloned(),
         unfanned: !event.fanout,
+        delivered,
         ..EventIndex::live(&event.row_key)
     };
     Write::put_if_absent(

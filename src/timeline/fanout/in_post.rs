@@ -2,8 +2,9 @@
 //!
 //! A delivery job of an author with a few followers costs a queue write, a claim, a poll, the
 //! entries' write and an ending: four durable writes where one would do. So a post whose
-//! author has at most [`FanoutInPost::up_to`] followers writes their timeline entries, the
-//! author's own and a done status record in the transaction that creates the event. The
+//! author has at most [`FanoutInPost::up_to`] followers writes their timeline entries and the
+//! author's own in the transaction that creates the event, whose index notes the delivery
+//! done: its fan-out status, with no status record of its own (a row fewer a post). The
 //! followers are read just before; the transaction checks three rows of the author's that
 //! other writers move, so that what it read still holds when it commits:
 //! - the **audience mark**, which every follow's transaction moves: a follow in between
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{FanoutMetrics, delivery_key};
-use crate::jobs::{self, JobMetrics};
+use crate::jobs::{self, DoneInCommit, JobMetrics};
 use crate::keys::Ticks;
 use crate::notices::{Notice, Notices};
 use crate::store::{Condition, Item, Query, Store, StoreExt as _, StoreResult, Table, Write};
@@ -176,9 +177,10 @@ impl FanoutInPost {
         }))
     }
 
-    /// The writes that deliver `event` (received at `received`) as `plan` says, to commit
-    /// with the event's own: every owner's entry, a done status record, and the checks.
-    pub fn writes(&self, plan: &Plan, event: &Event, received: Ticks) -> Vec<Write> {
+    /// The writes that deliver `event` as `plan` says, to commit with the event's own: every
+    /// owner's entry, and the checks. The delivery's status goes in the event's index
+    /// ([`Self::done`]).
+    pub fn writes(&self, plan: &Plan, event: &Event) -> Vec<Write> {
         let entry = event.timeline_entry_body();
         let mut writes: Vec<Write> = plan
             .owners
@@ -190,16 +192,19 @@ impl FanoutInPost {
                 )
             })
             .collect();
-        writes.push(jobs::done_without_job(
-            event.author.as_str(),
-            &delivery_key(event.event_id),
+        writes.extend(plan.guards.iter().cloned());
+        writes
+    }
+
+    /// The delivery of an event received at `received`, done as `plan` says in the post's
+    /// own commit: every owner's entry, the followers' of the total.
+    pub fn done(&self, plan: &Plan, received: Ticks) -> DoneInCommit {
+        DoneInCommit::now(
             received,
             plan.owners.len() as u64,
             Some(plan.owners.len() as u64 - 1),
             self.status_retention,
-        ));
-        writes.extend(plan.guards.iter().cloned());
-        writes
+        )
     }
 
     /// Once the writes of `plan` committed: tells the owners' live streams, and trims their
@@ -265,7 +270,7 @@ mod tests {
     use crate::jobs::Wake;
     use crate::store::EmbeddedStore;
     use crate::timeline::fanout::status::{self, FanoutState};
-    use crate::timeline::{NewEvent, Posted, SubjectId, Timelines};
+    use crate::timeline::{NewEvent, Posted, SubjectId, Timelines, event_index};
 
     async fn store() -> (tempfile::TempDir, EmbeddedStore) {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -279,10 +284,15 @@ mod tests {
     }
 
     fn process_on(store: Arc<dyn Store>) -> Timelines {
+        process_keeping_statuses(store, Duration::from_secs(3600))
+    }
+
+    /// [`process_on`], keeping done statuses for `retention`.
+    fn process_keeping_statuses(store: Arc<dyn Store>, retention: Duration) -> Timelines {
         let fanout_in_post = FanoutInPost::new(
             2,
             &super::super::FanoutSettings::default(),
-            Duration::from_secs(3600),
+            retention,
             (FanoutMetrics::default(), JobMetrics::default()),
         );
         Timelines::new(
@@ -373,6 +383,68 @@ mod tests {
             "the follow's and the post's"
         );
         assert!(!rows(&store, "fan1").await.contains(&big.row_key));
+    }
+
+    #[tokio::test]
+    async fn a_delivery_in_the_post_s_commit_is_noted_in_its_index_not_a_status_record() {
+        let (_dir, store) = store().await;
+        let timelines = process(&store);
+        follow(&timelines, "fan1", "alice").await;
+        follow(&timelines, "fan2", "alice").await;
+        let event = post(&timelines, "alice").await;
+        let records = store
+            .query(Query::partition(Table::FanoutStatus, "alice", 10))
+            .await
+            .expect("status records");
+        assert!(records.is_empty(), "no status record: {records:?}");
+        let status = status::lookup(&store, "alice", event.event_id)
+            .await
+            .expect("lookup")
+            .expect("the status noted in the index");
+        assert_eq!(
+            (
+                status.state,
+                status.followers_total,
+                status.delivered,
+                status.attempts
+            ),
+            (FanoutState::Done, Some(2), 3, 1),
+            "the author's entry and both followers'"
+        );
+        assert!(
+            status
+                .finished_at
+                .is_some_and(|at| at >= status.enqueued_at)
+        );
+
+        // A delete keeps the note: the delivery is still what the post did.
+        let noted = event_index::delivered_in_commit(&store, "alice", event.event_id)
+            .await
+            .expect("read");
+        assert!(noted.is_some());
+        timelines
+            .delete_event(&id("alice"), &event.event_id.to_string())
+            .await
+            .expect("delete");
+        assert_eq!(
+            event_index::delivered_in_commit(&store, "alice", event.event_id)
+                .await
+                .expect("read"),
+            noted
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delivery_noted_in_its_index_has_no_status_past_its_retention() {
+        let (_dir, store) = store().await;
+        let timelines = process_keeping_statuses(Arc::new(store.clone()), Duration::ZERO);
+        follow(&timelines, "fan1", "alice").await;
+        let event = post(&timelines, "alice").await;
+        assert_eq!(rows(&store, "fan1").await, [event.row_key.as_str()]);
+        let status = status::lookup(&store, "alice", event.event_id)
+            .await
+            .expect("lookup");
+        assert!(status.is_none(), "past its retention: {status:?}");
     }
 
     /// An author found with more followers than a post delivers to itself posts with jobs,
@@ -508,8 +580,9 @@ mod tests {
             edited_at: None,
             fanout: true,
         };
-        let mut writes = crate::timeline::posting::event_rows(&event);
-        writes.extend(in_post.writes(plan, &event, at));
+        let done = in_post.done(plan, at);
+        let mut writes = crate::timeline::posting::event_rows(&event, Some(done));
+        writes.extend(in_post.writes(plan, &event));
         writes
     }
 }

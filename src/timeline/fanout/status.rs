@@ -100,7 +100,13 @@ pub async fn lookup(
         }
     }
     let delivery: Option<WorkStatus> =
-        jobs::work_status(store, author, &delivery_key(event_id)).await?;
+        match jobs::work_status(store, author, &delivery_key(event_id)).await? {
+            Some(work) => Some(work),
+            // Delivered in the post's own commit: noted in the event's index.
+            None => crate::timeline::event_index::delivered_in_commit(store, author, event_id)
+                .await?
+                .and_then(|done| done.status()),
+        };
     Ok(delivery.map(|work| FanoutStatus::from_work(Operation::Delivery, work)))
 }
 
