@@ -260,8 +260,8 @@ impl DoneInCommit {
     /// Its status, as [`lookup`] would read a record of it: done, one part, one attempt;
     /// `None` once past its retention.
     pub fn status(&self) -> Option<WorkStatus> {
-        let record = self.record();
-        (!record.is_expired(now_ms())).then(|| work_status(record, None, now_ms()))
+        let (record, now) = (self.record(), now_ms());
+        (!record.is_expired(now)).then(|| work_status(record, None, now))
     }
 
     fn record(&self) -> StatusRecord {

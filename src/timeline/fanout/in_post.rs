@@ -196,8 +196,8 @@ impl FanoutInPost {
         writes
     }
 
-    /// The delivery of an event received at `received`, done as `plan` says in the post's
-    /// own commit: every owner's entry, the followers' of the total.
+    /// The delivery done as `plan` says in the post's own commit, of an event received at
+    /// `received`: an entry for each owner (the author included) done, of the followers'.
     pub fn done(&self, plan: &Plan, received: Ticks) -> DoneInCommit {
         DoneInCommit::now(
             received,
