@@ -37,7 +37,12 @@ impl Timelines {
             .ok_or_else(not_found)?;
         let index = EventIndex::decode(&seen, event_id)?;
         if !index.deleted {
-            let writes = delete_writes(author.as_str(), event_id, &index.row_key, seen);
+            let writes = delete_writes(
+                author.as_str(),
+                event_id,
+                &index.row_key,
+                (seen, index.delivered),
+            );
             let jobs = || {
                 let now = Ticks::now();
                 let removal = if index.unfanned {

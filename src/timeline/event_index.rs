@@ -50,45 +50,41 @@ impl EventIndex {
     }
 }
 
-/// The row key of one of `author`'s events, if it exists and was not deleted.
-pub(super) async fn row_key_of(
-    store: &dyn Store,
-    author: &str,
-    event_id: Uuid,
-) -> DomainResult<Option<String>> {
-    Ok(live_index(store, author, event_id)
-        .await?
-        .map(|index| index.row_key))
-}
-
 /// The index of one of `author`'s events, if it exists and was not deleted.
 pub(super) async fn live_index(
     store: &dyn Store,
     author: &str,
     event_id: Uuid,
 ) -> DomainResult<Option<EventIndex>> {
-    let id_row = event_id.as_hyphenated().to_string();
-    let Some(body) = store.get(Table::EventIds, author, &id_row).await? else {
-        return Ok(None);
-    };
-    let index = EventIndex::decode(&body, event_id)?;
-    Ok((!index.deleted).then_some(index))
+    Ok(stored_index(store, author, event_id)
+        .await?
+        .filter(|index| !index.deleted))
 }
 
-/// The current version of one of `author`'s events; `None` if it is gone.
-pub(super) async fn current_version(
+/// The index of one of `author`'s events as stored, deleted or not; `None` if there is none.
+pub(super) async fn stored_index(
     store: &dyn Store,
     author: &str,
     event_id: Uuid,
+) -> DomainResult<Option<EventIndex>> {
+    let id_row = event_id.as_hyphenated().to_string();
+    match store.get(Table::EventIds, author, &id_row).await? {
+        Some(body) => EventIndex::decode(&body, event_id).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The current version of `author`'s event at `row_key`; `None` if it is gone.
+pub(super) async fn version_at(
+    store: &dyn Store,
+    author: &str,
+    row_key: &str,
 ) -> DomainResult<Option<u64>> {
-    let Some(row_key) = row_key_of(store, author, event_id).await? else {
-        return Ok(None);
-    };
-    let Some(stored) = store.get(Table::Events, author, &row_key).await? else {
+    let Some(stored) = store.get(Table::Events, author, row_key).await? else {
         return Ok(None);
     };
     let author = SubjectId::parse(author).map_err(DomainError::Corrupt)?;
-    let event = Event::decode(&author, &row_key, &stored).map_err(DomainError::Corrupt)?;
+    let event = Event::decode(&author, row_key, &stored).map_err(DomainError::Corrupt)?;
     Ok(Some(event.version))
 }
 
@@ -103,10 +99,8 @@ pub(super) async fn posted_or_fenced(
     event_id: Uuid,
     row_key: &str,
 ) -> DomainResult<bool> {
-    let id_row = event_id.as_hyphenated().to_string();
-    let live = |body: Bytes| EventIndex::decode(&body, event_id).map(|index| !index.deleted);
-    if let Some(body) = store.get(Table::EventIds, author, &id_row).await? {
-        return live(body);
+    if let Some(index) = stored_index(store, author, event_id).await? {
+        return Ok(!index.deleted);
     }
     let fence = EventIndex {
         row_key: row_key.to_owned(),
@@ -115,46 +109,28 @@ pub(super) async fn posted_or_fenced(
         unfanned: false,
         delivered: None,
     };
+    let id_row = event_id.as_hyphenated().to_string();
     let write = Write::put_if_absent(Table::EventIds, Item::new(author, &id_row, fence.encode()));
     match store.write_one(write).await {
         Ok(()) => Ok(false),
         // The post landed in between.
-        Err(StoreError::ConditionFailed) => {
-            match store.get(Table::EventIds, author, &id_row).await? {
-                Some(body) => live(body),
-                None => Ok(false),
-            }
-        }
+        Err(StoreError::ConditionFailed) => Ok(stored_index(store, author, event_id)
+            .await?
+            .is_some_and(|index| !index.deleted)),
         Err(err) => Err(err.into()),
     }
 }
 
-/// The delivery of `author`'s event `event_id` that the post's own commit wrote, if it did
-/// (whether the event was deleted since or not).
-pub(super) async fn delivered_in_commit(
-    store: &dyn Store,
-    author: &str,
-    event_id: Uuid,
-) -> DomainResult<Option<DoneInCommit>> {
-    let id_row = event_id.as_hyphenated().to_string();
-    let Some(body) = store.get(Table::EventIds, author, &id_row).await? else {
-        return Ok(None);
-    };
-    Ok(EventIndex::decode(&body, event_id)?.delivered)
-}
-
 /// The writes that delete `author`'s event `event_id` (at `row_key`): its log row, and its
 /// index marked deleted if it is still `seen` (so that of two deletes one wins). The index
-/// keeps the delivery it noted, which stays the event's status until its retention ends.
+/// keeps the delivery `seen` noted (`delivered`), the event's status until its retention
+/// ends.
 pub(super) fn delete_writes(
     author: &str,
     event_id: Uuid,
     row_key: &str,
-    seen: Bytes,
+    (seen, delivered): (Bytes, Option<DoneInCommit>),
 ) -> Vec<Write> {
-    let delivered = EventIndex::decode(&seen, event_id)
-        .ok()
-        .and_then(|index| index.delivered);
     let deleted = EventIndex {
         row_key: row_key.to_owned(),
         deleted: true,

@@ -156,10 +156,11 @@ pub(crate) async fn delete_unless_deleted(
         let Some(seen) = store.get(Table::EventIds, author, &id_row).await? else {
             return Ok(());
         };
-        if EventIndex::decode(&seen, event_id)?.deleted {
+        let index = EventIndex::decode(&seen, event_id)?;
+        if index.deleted {
             return Ok(());
         }
-        let writes = event_index::delete_writes(author, event_id, row_key, seen);
+        let writes = event_index::delete_writes(author, event_id, row_key, (seen, index.delivered));
         match store.transact(writes).await {
             Ok(()) => {
                 notices.publish(

@@ -8,6 +8,7 @@ use super::{EDIT_SUFFIX, MERGED_LABEL, REMOVAL_SUFFIX, delivery_key, edit_key, r
 use crate::jobs::{self, DeadLetterView, WorkState, WorkStatus};
 use crate::keys::Ticks;
 use crate::store::Store;
+use crate::timeline::event_index;
 use crate::timeline::reading::check_limit;
 use crate::timeline::{DomainError, DomainResult, Page, SubjectId, Timelines};
 
@@ -92,7 +93,13 @@ pub async fn lookup(
     if let Some(work) = removal {
         return Ok(Some(FanoutStatus::from_work(Operation::Removal, work)));
     }
-    let version = crate::timeline::event_index::current_version(store, author, event_id).await?;
+    // Read once: its row key gives the current version, and it notes a delivery done in the
+    // post's own commit.
+    let index = event_index::stored_index(store, author, event_id).await?;
+    let version = match index.as_ref().filter(|index| !index.deleted) {
+        Some(live) => event_index::version_at(store, author, &live.row_key).await?,
+        None => None,
+    };
     if let Some(version) = version.filter(|version| *version > 1) {
         let edit = jobs::work_status(store, author, &edit_key(event_id, version)).await?;
         if let Some(work) = edit {
@@ -103,8 +110,8 @@ pub async fn lookup(
         match jobs::work_status(store, author, &delivery_key(event_id)).await? {
             Some(work) => Some(work),
             // Delivered in the post's own commit: noted in the event's index.
-            None => crate::timeline::event_index::delivered_in_commit(store, author, event_id)
-                .await?
+            None => index
+                .and_then(|index| index.delivered)
                 .and_then(|done| done.status()),
         };
     Ok(delivery.map(|work| FanoutStatus::from_work(Operation::Delivery, work)))
