@@ -95,7 +95,7 @@ pub(super) async fn post(
         ))
         .await?;
     if let Some(quiet) = posted_quiet {
-        quiet.posted(store, event).await?;
+        quiet.posted(store, event).await;
     }
     Ok(())
 }

@@ -1087,7 +1087,7 @@ async fn write_fold(
         }
     }
     if let Some(quiet) = quiet {
-        quiet.posted(store, &event).await?;
+        quiet.posted(store, &event).await;
     }
     repair_days(store, series, points).await?;
     Ok(true)

@@ -225,7 +225,7 @@ impl Series {
                     tell_tails(&self.notices, &series);
                     if let Some(quiet) = &self.quiet {
                         for event in &quiet_events {
-                            quiet.posted(store, event).await?;
+                            quiet.posted(store, event).await;
                         }
                     }
                     return Ok(written(&series));

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{DomainResult, Event};
+use super::Event;
 use crate::jobs::DoneInCommit;
 use crate::keys::Ticks;
 use crate::notices::Notices;
@@ -138,8 +138,9 @@ impl Quiet {
     }
 
     /// Once the writes of `event` have committed: tells the author's live streams, and trims
-    /// the author's timeline and sweeps its status records as often as a delivery would.
-    pub async fn posted(&self, store: &dyn Store, event: &Event) -> DomainResult<()> {
+    /// the author's timeline and sweeps its status records as often as a delivery would
+    /// (nothing here fails: the event has landed).
+    pub async fn posted(&self, store: &dyn Store, event: &Event) {
         super::fanout::after_delivery(
             store,
             (&self.notices, &self.trim_turns),

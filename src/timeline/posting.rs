@@ -124,7 +124,7 @@ impl Timelines {
                     self.posted(author);
                     self.fanout_in_post
                         .delivered(self.store.as_ref(), &self.notices, &plan, &event, received)
-                        .await?;
+                        .await;
                     return Ok(Posted::Created(event));
                 }
                 // A check refused it (a follow or an unfollow came in between), or the client

@@ -38,7 +38,7 @@ use crate::keys::Ticks;
 use crate::notices::{Notice, Notices};
 use crate::store::{Condition, Item, Query, Store, StoreExt as _, StoreResult, Table, Write};
 use crate::timeline::trim::{self, TrimTurns};
-use crate::timeline::{DomainResult, Event, audience, live, merged_authors};
+use crate::timeline::{Event, audience, live, merged_authors};
 
 /// Authors whose plans a process remembers: a plan is at most 9 follower ids and 3 marks,
 /// about 1 KB with the cache's own, so 16 MB at most.
@@ -208,7 +208,8 @@ impl FanoutInPost {
     }
 
     /// Once the writes of `plan` committed: tells the owners' live streams, and trims their
-    /// timelines and sweeps the author's status records as often as a delivery job would.
+    /// timelines and sweeps the author's status records as often as a delivery job would
+    /// (see [`after_delivery`]: nothing here fails the post).
     pub async fn delivered(
         &self,
         store: &dyn Store,
@@ -216,7 +217,7 @@ impl FanoutInPost {
         plan: &Plan,
         event: &Event,
         received: Ticks,
-    ) -> DomainResult<()> {
+    ) {
         self.metrics.deliveries.inc_by(plan.owners.len() as u64);
         self.metrics.in_post.inc();
         let lag_ticks = Ticks::now().get().saturating_sub(received.get());
@@ -238,13 +239,17 @@ impl FanoutInPost {
 /// follows): tells the owners' live streams, gives their timelines their trim turns (to
 /// `max_timeline_len`) and sweeps the author's status records past `status_retention`, as
 /// often as a delivery job would.
+///
+/// The event has landed by then, so nothing here may fail its post: a client told of a
+/// failure would post it again. A turn or a sweep the store refuses is logged and left to the
+/// next one, as a job's would be; reads never show a timeline past its cap meanwhile.
 pub(crate) async fn after_delivery(
     store: &dyn Store,
     (notices, trim_turns): (&Notices, &TrimTurns),
     owners: &[&str],
     event: &Event,
     (max_timeline_len, status_retention): (usize, Duration),
-) -> DomainResult<()> {
+) {
     for owner in owners {
         notices.publish(&live::timeline_topic(owner), Notice::Changed);
     }
@@ -252,11 +257,15 @@ pub(crate) async fn after_delivery(
         .iter()
         .filter(|owner| trim::trims(event.event_id, owner))
     {
-        trim_turns.take(store, owner, max_timeline_len).await?;
+        if let Err(error) = trim_turns.take(store, owner, max_timeline_len).await {
+            tracing::warn!(%error, owner, event_id = %event.event_id, "trim turn left to the next");
+        }
     }
     let key = delivery_key(event.event_id);
-    jobs::sweep_after_done(store, event.author.as_str(), &key, status_retention).await?;
-    Ok(())
+    let author = event.author.as_str();
+    if let Err(error) = jobs::sweep_after_done(store, author, &key, status_retention).await {
+        tracing::warn!(%error, author, "status sweep left to the next");
+    }
 }
 
 #[cfg(test)]
@@ -444,6 +453,41 @@ mod tests {
             .await
             .expect("lookup");
         assert!(status.is_none(), "past its retention: {status:?}");
+    }
+
+    /// A post whose commit landed answers that it was created even when the trim turn or the
+    /// status sweep that follows it fails: a client told otherwise would post it again.
+    /// Turns and sweeps fall to about one post in 128 and 32 here, so it posts until both
+    /// have been refused.
+    #[tokio::test]
+    async fn a_failed_trim_turn_or_sweep_after_the_commit_does_not_fail_the_post() {
+        use crate::store::fault::{Calls, Fault, FaultyStore, Op};
+        use std::sync::atomic::Ordering;
+        let (_dir, store) = store().await;
+        let faulty = Arc::new(FaultyStore::new(Arc::new(store.clone())));
+        let timelines = process_on(faulty.clone());
+        follow(&timelines, "fan1", "alice").await;
+        let turns = faulty.count(Calls::on(Op::Query, Table::Timelines));
+        let sweeps = faulty.count(Calls::on(Op::Query, Table::FanoutStatus));
+        for table in [Table::Timelines, Table::FanoutStatus] {
+            faulty.fail_always(Calls::on(Op::Query, table), Fault::Unavailable);
+        }
+        let mut posted = 0;
+        while turns.load(Ordering::SeqCst) == 0 || sweeps.load(Ordering::SeqCst) == 0 {
+            assert!(posted < 5_000, "no trim turn and sweep in {posted} posts");
+            let event = post(&timelines, "alice").await;
+            posted += 1;
+            assert_eq!(state(&store, &event).await, (FanoutState::Done, Some(1)));
+        }
+        assert!(
+            faulty.injected() >= 2,
+            "the turn and the sweep were refused"
+        );
+        let entries = store
+            .query(Query::partition(Table::Timelines, "fan1", posted + 1))
+            .await
+            .expect("timeline");
+        assert_eq!(entries.len(), posted, "every post delivered, once");
     }
 
     /// An author found with more followers than a post delivers to itself posts with jobs,
