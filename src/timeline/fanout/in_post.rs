@@ -479,9 +479,11 @@ mod tests {
             posted += 1;
             assert_eq!(state(&store, &event).await, (FanoutState::Done, Some(1)));
         }
-        assert!(
-            faulty.injected() >= 2,
-            "the turn and the sweep were refused"
+        let queried = turns.load(Ordering::SeqCst) + sweeps.load(Ordering::SeqCst);
+        assert_eq!(
+            faulty.injected(),
+            queried,
+            "every turn and sweep was refused"
         );
         let entries = store
             .query(Query::partition(Table::Timelines, "fan1", posted + 1))
