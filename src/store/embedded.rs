@@ -44,6 +44,8 @@ use super::{
 
 mod checked;
 mod heads;
+#[cfg(test)]
+mod journal_tests;
 
 /// How many writes one group commit takes at most, so one fsync never waits on a huge batch.
 const MAX_GROUP_WRITES: usize = 32 * 1024;
