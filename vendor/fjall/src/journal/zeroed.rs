@@ -9,7 +9,9 @@
 //! the same bytes either way.
 //!
 //! Writing 64 MiB takes a while, so each journal prepares its successor on a thread of its own
-//! while it fills; only a database's very first journal is written on the spot.
+//! while it fills; only a database's very first journal is written on the spot. Either way the
+//! zeros go into a file of a temporary name, renamed to the journal's once they are synced: a
+//! journal's name never stands for a file half written.
 
 use std::{
     fs::File,
@@ -24,11 +26,26 @@ const CHUNK_BYTES: usize = 1_024 * 1_024;
 /// What names a journal being prepared; not `jnl`, so recovery passes it over.
 const PREPARING_SUFFIX: &str = ".zeroing";
 
-/// Creates `path` (it must not exist), writes `len` zeros into it and syncs it.
+/// Creates `path` (it must not exist) with `len` zeros, synced; the caller syncs the folder.
 pub fn create(path: &Path, len: u64) -> std::io::Result<File> {
-    let mut file = File::create_new(path)?;
-    write_zeros(&mut file, len)?;
+    let folder = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("a journal path without a folder"))?;
+    take(prepare(folder, len)?, path)
+}
+
+/// A file of `len` zeros, synced, in `folder` under a temporary name, removed when dropped.
+fn prepare(folder: &Path, len: u64) -> std::io::Result<tempfile::NamedTempFile> {
+    let mut file = tempfile::Builder::new()
+        .suffix(PREPARING_SUFFIX)
+        .tempfile_in(folder)?;
+    write_zeros(file.as_file_mut(), len)?;
     Ok(file)
+}
+
+/// Renames `prepared` to `path`, which must not exist.
+fn take(prepared: tempfile::NamedTempFile, path: &Path) -> std::io::Result<File> {
+    prepared.persist_noclobber(path).map_err(|err| err.error)
 }
 
 fn write_zeros(file: &mut File, len: u64) -> std::io::Result<()> {
@@ -55,13 +72,7 @@ impl Preparation {
     pub fn start(folder: PathBuf, len: u64) -> std::io::Result<Self> {
         let thread = std::thread::Builder::new()
             .name("fjall:journal".to_string())
-            .spawn(move || {
-                let mut file = tempfile::Builder::new()
-                    .suffix(PREPARING_SUFFIX)
-                    .tempfile_in(&folder)?;
-                write_zeros(file.as_file_mut(), len)?;
-                Ok(file)
-            })?;
+            .spawn(move || prepare(&folder, len))?;
         Ok(Self {
             thread: Some(thread),
         })
@@ -70,8 +81,7 @@ impl Preparation {
     /// Waits for the preparation and renames its file to `path`, which must not exist; the
     /// caller syncs the folder. An error leaves nothing behind.
     pub fn finish(mut self, path: &Path) -> std::io::Result<File> {
-        let prepared = self.wait()?;
-        prepared.persist_noclobber(path).map_err(|err| err.error)
+        take(self.wait()?, path)
     }
 
     fn wait(&mut self) -> std::io::Result<tempfile::NamedTempFile> {
