@@ -33,8 +33,9 @@ pub struct Writer {
     compression_threshold: usize,
 
     /// fanline's patch: the next journal, written with zeros while this one fills (see
-    /// `journal::zeroed`); started once this one is half full.
-    next: Option<zeroed::Preparation>,
+    /// `journal::zeroed`); started once this one is half full. An error, if its thread could
+    /// not start: not tried again, the rotation creates it.
+    next: Option<std::io::Result<zeroed::Preparation>>,
 }
 
 /// The persist mode allows setting the durability guarantee of previous writes
@@ -119,7 +120,10 @@ impl Writer {
 
         let comp = self.compression;
         let compt = self.compression_threshold;
-        let prepared = self.next.take().map(|next| next.finish(&new_path));
+        let prepared = self
+            .next
+            .take()
+            .map(|next| next.and_then(|next| next.finish(&new_path)));
         *self = match prepared {
             Some(Ok(file)) => Self::with_file(new_path.clone(), file),
             Some(Err(e)) => {
@@ -150,6 +154,8 @@ impl Writer {
         Ok(Self::with_file(path, file))
     }
 
+    /// fanline's patch: a writer appending to `file` from its start, for `create_new` and for
+    /// the rotation that takes a prepared journal.
     fn with_file(path: PathBuf, file: File) -> Self {
         Self {
             path,
@@ -181,11 +187,11 @@ impl Writer {
             .parent()
             .expect("should have parent")
             .to_path_buf();
-        match zeroed::Preparation::start(folder, PRE_ALLOCATED_BYTES) {
-            Ok(next) => self.next = Some(next),
-            // The rotation creates it then.
-            Err(e) => log::warn!("Failed to start preparing the next journal: {e:?}"),
+        let next = zeroed::Preparation::start(folder, PRE_ALLOCATED_BYTES);
+        if let Err(e) = &next {
+            log::warn!("Failed to start preparing the next journal: {e:?}");
         }
+        self.next = Some(next);
     }
 
     pub fn from_file<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
