@@ -159,7 +159,7 @@ impl Writer {
     fn with_file(path: PathBuf, file: File) -> Self {
         Self {
             path,
-            file: BufWriter::new(file),
+            file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
             buf: Vec::new(),
             is_buffer_dirty: false,
             compression: CompressionType::None,
@@ -182,11 +182,7 @@ impl Writer {
         if !written.is_ok_and(|written| written > PRE_ALLOCATED_BYTES / 2) {
             return;
         }
-        let folder = self
-            .path
-            .parent()
-            .expect("should have parent")
-            .to_path_buf();
+        let folder = self.path.parent().expect("should have parent");
         let next = zeroed::Preparation::start(folder, PRE_ALLOCATED_BYTES);
         if let Err(e) = &next {
             log::warn!("Failed to start preparing the next journal: {e:?}");
@@ -203,15 +199,7 @@ impl Writer {
                 log::error!("Failed to create journal file at {}: {e:?}", path.display());
             })?;
 
-            return Ok(Self {
-                path: path.into(),
-                file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
-                buf: Vec::new(),
-                is_buffer_dirty: false,
-                compression: CompressionType::None,
-                compression_threshold: 0,
-                next: None,
-            });
+            return Ok(Self::with_file(path.into(), file));
         }
 
         let file = OpenOptions::new()

@@ -13,12 +13,7 @@
 //! zeros go into a file of a temporary name, renamed to the journal's once they are synced: a
 //! journal's name never stands for a file half written.
 
-use std::{
-    fs::File,
-    io::Write as _,
-    path::{Path, PathBuf},
-    thread::JoinHandle,
-};
+use std::{fs::File, io::Write as _, path::Path, thread::JoinHandle};
 
 /// How many zeros one `write` call hands the kernel.
 const CHUNK_BYTES: usize = 1_024 * 1_024;
@@ -31,16 +26,16 @@ pub fn create(path: &Path, len: u64) -> std::io::Result<File> {
     let folder = path
         .parent()
         .ok_or_else(|| std::io::Error::other("a journal path without a folder"))?;
-    take(prepare(folder, len)?, path)
+    let mut file = temporary(folder)?;
+    write_zeros(file.as_file_mut(), len)?;
+    take(file, path)
 }
 
-/// A file of `len` zeros, synced, in `folder` under a temporary name, removed when dropped.
-fn prepare(folder: &Path, len: u64) -> std::io::Result<tempfile::NamedTempFile> {
-    let mut file = tempfile::Builder::new()
+/// An empty file in `folder` under a temporary name, removed when dropped.
+fn temporary(folder: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new()
         .suffix(PREPARING_SUFFIX)
-        .tempfile_in(folder)?;
-    write_zeros(file.as_file_mut(), len)?;
-    Ok(file)
+        .tempfile_in(folder)
 }
 
 /// Renames `prepared` to `path`, which must not exist.
@@ -69,10 +64,16 @@ pub struct Preparation {
 }
 
 impl Preparation {
-    pub fn start(folder: PathBuf, len: u64) -> std::io::Result<Self> {
+    /// Creates the file before it returns (a cheap step, and one a caller can see), and leaves
+    /// the zeros to the thread.
+    pub fn start(folder: &Path, len: u64) -> std::io::Result<Self> {
+        let mut file = temporary(folder)?;
         let thread = std::thread::Builder::new()
             .name("fjall:journal".to_string())
-            .spawn(move || prepare(&folder, len))?;
+            .spawn(move || {
+                write_zeros(file.as_file_mut(), len)?;
+                Ok(file)
+            })?;
         Ok(Self {
             thread: Some(thread),
         })
