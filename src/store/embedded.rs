@@ -157,8 +157,12 @@ fn stop_thread<T>(
     }
 }
 
+/// A map keyed by table, hashed with foldhash: the writer thread looks a table up several
+/// times a write, and SipHash of the key was most of each lookup.
+type ByTable<V> = HashMap<Table, V, foldhash::fast::FixedState>;
+
 #[derive(Clone)]
-struct Keyspaces(HashMap<Table, Keyspace>);
+struct Keyspaces(ByTable<Keyspace>);
 
 impl Keyspaces {
     fn of(&self, table: Table) -> StoreResult<&Keyspace> {
@@ -186,7 +190,7 @@ impl EmbeddedStore {
             fjall::Error::Locked => StoreError::InUse(super::lock_holder::in_use_message(path)),
             other => StoreError::Other(format!("{}: fjall: {other}", path.display())),
         })?;
-        let mut keyspaces = HashMap::new();
+        let mut keyspaces = ByTable::default();
         for table in Table::ALL {
             let keyspace = db
                 .keyspace(table.name(), || keyspace_options(table))
@@ -696,14 +700,14 @@ struct WriteBuffer {
     /// Bytes written to each table since the writer last flushed its memtable: an estimate
     /// of the memtable's size (fjall may have flushed it since on its own, which only makes
     /// the estimate high).
-    written: HashMap<Table, u64>,
+    written: ByTable<u64>,
 }
 
 impl WriteBuffer {
     fn new(limit: u64) -> Self {
         WriteBuffer {
             limit,
-            written: HashMap::new(),
+            written: ByTable::default(),
         }
     }
 
@@ -968,7 +972,32 @@ fn run_writer(
 /// 0.6 % of the process's CPU at one follower an event. Keys hold client-chosen ids, but an
 /// overlay lives for one group of at most [`MAX_GROUP_WRITES`] writes, so keys made to
 /// collide could slow one commit, not the store.
-type Overlay = HashMap<(Table, Vec<u8>), Option<Bytes>, foldhash::fast::RandomState>;
+type KeySet<V> = HashMap<Vec<u8>, V, foldhash::fast::RandomState>;
+
+/// The values staged in a group to the keys its conditions look at, by table: a key is
+/// looked up by its bytes, with no copy of it made for the lookup.
+#[derive(Default)]
+struct Overlay(Vec<(Table, KeySet<Option<Bytes>>)>);
+
+impl Overlay {
+    fn get(&self, table: Table, key: &[u8]) -> Option<&Option<Bytes>> {
+        self.0
+            .iter()
+            .find(|(staged, _)| *staged == table)
+            .and_then(|(_, values)| values.get(key))
+    }
+
+    fn insert(&mut self, table: Table, key: &[u8], value: Option<Bytes>) {
+        let index = match self.0.iter().position(|(staged, _)| *staged == table) {
+            Some(index) => index,
+            None => {
+                self.0.push((table, KeySet::default()));
+                self.0.len() - 1
+            }
+        };
+        self.0[index].1.insert(key.to_vec(), value);
+    }
+}
 
 /// What the writer thread keeps from one group to the next.
 struct WriterState<'a> {
@@ -1048,6 +1077,8 @@ fn check_conditions(
     checked: &mut CheckedValues,
     writes: &[Write],
 ) -> StoreResult<()> {
+    // One buffer for every key checked.
+    let mut key = Vec::new();
     for write in writes {
         let condition = write.condition();
         if *condition == Condition::None {
@@ -1055,12 +1086,10 @@ fn check_conditions(
         }
         let table = write.table();
         let (partition, row) = write.key();
-        let key = encode_key(partition, row);
-        let staged = if overlay.is_empty() {
-            None
-        } else {
-            overlay.get(&(table, key.clone()))
-        };
+        key.clear();
+        append_partition(&mut key, partition);
+        key.extend_from_slice(row.as_bytes());
+        let staged = overlay.get(table, &key);
         let read = || -> StoreResult<Option<Bytes>> {
             Ok(keyspaces
                 .of(table)?
@@ -1166,7 +1195,7 @@ fn stage(
             }
         }
         if watched.holds(table, &key) {
-            overlay.insert((table, key.clone()), value.cloned());
+            overlay.insert(table, &key, value.cloned());
         }
     }
     Ok(())
