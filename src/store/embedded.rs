@@ -22,7 +22,7 @@
 //! table, and there are 21 tables). The sealing runs on a thread of its own (`start_sealer`), so
 //! that commits go on meanwhile.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -968,36 +968,44 @@ fn run_writer(
     }
 }
 
-/// Keys hashed with foldhash (seeded per process): SipHash over every key of a group was
-/// 0.6 % of the process's CPU at one follower an event. Keys hold client-chosen ids, but an
-/// overlay lives for one group of at most [`MAX_GROUP_WRITES`] writes, so keys made to
-/// collide could slow one commit, not the store.
-type KeySet<V> = HashMap<Vec<u8>, V, foldhash::fast::RandomState>;
+/// Encoded keys of a group, by table, each with a value; looked up by the key's bytes, with
+/// no copy of it made for the lookup. Hashed with foldhash (seeded per process): SipHash
+/// over every key of a group was 0.6 % of the process's CPU at one follower an event. Keys
+/// hold client-chosen ids, but these maps live for one group of at most
+/// [`MAX_GROUP_WRITES`] writes, so keys made to collide could slow one commit, not the store.
+struct GroupKeys<V>(Vec<(Table, KeyMap<V>)>);
 
-/// The values staged in a group to the keys its conditions look at, by table: a key is
-/// looked up by its bytes, with no copy of it made for the lookup.
-#[derive(Default)]
-struct Overlay(Vec<(Table, KeySet<Option<Bytes>>)>);
+type KeyMap<V> = HashMap<Vec<u8>, V, foldhash::fast::RandomState>;
 
-impl Overlay {
-    fn get(&self, table: Table, key: &[u8]) -> Option<&Option<Bytes>> {
+impl<V> Default for GroupKeys<V> {
+    fn default() -> Self {
+        GroupKeys(Vec::new())
+    }
+}
+
+impl<V> GroupKeys<V> {
+    /// Most writes are to tables with no key here: no hashing for them.
+    fn get(&self, table: Table, key: &[u8]) -> Option<&V> {
         self.0
             .iter()
-            .find(|(staged, _)| *staged == table)
-            .and_then(|(_, values)| values.get(key))
+            .find(|(kept, _)| *kept == table)
+            .and_then(|(_, keys)| keys.get(key))
     }
 
-    fn insert(&mut self, table: Table, key: &[u8], value: Option<Bytes>) {
-        let index = match self.0.iter().position(|(staged, _)| *staged == table) {
+    fn insert(&mut self, table: Table, key: Vec<u8>, value: V) {
+        let index = match self.0.iter().position(|(kept, _)| *kept == table) {
             Some(index) => index,
             None => {
-                self.0.push((table, KeySet::default()));
+                self.0.push((table, KeyMap::default()));
                 self.0.len() - 1
             }
         };
-        self.0[index].1.insert(key.to_vec(), value);
+        self.0[index].1.insert(key, value);
     }
 }
+
+/// Values written earlier in a group to keys that its conditions look at (`None`: deleted).
+type Overlay = GroupKeys<Option<Bytes>>;
 
 /// What the writer thread keeps from one group to the next.
 struct WriterState<'a> {
@@ -1118,11 +1126,11 @@ fn check_conditions(
 /// a big fan-out is a thousand timeline entries and its job's checkpoint; with every write of
 /// a group copied into the overlay, a page ahead of another's checkpoint was a thousand key
 /// copies and hash inserts that no condition would read.
-struct Watched(Vec<(Table, HashSet<Vec<u8>, foldhash::fast::RandomState>)>);
+struct Watched(GroupKeys<()>);
 
 impl Watched {
     fn of(group: &[WriteRequest]) -> Watched {
-        let mut watched = Watched(Vec::new());
+        let mut watched = GroupKeys::default();
         let conditional = group
             .iter()
             .filter(|request| request.atomic)
@@ -1130,26 +1138,13 @@ impl Watched {
             .filter(|write| *write.condition() != Condition::None);
         for write in conditional {
             let (partition, row) = write.key();
-            let key = encode_key(partition, row);
-            match watched
-                .0
-                .iter_mut()
-                .find(|(table, _)| *table == write.table())
-            {
-                Some((_, keys)) => {
-                    keys.insert(key);
-                }
-                None => watched.0.push((write.table(), HashSet::from_iter([key]))),
-            }
+            watched.insert(write.table(), encode_key(partition, row), ());
         }
-        watched
+        Watched(watched)
     }
 
-    /// Most writes are to tables no condition looks at: no hashing for them.
     fn holds(&self, table: Table, key: &[u8]) -> bool {
-        self.0
-            .iter()
-            .any(|(watched, keys)| *watched == table && keys.contains(key))
+        self.0.get(table, key).is_some()
     }
 }
 
@@ -1195,7 +1190,7 @@ fn stage(
             }
         }
         if watched.holds(table, &key) {
-            overlay.insert(table, &key, value.cloned());
+            overlay.insert(table, key.clone(), value.cloned());
         }
     }
     Ok(())
