@@ -523,6 +523,13 @@ fn encode_key(partition: &str, row: &str) -> Vec<u8> {
     key
 }
 
+/// [`encode_key`] into `key`, whose bytes it replaces: the writer thread reuses one buffer.
+fn encode_key_into(key: &mut Vec<u8>, partition: &str, row: &str) {
+    key.clear();
+    append_partition(key, partition);
+    key.extend_from_slice(row.as_bytes());
+}
+
 fn partition_prefix(partition: &str) -> Vec<u8> {
     let mut prefix = Vec::with_capacity(2 + partition.len() + 64);
     append_partition(&mut prefix, partition);
@@ -1094,9 +1101,7 @@ fn check_conditions(
         }
         let table = write.table();
         let (partition, row) = write.key();
-        key.clear();
-        append_partition(&mut key, partition);
-        key.extend_from_slice(row.as_bytes());
+        encode_key_into(&mut key, partition, row);
         let staged = overlay.get(table, &key);
         let read = || -> StoreResult<Option<Bytes>> {
             Ok(keyspaces
@@ -1171,9 +1176,7 @@ fn stage(
         let keyspace = keyspaces.of(table)?;
         let (partition, row) = write.key();
         state.head_writes.started(table, partition);
-        key.clear();
-        append_partition(&mut key, partition);
-        key.extend_from_slice(row.as_bytes());
+        encode_key_into(&mut key, partition, row);
         let value = match &write {
             Write::Put { item, .. } => Some(&item.value),
             Write::Delete { .. } | Write::Check { .. } => None,
